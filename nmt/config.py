@@ -1,0 +1,285 @@
+"""Typed configuration: one YAML file with sections data, model, training, decoding.
+
+Every key is a dataclass field with a default. Loading checks names (with a "did you mean"
+hint), types and ranges, and reports the first problem as a one-line `ConfigError` naming
+the key. Relative paths resolve against the folder of the config file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A problem with the configuration that the user can fix; the message names the key."""
+
+
+def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None,
+             le: float | None = None, path: bool = False) -> Any:
+    """A dataclass field with a range check (and a flag for paths that resolve against the config)."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "path": path})
+
+
+def _path(default: str | None = None) -> Any:
+    return field(default=default, metadata={"path": True})
+
+
+@dataclass
+class DataConfig:
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train: str | None = _path()         # file prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]
+    dev: str | None = _path()
+    test: str | None = _path()
+    out_dir: str | None = _path()       # where `nmt preprocess` writes ids, SentencePiece models, manifest
+    joint_vocab: bool = True            # one SentencePiece model for both sides
+    vocab_size: int = _bounded(8000, ge=16)
+    spm_model_type: Literal["unigram", "bpe"] = "unigram"
+    character_coverage: float = _bounded(1.0, gt=0.0, le=1.0)
+    spm_train_sentences: int = _bounded(0, ge=0)  # 0 = all training sentences
+    src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
+    tgt_spm_model: str | None = _path()
+    target_vocab_from_train: bool = True  # target vocabulary = pieces seen on the target side
+    min_len: int = _bounded(1, ge=0)     # in subword pieces, applied to training pairs only
+    max_len: int = _bounded(50, ge=1)
+    max_len_ratio: float = _bounded(3.0, gt=0.0)  # drop pairs whose length ratio exceeds this
+
+
+@dataclass
+class ModelConfig:
+    rnn_type: Literal["gru", "lstm"] = "gru"
+    embedding_dim: int = _bounded(256, ge=1)
+    encoder_hidden: int = _bounded(256, ge=1)   # per direction
+    encoder_layers: int = _bounded(1, ge=1)
+    bidirectional: bool = True
+    decoder_hidden: int = _bounded(512, ge=1)
+    decoder_layers: int = _bounded(1, ge=1)
+    attention: Literal["bahdanau", "luong_dot", "luong_general", "luong_concat"] = "bahdanau"
+    attention_dim: int = _bounded(512, ge=1)    # additive attention's hidden size (bahdanau, luong_concat)
+    input_feeding: bool = True                  # Luong: feed h~_{i-1} into the decoder RNN
+    bridge: Literal["bridge", "zero"] = "bridge"
+    dropout: float = _bounded(0.3, ge=0.0, le=1.0)
+    tie_embeddings: bool = False
+
+
+@dataclass
+class TrainingConfig:
+    run_dir: str | None = _path()
+    seed: int = 42
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"   # autocast on CUDA; CPU always runs fp32
+    threads: int = _bounded(0, ge=0)                     # torch CPU threads; 0 = torch's default
+    batch_tokens: int = _bounded(2000, ge=0)             # padded tokens per batch; 0 = use batch_size
+    batch_size: int = _bounded(0, ge=0)                  # sentences per batch when batch_tokens is 0
+    bucket_pool: int = _bounded(100, ge=1)               # batches' worth of sentences sorted together
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = _bounded(1e-3, gt=0.0)
+    weight_decay: float = _bounded(0.0, ge=0.0)
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    clip_grad_norm: float = _bounded(1.0, ge=0.0)       # 0 disables
+    accumulate: int = _bounded(1, ge=1)
+    label_smoothing: float = _bounded(0.0, ge=0.0, le=1.0)
+    lr_schedule: Literal["constant", "plateau", "inverse_sqrt"] = "constant"
+    warmup_updates: int = _bounded(0, ge=0)
+    plateau_factor: float = _bounded(0.5, gt=0.0, le=1.0)
+    plateau_patience: int = _bounded(2, ge=0)
+    min_lr: float = _bounded(1e-6, ge=0.0)
+    teacher_forcing: float = _bounded(1.0, ge=0.0, le=1.0)
+    teacher_forcing_schedule: Literal["constant", "linear", "exponential"] = "constant"
+    teacher_forcing_min: float = _bounded(0.5, ge=0.0, le=1.0)
+    teacher_forcing_decay_updates: int = _bounded(10000, ge=1)  # linear: updates to reach the minimum
+    teacher_forcing_decay_rate: float = _bounded(0.9999, gt=0.0, le=1.0)  # exponential: factor per update
+    max_updates: int = _bounded(0, ge=0)                 # 0 = no limit
+    max_epochs: int = _bounded(100, ge=1)
+    max_minutes: float = _bounded(0.0, ge=0.0)           # wall-clock budget; 0 = no limit
+    log_every: int = _bounded(100, ge=1)
+    validate_every: int = _bounded(1000, ge=1)
+    save_every: int = _bounded(0, ge=0)                  # extra last.pt saves between validations; 0 = none
+    early_stopping_metric: Literal["bleu", "loss", "ppl"] = "bleu"
+    patience: int = _bounded(0, ge=0)                    # validations without improvement; 0 = never stop
+    keep_best: int = _bounded(3, ge=0)
+    val_batch_tokens: int = _bounded(4000, ge=1)
+    val_max_sentences: int = _bounded(0, ge=0)           # 0 = whole dev set
+    log_examples: int = _bounded(3, ge=0)
+
+
+@dataclass
+class DecodingConfig:
+    beam_size: int = _bounded(5, ge=1)
+    length_penalty: float = _bounded(1.0, ge=0.0)  # GNMT alpha; 0 disables
+    max_len_ratio: float = _bounded(2.0, gt=0.0)  # max output length = ratio * source length + 10
+    min_len: int = _bounded(0, ge=0)
+    no_repeat_ngram: int = _bounded(0, ge=0)       # 0 disables
+    batch_tokens: int = _bounded(4000, ge=1)
+    max_input_len: int = _bounded(250, ge=1)       # longer inputs are truncated with a warning
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else ""
+        raise ConfigError(f"`{key}` must be one of {_type_name(tp)}, got {value!r}{hint}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
+
+
+def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
+    if value is None or isinstance(value, (str, list, bool)):
+        return
+    if meta.get("ge") is not None and value < meta["ge"]:
+        raise ConfigError(f"`{key}` must be >= {meta['ge']}, got {value}")
+    if meta.get("gt") is not None and value <= meta["gt"]:
+        raise ConfigError(f"`{key}` must be > {meta['gt']}, got {value}")
+    if meta.get("le") is not None and value > meta["le"]:
+        raise ConfigError(f"`{key}` must be <= {meta['le']}, got {value}")
+
+
+def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None) -> Any:
+    """Build dataclass `cls` from the mapping `raw`, checking every key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"`{prefix.rstrip('.') or 'config'}` must be a mapping of keys to values, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
+            raise ConfigError(f"unknown key `{key}`{hint}")
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            values[name] = _build(tp, value, f"{key}.", base_dir)
+            continue
+        value = _coerce(value, tp, key)
+        meta = fields[name].metadata
+        _check_range(value, meta, key)
+        if meta.get("path") and value is not None and base_dir is not None:
+            value = str((base_dir / Path(value).expanduser()).resolve())
+        values[name] = value
+    return cls(**values)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`training.lr=3e-4` -> (["training", "lr"], 0.0003); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override `{text}` must look like section.key=value")
+    dotted, _, raw_value = text.partition("=")
+    parts = [p for p in dotted.strip().split(".")]
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override `{text}` must name a section and a key, e.g. training.lr=3e-4")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override `{text}`: value is not valid YAML ({exc.problem})") from None
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted keys in the raw mapping; validation happens afterwards in `_build`."""
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override `{text}`: `{part}` is not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def config_from_dict(raw: Any, base_dir: Path | None = None) -> Config:
+    return _build(Config, raw, "", base_dir)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config, apply `--set` overrides, validate, resolve relative paths."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping with sections data, model, training, decoding")
+    raw = apply_overrides(raw, overrides or [])
+    return config_from_dict(raw, base_dir=path.resolve().parent)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

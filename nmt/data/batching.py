@@ -1,0 +1,151 @@
+"""Bucketed, token-budget batches of padded tensors.
+
+Each epoch: a seeded permutation of the corpus is cut into pools of `pool_batches` batches'
+worth of sentences; each pool is sorted by (target, source) length and cut into batches whose
+padded size (sentences x longest side, EOS/BOS included) stays within `batch_tokens`; then the
+order of all batches is shuffled. Sorting inside pools keeps padding low while batches still
+mix differently every epoch. With DDP every rank computes the same list and takes every
+`world_size`-th batch, so ranks need no communication to split the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.data.corpus import IdFile
+from nmt.data.tokenizer import BOS, EOS, PAD
+
+
+@dataclass
+class Batch:
+    """A padded batch, rows sorted by source length (longest first) for packed RNNs."""
+
+    src: Tensor          # (batch, src_len) int64; each row ends with EOS, then PAD
+    src_lengths: Tensor  # (batch,) int64, on the CPU (pack_padded_sequence wants it there)
+    tgt_in: Tensor       # (batch, tgt_len) int64: BOS y_1 .. y_n, then PAD
+    tgt_out: Tensor      # (batch, tgt_len) int64: y_1 .. y_n EOS, then PAD
+    indices: Tensor      # (batch,) positions of the rows in the split
+
+    @property
+    def src_mask(self) -> Tensor:
+        return self.src != PAD                                   # (batch, src_len) True at real tokens
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        return int((self.tgt_out != PAD).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        if device.type == "cpu":
+            return self
+        move = lambda t: t.pin_memory().to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.src), self.src_lengths, move(self.tgt_in), move(self.tgt_out), self.indices)
+
+
+def pad_rows(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray, prefix: int | None, suffix: int | None) -> Tensor:
+    """Gather sentences `rows` from a flat id array into a padded (len(rows), max_len) tensor.
+
+    Vectorised: no Python loop over sentences. `prefix`/`suffix` (e.g. BOS/EOS) are added to
+    every row.
+    """
+    starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
+    extra = (prefix is not None) + (suffix is not None)
+    width = int(lengths.max(initial=0)) + extra
+    cols = np.arange(width)[None, :] - (prefix is not None)                       # (batch, width)
+    inside = (cols >= 0) & (cols < lengths[:, None])
+    gathered = ids[np.clip(starts[:, None] + cols, 0, max(len(ids) - 1, 0))] if len(ids) else np.zeros_like(cols)
+    out = np.where(inside, gathered, PAD).astype(np.int64)
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[np.arange(len(rows)), lengths + (prefix is not None)] = suffix
+    return torch.from_numpy(out)
+
+
+class ParallelIds:
+    """Source and target id files of one split, collated into `Batch`es."""
+
+    def __init__(self, src: IdFile, tgt: IdFile) -> None:
+        if len(src) != len(tgt):
+            raise ValueError(f"source has {len(src)} sentences but target has {len(tgt)}")
+        self.src, self.tgt = src, tgt
+        self.src_lengths = src.lengths + 1   # with EOS
+        self.tgt_lengths = tgt.lengths + 1   # with BOS (tgt_in) or EOS (tgt_out)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def collate(self, rows: np.ndarray) -> Batch:
+        rows = rows[np.argsort(-self.src_lengths[rows], kind="stable")]
+        src = pad_rows(self.src.ids, self.src.offsets, rows, None, EOS)
+        tgt_in = pad_rows(self.tgt.ids, self.tgt.offsets, rows, BOS, None)
+        tgt_out = pad_rows(self.tgt.ids, self.tgt.offsets, rows, None, EOS)
+        return Batch(src, torch.from_numpy(self.src_lengths[rows].astype(np.int64)), tgt_in, tgt_out,
+                     torch.from_numpy(rows.astype(np.int64)))
+
+
+def cut_by_budget(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, batch_size: int) -> list[np.ndarray]:
+    """Cut `order` into consecutive batches: padded size (n * max length) <= batch_tokens,
+    or n <= batch_size when batch_tokens is 0. A single over-long sentence forms its own batch."""
+    batches, start, longest = [], 0, 0
+    for pos, length in enumerate(lengths[order].tolist()):
+        n = pos - start + 1
+        grown = max(longest, length)
+        full = n * grown > batch_tokens if batch_tokens else n > batch_size
+        if full and n > 1:
+            batches.append(order[start:pos])
+            start, grown = pos, length
+        longest = grown
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+class BucketBatchSampler:
+    """Token-budget batches over length-sorted pools, reshuffled every epoch from a seed."""
+
+    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int = 2000,
+                 batch_size: int = 0, pool_batches: int = 100, seed: int = 0, shuffle: bool = True,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if not batch_tokens and not batch_size:
+            raise ValueError("one of batch_tokens and batch_size must be positive")
+        self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
+        self.longest = np.maximum(self.src_lengths, self.tgt_lengths)       # padded size counts the longer side
+        self.batch_tokens, self.batch_size = batch_tokens, batch_size
+        per_batch = batch_tokens / max(float(self.longest.mean()), 1.0) if batch_tokens else batch_size
+        self.pool_size = max(1, int(pool_batches * per_batch))
+        self.seed, self.shuffle = seed, shuffle
+        self.rank, self.world_size = rank, world_size
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches for `epoch`, as arrays of sentence positions."""
+        n = len(self.src_lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        if not self.shuffle:
+            order = np.lexsort((self.src_lengths, self.tgt_lengths))
+            return cut_by_budget(order, self.longest, self.batch_tokens, self.batch_size)
+        perm = rng.permutation(n)
+        batches: list[np.ndarray] = []
+        for start in range(0, n, self.pool_size):
+            pool = perm[start : start + self.pool_size]
+            pool = pool[np.lexsort((self.src_lengths[pool], self.tgt_lengths[pool]))]
+            batches.extend(cut_by_budget(pool, self.longest, self.batch_tokens, self.batch_size))
+        order = rng.permutation(len(batches))
+        batches = [batches[i] for i in order]
+        if self.world_size > 1:   # every rank must run the same number of steps
+            usable = len(batches) // self.world_size * self.world_size
+            batches = batches[self.rank : usable : self.world_size]
+        return batches
+
+    def padding_fraction(self, batches: Sequence[np.ndarray]) -> float:
+        """Fraction of pad tokens over both sides of the padded batches."""
+        real = padded = 0
+        for rows in batches:
+            src, tgt = self.src_lengths[rows], self.tgt_lengths[rows]
+            real += int(src.sum() + tgt.sum())
+            padded += len(rows) * int(src.max() + tgt.max())
+        return 1.0 - real / padded if padded else 0.0

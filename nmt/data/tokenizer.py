@@ -1,0 +1,94 @@
+"""SentencePiece training, encoding and decoding, with an optional per-side vocabulary.
+
+Special ids are fixed for every model the toolkit trains and every vocabulary it builds:
+
+    PAD = 0, UNK = 1, BOS = 2, EOS = 3
+
+A joint SentencePiece model serves both sides; each side may still keep only the pieces it saw
+in training (`Vocab.pieces`), which shrinks the target output layer to the pieces it can emit.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+
+
+def train_sentencepiece(
+    sentences: Iterable[str],
+    model_prefix: Path,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    seed_sentences: int = 0,
+) -> Path:
+    """Train a SentencePiece model on an iterator of sentences; returns the `.model` path."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+        input_sentence_size=seed_sentences,
+        shuffle_input_sentence=True,
+        hard_vocab_limit=False,       # small corpora may not support the full size
+        num_threads=2,
+        minloglevel=2,
+    )
+    path = model_prefix.with_suffix(".model")
+    path.write_bytes(model.getvalue())
+    return path
+
+
+class Vocab:
+    """A SentencePiece model plus the list of its pieces this side uses.
+
+    Side ids are positions in `pieces` (the SentencePiece ids kept, specials first). With
+    `pieces=None` the side uses every piece and side ids equal SentencePiece ids.
+    """
+
+    def __init__(self, model_path: str | Path, pieces: Sequence[int] | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+        n = self.sp.get_piece_size()
+        if pieces is None:
+            pieces = range(n)
+        self.pieces = np.asarray(pieces, dtype=np.int64)               # side id -> spm id
+        if list(self.pieces[:4]) != [PAD, UNK, BOS, EOS]:
+            raise ValueError(f"{self.model_path}: vocabulary must start with the special ids 0-3")
+        self.to_side = np.full(n, UNK, dtype=np.int64)                 # spm id -> side id
+        self.to_side[self.pieces] = np.arange(len(self.pieces))
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def encode(self, lines: Sequence[str]) -> list[np.ndarray]:
+        """Sentences -> side ids (no BOS/EOS); pieces outside this side's vocabulary become UNK."""
+        encoded = self.sp.encode(list(lines), out_type=int, num_threads=2)
+        return [self.to_side[np.asarray(ids, dtype=np.int64)] for ids in encoded]
+
+    def decode(self, sequences: Iterable[Sequence[int]]) -> list[str]:
+        """Side ids -> detokenised sentences; stops at nothing, so strip EOS/PAD before calling."""
+        return self.sp.decode([self.pieces[np.asarray(ids, dtype=np.int64)].tolist() for ids in sequences])
+
+    def to_pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.sp.id_to_piece(int(i)) for i in self.pieces[np.asarray(ids, dtype=np.int64)]]
+
+    def save_pieces(self, path: Path) -> None:
+        path.write_text("".join(f"{i}\n" for i in self.pieces.tolist()), encoding="utf-8")
+
+    @classmethod
+    def load(cls, model_path: Path, pieces_path: Path | None) -> Vocab:
+        pieces = None
+        if pieces_path is not None and pieces_path.exists():
+            pieces = [int(x) for x in pieces_path.read_text(encoding="utf-8").split()]
+        return cls(model_path, pieces)

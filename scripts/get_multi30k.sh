@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Fetch the Multi30k task-1 raw files (train, val, test_2016_flickr; de, en, fr) into a folder.
+#
+#   scripts/get_multi30k.sh [DEST]                       download from the public repository
+#   MULTI30K_MIRROR=/path scripts/get_multi30k.sh [DEST]   copy from a local mirror instead
+#   scripts/get_multi30k.sh --mirror /path [DEST]
+#
+# DEST defaults to data/multi30k. Files stay gzipped (nmt reads .gz directly).
+set -euo pipefail
+
+mirror="${MULTI30K_MIRROR:-}"
+if [[ "${1:-}" == "--mirror" ]]; then
+  mirror="${2:?--mirror needs a folder}"
+  shift 2
+fi
+dest="${1:-data/multi30k}"
+base_url="https://github.com/multi30k/dataset/raw/master/data/task1/raw"
+files=()
+for split in train val test_2016_flickr; do
+  for lang in de en fr; do files+=("$split.$lang.gz"); done
+done
+
+mkdir -p "$dest"
+for f in "${files[@]}"; do
+  if [[ -s "$dest/$f" ]]; then continue; fi
+  if [[ -n "$mirror" ]]; then
+    [[ -f "$mirror/$f" ]] || { echo "error: $mirror/$f does not exist (MULTI30K_MIRROR)" >&2; exit 1; }
+    cp "$mirror/$f" "$dest/$f.part"
+  else
+    curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f"
+  fi
+  mv "$dest/$f.part" "$dest/$f"
+done
+echo "Multi30k raw files in $dest" >&2

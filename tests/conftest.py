@@ -1,0 +1,70 @@
+"""Shared fixtures: slices of the real Multi30k corpus and small configs pointing at them."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = Path(os.environ.get("NMT_MULTI30K", REPO.parent / "shared" / "data" / "multi30k"))
+SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
+
+
+def read_gz(name: str, n: int) -> list[str]:
+    path = MULTI30K / f"{name}.gz"
+    if not path.exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [line.rstrip("\n") for _, line in zip(range(n), handle, strict=False)]
+
+
+def write_slice(folder: Path, split: str, n: int, gz: bool = False) -> Path:
+    """Write the first n pairs of a Multi30k split as {folder}/{split}.de/.en; returns the prefix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        text = "".join(f"{line}\n" for line in read_gz(f"{split}.{lang}", n))
+        if gz:
+            with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            (folder / f"{split}.{lang}").write_text(text, encoding="utf-8")
+    return folder / split
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2000 training pairs (gzipped, like the real files), 100 dev, 100 test."""
+    folder = tmp_path_factory.mktemp("m30k")
+    write_slice(folder, "train", 2000, gz=True)
+    write_slice(folder, "val", 100)
+    write_slice(folder, "test_2016_flickr", 100)
+    return folder
+
+
+def make_config(tmp_path: Path, corpus: Path, **sections: dict) -> Path:
+    """A copy of configs/smoke.yaml with paths into tmp_path and `sections` merged in."""
+    raw = yaml.safe_load(SMOKE_CONFIG.read_text())
+    raw["data"].update(train=str(corpus / "train"), dev=str(corpus / "val"),
+                       test=str(corpus / "test_2016_flickr"), out_dir=str(tmp_path / "data"))
+    raw["training"]["run_dir"] = str(tmp_path / "run")
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
+    """A config whose data folder has been preprocessed once (shared by model/train tests)."""
+    from nmt.config import load_config
+    from nmt.data.preprocess import preprocess
+
+    tmp = tmp_path_factory.mktemp("prepared")
+    config = make_config(tmp, corpus_dir)
+    preprocess(load_config(config))
+    return config

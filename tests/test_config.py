@@ -1,0 +1,98 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nmt.config import ConfigError, apply_overrides, config_from_dict, load_config, parse_override
+
+from .conftest import REPO
+
+
+def write(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_defaults_and_sections(tmp_path):
+    config = load_config(write(tmp_path, {"model": {"attention": "luong_dot"}}))
+    assert config.model.attention == "luong_dot"
+    assert config.decoding.beam_size == 5
+    assert config.training.batch_tokens == 2000
+
+
+def test_unknown_key_names_key_and_suggests(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key `training.bach_tokens`; did you mean `training.batch_tokens`"):
+        load_config(write(tmp_path, {"training": {"bach_tokens": 100}}))
+
+
+def test_unknown_section(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key `decodin`; did you mean `decoding`"):
+        load_config(write(tmp_path, {"decodin": {}}))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"training": {"lr": "fast"}}, r"`training.lr` must be float, got 'fast'"),
+        ({"model": {"bidirectional": 1}}, r"`model.bidirectional` must be bool"),
+        ({"training": {"batch_tokens": 2.5}}, r"`training.batch_tokens` must be int"),
+        ({"model": {"attention": "luong_dott"}}, r"`model.attention` must be one of .*did you mean `luong_dot`"),
+        ({"model": {"dropout": 1.5}}, r"`model.dropout` must be <= 1.0, got 1.5"),
+        ({"decoding": {"beam_size": 0}}, r"`decoding.beam_size` must be >= 1, got 0"),
+        ({"model": "big"}, r"`model` must be a mapping"),
+    ],
+)
+def test_wrong_types_and_ranges(tmp_path, raw, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, raw))
+
+
+def test_int_accepted_for_float(tmp_path):
+    assert load_config(write(tmp_path, {"training": {"lr": 1}})).training.lr == 1.0
+
+
+def test_parse_override_values():
+    assert parse_override("training.lr=0.5") == (["training", "lr"], 0.5)
+    assert parse_override("model.attention=luong_dot") == (["model", "attention"], "luong_dot")
+    assert parse_override("model.bidirectional=false") == (["model", "bidirectional"], False)
+    assert parse_override("training.adam_betas=[0.9, 0.98]") == (["training", "adam_betas"], [0.9, 0.98])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("training.lr")
+    with pytest.raises(ConfigError, match="must name a section and a key"):
+        parse_override("lr=3")
+
+
+def test_overrides_are_validated(tmp_path):
+    config = load_config(write(tmp_path, {}), ["training.lr=3e-4", "model.attention=luong_dot"])
+    assert config.training.lr == 3e-4 and config.model.attention == "luong_dot"
+    with pytest.raises(ConfigError, match="unknown key `training.lrr`"):
+        load_config(write(tmp_path, {}), ["training.lrr=1"])
+    with pytest.raises(ConfigError, match="`training` is not a section|must be a mapping"):
+        config_from_dict(apply_overrides({"training": 3}, []))
+
+
+def test_relative_paths_resolve_against_config_folder(tmp_path):
+    sub = tmp_path / "configs"
+    sub.mkdir()
+    path = sub / "c.yaml"
+    path.write_text(yaml.safe_dump({"data": {"train": "../data/train", "out_dir": "/abs/out"}}))
+    config = load_config(path)
+    assert config.data.train == str((tmp_path / "data" / "train").resolve())
+    assert config.data.out_dir == "/abs/out"
+
+
+@pytest.mark.parametrize("name", ["multi30k_de_en_bahdanau.yaml", "multi30k_de_en_luong.yaml", "smoke.yaml"])
+def test_shipped_configs_load(name):
+    config = load_config(REPO / "configs" / name)
+    assert config.data.train and config.training.run_dir
+
+
+def test_reference_configs_match_design():
+    config = load_config(REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
+    m, t = config.model, config.training
+    assert (m.rnn_type, m.embedding_dim, m.encoder_hidden, m.bidirectional) == ("gru", 256, 256, True)
+    assert (m.decoder_hidden, m.attention, m.dropout) == (512, "bahdanau", 0.3)
+    assert (t.lr, t.clip_grad_norm, t.batch_tokens, t.seed) == (1e-3, 1.0, 2000, 42)
+    assert config.data.vocab_size == 8000 and config.data.joint_vocab and config.data.max_len == 50
+    assert load_config(REPO / "configs" / "multi30k_de_en_luong.yaml").model.attention == "luong_general"
