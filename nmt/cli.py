@@ -56,6 +56,26 @@ def preprocess(
         fail(str(exc))
 
 
+@app.command()
+def train(
+    config: Path = ConfigOption,
+    overrides: Optional[list[str]] = SetOption,  # noqa: UP045
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in training.run_dir from last.pt."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete a non-empty run folder and start over."),
+) -> None:
+    """Train a seq2seq model; checkpoints and metrics go to training.run_dir."""
+    from nmt.train.checkpoint import CheckpointError
+    from nmt.train.trainer import RunDirError, Trainer
+
+    if resume and overwrite:
+        fail("--resume and --overwrite exclude each other")
+    try:
+        trainer = Trainer(load_config(config, overrides or []), resume=resume, overwrite=overwrite)
+        trainer.train()
+    except (ConfigError, DataError, CheckpointError, RunDirError) as exc:
+        fail(str(exc))
+
+
 def main() -> None:
     try:
         app()

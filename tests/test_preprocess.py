@@ -1,4 +1,5 @@
 import json
+import unicodedata
 import subprocess
 import sys
 
@@ -37,8 +38,13 @@ def test_preprocess_real_slice_end_to_end(tmp_path, corpus_dir):
     refs = folder.reference_path("dev").read_text(encoding="utf-8").splitlines()
     assert len(refs) == len(dev_tgt) == 100
     raw_train_en = read_lines(corpus_dir / "train.en.gz")
+    raw_train_de = read_lines(corpus_dir / "train.de.gz")
     train_tgt = folder.ids("train", "tgt")
     assert tgt_vocab.decode([train_tgt[0]])[0] == raw_train_en[0]
+    assert src_vocab.decode([folder.ids("train", "src")[0]])[0] == raw_train_de[0]
+    raw_dev_de = read_lines(corpus_dir / "val.de")
+    normalised = [" ".join(unicodedata.normalize("NFKC", line).split()) for line in raw_dev_de]  # SentencePiece's NFKC
+    assert src_vocab.decode([folder.ids("dev", "src")[i] for i in range(100)]) == normalised
     assert train["tgt_unk"] == 0
     assert train["tgt_tokens"] == int(train_tgt.lengths.sum())
 

@@ -106,8 +106,8 @@ def write_ids(stem: Path, sequences: Sequence[np.ndarray], dtype: np.dtype) -> i
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.concatenate(sequences).astype(dtype) if len(sequences) else np.zeros(0, dtype=dtype)
-    flat.tofile(stem.with_suffix(".ids"))
-    offsets.tofile(stem.with_suffix(".offsets"))
+    flat.tofile(Path(f"{stem}.ids"))
+    offsets.tofile(Path(f"{stem}.offsets"))
     return int(offsets[-1])
 
 
@@ -115,12 +115,12 @@ class IdFile:
     """Read-only view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i."""
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
-        self.offsets = np.fromfile(stem.with_suffix(".offsets"), dtype=np.int64)
-        ids_path = stem.with_suffix(".ids")
+        offsets_path, ids_path = Path(f"{stem}.offsets"), Path(f"{stem}.ids")
+        self.offsets = np.fromfile(offsets_path, dtype=np.int64)
         size = ids_path.stat().st_size
         self.ids = np.memmap(ids_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
         if len(self.offsets) == 0 or self.offsets[-1] * dtype.itemsize != size:
-            raise DataError(f"{ids_path}: size does not match {stem.with_suffix('.offsets')}; rerun `nmt preprocess`")
+            raise DataError(f"{ids_path}: size does not match {offsets_path}; rerun `nmt preprocess`")
         self.lengths = np.diff(self.offsets)
 
     def __len__(self) -> int:

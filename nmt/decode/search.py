@@ -1,0 +1,240 @@
+"""Greedy and beam search over whole batches as tensors.
+
+Beam search keeps all sentences and all their beams in one tensor of shape (batch×beam, …):
+there is no Python loop over sentences or hypotheses, only over output positions. Encoder
+output and attention keys are computed once and repeated per beam with `index_select`.
+Sentences whose search is over are dropped from the active tensors, so the batch shrinks as
+it goes.
+
+Length penalty (GNMT): lp(y) = ((5 + |y|) / 6)^α, and a hypothesis is ranked by log p(y) / lp(y),
+with |y| counting the tokens generated, EOS included. A sentence stops once it has `beam`
+finished hypotheses and no unfinished one can still beat the worst of them: an unfinished
+hypothesis with log-probability s ≤ 0 can at best reach s / lp(max_len), since its score only
+falls and lp only grows. (Stopping when the top beam reaches EOS is wrong under α > 0.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.model.attention import Memory
+from nmt.model.decoder import DecoderState
+from nmt.model.seq2seq import Seq2Seq
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]          # output ids, EOS excluded
+    score: float               # log p(y) / lp(y) (log p(y) for greedy)
+    attention: Tensor | None   # (len(tokens) + 1, src_len) weights, the EOS step included; None unless asked
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT length penalty ((5 + |y|) / 6)^α."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0) -> Tensor:
+    """Per sentence: ratio * source length + 10 output tokens, EOS included (src_lengths count EOS)."""
+    real = (src_lengths - 1).clamp(min=0).float()
+    return (ratio * real + 10).long().clamp(min=min_len + 1)
+
+
+def _block_special(logp: Tensor) -> None:
+    logp[:, PAD] = NEG_INF
+    logp[:, BOS] = NEG_INF
+
+
+def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
+    """Forbid tokens that would repeat an n-gram already in `history` (rows, t). In place, vectorised."""
+    t = history.size(1)
+    if n < 1 or t < n - 1:
+        return
+    if n == 1:
+        logp.scatter_(1, history, NEG_INF)
+        return
+    ngrams = history.unfold(1, n, 1)                                    # (rows, t-n+1, n)
+    if ngrams.size(1) == 0:
+        return
+    current = history[:, t - n + 1 :]                                   # (rows, n-1) the last n-1 tokens
+    matches = (ngrams[:, :, :-1] == current.unsqueeze(1)).all(-1)      # (rows, t-n+1)
+    banned = ngrams[:, :, -1].masked_fill(~matches, PAD)                # PAD is banned anyway
+    logp.scatter_(1, banned, NEG_INF)
+
+
+@torch.no_grad()
+def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
+                  min_len: int = 0, return_attention: bool = False) -> list[Hypothesis]:
+    """The most probable token at each step, for every sentence of the batch at once."""
+    batch = src.size(0)
+    memory, state = model.encode(src, src_lengths)
+    limits = max_output_lengths(src_lengths, max_len_ratio, min_len).to(src.device)
+    steps = int(limits.max())
+    tokens = src.new_full((batch, steps), PAD)                          # (batch, steps)
+    scores = memory.values.new_zeros(batch)
+    lengths = torch.zeros(batch, dtype=torch.long, device=src.device)
+    attention = memory.values.new_zeros(batch, steps, src.size(1)) if return_attention else None
+    active = torch.arange(batch, device=src.device)                     # rows still generating
+    prev = src.new_full((batch,), BOS)
+    for t in range(steps):
+        logits, state, weights = model.decoder.step(prev, state, memory)
+        logp = logits.float().log_softmax(-1)                           # (active, vocab)
+        _block_special(logp)
+        if t < min_len:
+            logp[:, EOS] = NEG_INF
+        at_limit = limits[active] - 1 <= t
+        logp[at_limit] = logp[at_limit].masked_fill(
+            torch.arange(logp.size(1), device=logp.device) != EOS, NEG_INF)
+        best, prev = logp.max(-1)                                        # (active,)
+        tokens[active, t] = prev
+        scores[active] += best
+        lengths[active] += 1
+        if attention is not None:
+            attention[active, t] = weights.float()
+        going = prev != EOS
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            active, prev = active[keep], prev[keep]
+            state, memory = state.index_select(keep), memory.index_select(keep)
+    return _collect(tokens, lengths, scores, attention, src_lengths)
+
+
+def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
+             src_lengths: Tensor) -> list[Hypothesis]:
+    """Tensors -> one Hypothesis per row (EOS stripped from tokens, kept in the attention)."""
+    tokens_list, lengths_list, scores_list = tokens.tolist(), lengths.tolist(), scores.tolist()
+    out = []
+    for i, (row, n, score) in enumerate(zip(tokens_list, lengths_list, scores_list, strict=True)):
+        ended = n > 0 and row[n - 1] == EOS
+        weights = attention[i, :n, : int(src_lengths[i])].cpu() if attention is not None else None
+        out.append(Hypothesis(row[: n - 1] if ended else row[:n], score, weights))
+    return out
+
+
+@torch.no_grad()
+def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
+                max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
+                return_attention: bool = False) -> list[list[Hypothesis]]:
+    """Beam search for a whole batch; returns the `n_best` hypotheses of every sentence, best first."""
+    batch, k, device = src.size(0), beam_size, src.device
+    n_best = min(n_best, k)
+    memory, state = model.encode(src, src_lengths)
+    beam_rows = torch.arange(batch, device=device).repeat_interleave(k)     # (batch*k,) sentence of each beam
+    memory, state = memory.index_select(beam_rows), state.index_select(beam_rows)
+    limits = max_output_lengths(src_lengths, max_len_ratio, min_len).to(device)   # (batch,)
+    steps = int(limits.max())
+    src_len = src.size(1)
+
+    # Alive beams of the active sentences, flattened (active*k, ...).
+    alive_scores = memory.values.new_full((batch, k), NEG_INF)
+    alive_scores[:, 0] = 0.0                                                  # one real beam to start
+    alive_scores = alive_scores.view(-1)                                      # (active*k,) log p so far
+    alive_tokens = src.new_full((batch * k, 0), PAD)                          # (active*k, t)
+    alive_attn = memory.values.new_zeros(batch * k, 0, src_len) if return_attention else None
+    prev = src.new_full((batch * k,), BOS)
+
+    # Finished hypotheses per sentence (all sentences, indexed by original position).
+    fin_scores = memory.values.new_full((batch, k), NEG_INF)                  # normalised scores
+    fin_tokens = src.new_full((batch, k, steps), PAD)
+    fin_lengths = torch.zeros(batch, k, dtype=torch.long, device=device)
+    fin_attn = memory.values.new_zeros(batch, k, steps, src_len) if return_attention else None
+    active = torch.arange(batch, device=device)                               # sentences still searching
+
+    for t in range(steps):
+        n_active = active.numel()
+        logits, state, weights = model.decoder.step(prev, state, memory)
+        logp = logits.float().log_softmax(-1)                                 # (active*k, vocab)
+        vocab = logp.size(1)
+        _block_special(logp)
+        if no_repeat_ngram:
+            _block_repeated_ngrams(logp, alive_tokens, no_repeat_ngram)
+        if t < min_len:
+            logp[:, EOS] = NEG_INF
+        at_limit = (limits[active] - 1 <= t).repeat_interleave(k)            # last allowed step: EOS only
+        logp[at_limit] = logp[at_limit].masked_fill(torch.arange(vocab, device=device) != EOS, NEG_INF)
+
+        candidates = (alive_scores.unsqueeze(1) + logp).view(n_active, k * vocab)  # (active, k*vocab)
+        top_scores, top_ids = candidates.topk(min(2 * k, k * vocab), dim=1)        # (active, 2k), best first
+        top_beam, top_token = top_ids // vocab, top_ids % vocab
+        is_eos = (top_token == EOS) & (top_scores > NEG_INF)
+        base = (torch.arange(n_active, device=device) * k).unsqueeze(1)          # (active, 1)
+        source_rows = base + top_beam                                            # (active, 2k) rows of alive
+
+        # 1. EOS candidates ranked within the top k finish; merge them with the finished pool.
+        rank = torch.arange(top_scores.size(1), device=device).unsqueeze(0)
+        finishing = is_eos & (rank < k)
+        norm = top_scores / length_penalty(float(t + 1), alpha)
+        new_fin = norm.masked_fill(~finishing, NEG_INF)                           # (active, 2k)
+        pool_scores = torch.cat([fin_scores[active], new_fin], dim=1)            # (active, 3k)
+        fin_best, fin_pick = pool_scores.topk(k, dim=1)                           # (active, k)
+        from_new = fin_pick >= k
+        new_idx = (fin_pick - k).clamp(min=0)
+        new_rows = source_rows.gather(1, new_idx)                                 # (active, k) alive rows
+        old_tokens = fin_tokens[active].gather(1, fin_pick.clamp(max=k - 1).unsqueeze(2).expand(-1, -1, steps))
+        cand_tokens = torch.cat([alive_tokens, alive_tokens.new_full((alive_tokens.size(0), 1), EOS)], 1)
+        fresh = cand_tokens.new_full((n_active, k, steps), PAD)
+        fresh[:, :, : t + 1] = cand_tokens[new_rows]
+        fin_tokens[active] = torch.where(from_new.unsqueeze(2), fresh, old_tokens)
+        old_len = fin_lengths[active].gather(1, fin_pick.clamp(max=k - 1))
+        fin_lengths[active] = torch.where(from_new, torch.full_like(old_len, t + 1), old_len)
+        if return_attention:
+            cand_attn = torch.cat([alive_attn, weights.float().unsqueeze(1)], 1)  # (active*k, t+1, src_len)
+            old_attn = fin_attn[active].gather(
+                1, fin_pick.clamp(max=k - 1).view(n_active, k, 1, 1).expand(-1, -1, steps, src_len))
+            fresh_attn = old_attn.new_zeros(n_active, k, steps, src_len)
+            fresh_attn[:, :, : t + 1] = cand_attn[new_rows]
+            fin_attn[active] = torch.where(from_new.view(n_active, k, 1, 1), fresh_attn, old_attn)
+        fin_scores[active] = fin_best
+
+        # 2. The best k candidates that do not end continue as the alive beams.
+        cont_scores = top_scores.masked_fill(top_token == EOS, NEG_INF)
+        alive_best, alive_pick = cont_scores.topk(k, dim=1)                      # (active, k)
+        rows = source_rows.gather(1, alive_pick).view(-1)                         # (active*k,)
+        prev = top_token.gather(1, alive_pick).view(-1)
+        alive_scores = alive_best.view(-1)
+        alive_tokens = torch.cat([alive_tokens[rows], prev.unsqueeze(1)], dim=1)
+        if return_attention:
+            alive_attn = torch.cat([alive_attn, weights.float().unsqueeze(1)], 1)[rows]
+        state = state.index_select(rows)
+
+        # 3. A sentence is done when its pool is full and no alive beam can still beat the pool's worst.
+        best_alive = alive_best[:, 0]                                             # (active,)
+        bound = best_alive / length_penalty(limits[active].float(), alpha)       # best reachable normalised
+        done = (fin_best[:, -1] > NEG_INF) & (fin_best[:, -1] >= bound)
+        done |= best_alive == NEG_INF                                             # nothing left to extend
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+            active = active[keep]
+            prev, alive_scores, alive_tokens = prev[keep_rows], alive_scores[keep_rows], alive_tokens[keep_rows]
+            if return_attention:
+                alive_attn = alive_attn[keep_rows]
+            state, memory = state.index_select(keep_rows), memory.index_select(keep_rows)
+
+    return _collect_beams(fin_tokens, fin_lengths, fin_scores, fin_attn, src_lengths, n_best)
+
+
+def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
+                   src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
+    tokens_l, lengths_l, scores_l = tokens[:, :n_best].tolist(), lengths[:, :n_best].tolist(), scores[:, :n_best].tolist()
+    out = []
+    for i in range(len(tokens_l)):
+        hyps = []
+        for j in range(n_best):
+            n = lengths_l[i][j]
+            if scores_l[i][j] == NEG_INF:
+                continue
+            weights = attention[i, j, :n, : int(src_lengths[i])].cpu() if attention is not None else None
+            hyps.append(Hypothesis(tokens_l[i][j][: n - 1], scores_l[i][j], weights))
+        out.append(hyps)
+    return out

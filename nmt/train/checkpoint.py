@@ -1,0 +1,92 @@
+"""Checkpoints: atomic save, checked load, best-k bookkeeping, parameter averaging.
+
+A checkpoint is one `torch.save` file with a format number and the nmt version; it is written
+to a temporary file in the same folder, fsynced, then renamed over the target, so a crash never
+leaves a half-written checkpoint under a real name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import __version__
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, truncated, corrupt or from an incompatible format."""
+
+
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Call `write(handle)` on a temporary file beside `path`, fsync, rename over `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    payload = {"format": FORMAT_VERSION, "nmt_version": __version__, **state}
+    atomic_write(path, lambda handle: torch.save(payload, handle))
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load and check a checkpoint; any problem is a `CheckpointError` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated or garbled zip archives
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({reason[:200]})") from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise CheckpointError(f"checkpoint {path} is not an nmt checkpoint (missing keys)")
+    if state["format"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format {state['format']} (written by nmt {state['nmt_version']}); "
+            f"this nmt {__version__} reads format {FORMAT_VERSION}"
+        )
+    return state
+
+
+def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
+    """Average the model parameters of several checkpoints of the same model; the rest comes from the last."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    states = [load_checkpoint(p) for p in paths]
+    keys = states[0]["model"].keys()
+    for path, state in zip(paths, states, strict=True):
+        if state["model"].keys() != keys or any(state["model"][k].shape != states[0]["model"][k].shape for k in keys):
+            raise CheckpointError(f"checkpoint {path} holds a different model than {paths[0]}; cannot average")
+    averaged = {}
+    for key in keys:
+        tensors = [s["model"][key] for s in states]
+        if tensors[0].is_floating_point():
+            averaged[key] = torch.stack([t.float() for t in tensors]).mean(0).to(tensors[0].dtype)
+        else:
+            averaged[key] = tensors[-1]
+    result = {k: v for k, v in states[-1].items() if k in REQUIRED_KEYS or k in ("metrics",)}
+    result["model"] = averaged
+    result["averaged_from"] = [str(p) for p in paths]
+    return result

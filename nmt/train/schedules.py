@@ -1,0 +1,68 @@
+"""Learning-rate and teacher-forcing schedules, with state that checkpoints can save."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch.optim import Optimizer
+
+from nmt.config import TrainingConfig
+
+
+class LrSchedule:
+    """constant | plateau (multiply by `plateau_factor` after `plateau_patience` validations
+    without improvement) | inverse_sqrt (linear warmup, then lr * sqrt(warmup / step)).
+    A positive `warmup_updates` ramps the lr up linearly under every schedule."""
+
+    def __init__(self, optimizer: Optimizer, config: TrainingConfig) -> None:
+        self.optimizer, self.config = optimizer, config
+        self.base_lr = config.lr
+        self.plateau_scale = 1.0
+        self.bad_validations = 0
+        self.best: float | None = None
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        warmup = c.warmup_updates
+        if c.lr_schedule == "inverse_sqrt":
+            lr = self.base_lr * (step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / max(step, 1)))
+        else:
+            lr = self.base_lr * (min(1.0, step / warmup) if warmup else 1.0)
+        return max(lr * self.plateau_scale, c.min_lr) if c.lr_schedule == "plateau" else lr
+
+    def step(self, step: int) -> float:
+        """Set the lr for update number `step` (1-based); returns it."""
+        lr = self.lr_at(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def on_validation(self, score: float, higher_is_better: bool) -> None:
+        if self.config.lr_schedule != "plateau":
+            return
+        improved = self.best is None or (score > self.best if higher_is_better else score < self.best)
+        if improved:
+            self.best, self.bad_validations = score, 0
+            return
+        self.bad_validations += 1
+        if self.bad_validations > self.config.plateau_patience:
+            self.plateau_scale *= self.config.plateau_factor
+            self.bad_validations = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"plateau_scale": self.plateau_scale, "bad_validations": self.bad_validations, "best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.plateau_scale, self.bad_validations, self.best = (
+            state["plateau_scale"], state["bad_validations"], state["best"])
+
+
+def teacher_forcing_ratio(config: TrainingConfig, step: int) -> float:
+    """The probability of feeding the reference token at update `step` (scheduled sampling)."""
+    start, floor = config.teacher_forcing, min(config.teacher_forcing_min, config.teacher_forcing)
+    if config.teacher_forcing_schedule == "linear":
+        return max(floor, start - (start - floor) * step / config.teacher_forcing_decay_updates)
+    if config.teacher_forcing_schedule == "exponential":
+        return max(floor, start * config.teacher_forcing_decay_rate**step)
+    return start

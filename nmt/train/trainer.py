@@ -1,0 +1,420 @@
+"""The training loop: teacher forcing, mixed precision, clipping, schedules, validation, checkpoints.
+
+Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, every RNG state
+and a data cursor (epoch, batch index, sampler seed); the sampler regenerates the epoch's batch
+list from its seed and the loop continues at the cursor, so on the CPU an interrupted-then-
+resumed run ends with bitwise the same parameters as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from nmt.config import Config, ConfigError, config_from_dict, dump_config
+from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
+from nmt.data.preprocess import DataFolder
+from nmt.data.tokenizer import PAD, Vocab
+from nmt.decode.search import greedy_search
+from nmt.model.seq2seq import Seq2Seq
+from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
+from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
+
+
+class RunDirError(ValueError):
+    """The run folder cannot be used as asked (not empty without --resume/--overwrite, nothing to resume)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("`training.device` is cuda but no CUDA device is available")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+@dataclass
+class Cursor:
+    """Where the data stream stands: the next batch to train on."""
+
+    epoch: int = 0
+    batch: int = 0
+    seed: int = 0
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    cursor: Cursor = field(default_factory=Cursor)
+    best_score: float | None = None
+    bad_validations: int = 0
+    best_k: list[tuple[float, str]] = field(default_factory=list)   # (score, file name), best first
+    elapsed: float = 0.0                                              # training seconds before this process
+
+
+def _higher_is_better(metric: str) -> bool:
+    return metric == "bleu"
+
+
+def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Summed cross-entropy over real target tokens (padding ignored)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tgt_out.reshape(-1), ignore_index=PAD,
+                           label_smoothing=label_smoothing, reduction="sum")
+
+
+class Trainer:
+    """Owns the model, optimiser and run folder of one training run."""
+
+    def __init__(self, config: Config, resume: bool = False, overwrite: bool = False) -> None:
+        self.config = config
+        t = config.training
+        if t.run_dir is None:
+            raise ConfigError("`training.run_dir` is required: the folder for checkpoints and logs")
+        if config.data.out_dir is None:
+            raise ConfigError("`data.out_dir` is required: the preprocessed data folder (run `nmt preprocess`)")
+        self.run_dir = Path(t.run_dir)
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.is_main = self.rank == 0
+        self.device = resolve_device(t.device)
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        self.data = DataFolder.open(config.data.out_dir)
+        self.src_vocab, self.tgt_vocab = self.data.vocab("src"), self.data.vocab("tgt")
+        self._prepare_run_dir(resume, overwrite)
+
+        torch.manual_seed(t.seed)
+        random.seed(t.seed)
+        self.model = Seq2Seq.from_config(config.model, len(self.src_vocab), len(self.tgt_vocab)).to(self.device)
+        self.train_model: torch.nn.Module = self.model
+        if self.world_size > 1:
+            self._setup_distributed()
+        optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = optim_class(self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
+                                     weight_decay=t.weight_decay)
+        self.schedule = LrSchedule(self.optimizer, t)
+        use_amp = self.device.type == "cuda" and t.precision != "fp32"
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision) if use_amp else None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        self.progress = Progress(cursor=Cursor(seed=t.seed))
+
+        train = ParallelIds(self.data.ids("train", "src"), self.data.ids("train", "tgt"))
+        self.train_ids = train
+        self.sampler = BucketBatchSampler(train.src_lengths, train.tgt_lengths, t.batch_tokens, t.batch_size,
+                                          t.bucket_pool, seed=t.seed, rank=self.rank, world_size=self.world_size)
+        self.dev_ids = (ParallelIds(self.data.ids("dev", "src"), self.data.ids("dev", "tgt"))
+                        if self.data.has_split("dev") else None)
+        self.stop_signal: int | None = None
+        if resume:
+            self._restore(load_checkpoint(self.run_dir / "last.pt"))
+
+    # ------------------------------------------------------------------ run folder
+
+    def _prepare_run_dir(self, resume: bool, overwrite: bool) -> None:
+        if not self.is_main:
+            return
+        exists = self.run_dir.exists() and any(self.run_dir.iterdir())
+        if resume:
+            if not (self.run_dir / "last.pt").is_file():
+                raise RunDirError(f"cannot resume: {self.run_dir / 'last.pt'} does not exist")
+            return
+        if exists and not overwrite:
+            raise RunDirError(
+                f"run folder {self.run_dir} is not empty; pass --resume to continue it or --overwrite to start over"
+            )
+        if exists:
+            shutil.rmtree(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.run_dir / "config.yaml", lambda h: h.write(dump_config(self.config)), mode="w")
+        for side in ("src", "tgt"):
+            entry = self.data.manifest["vocab"][side]
+            for name in (entry["model"], entry.get("pieces")):
+                if name and not (self.run_dir / name).exists():
+                    shutil.copyfile(self.data.root / name, self.run_dir / name)
+        shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
+
+    def _setup_distributed(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend)
+        if self.device.type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local)
+            self.model.to(self.device)
+        self.train_model = torch.nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        p = self.progress
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "config": self.config.to_dict(),
+            "vocab": self.data.manifest["vocab"],
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": rng,
+            "step": p.step,
+            "cursor": vars(p.cursor).copy(),
+            "progress": {"best_score": p.best_score, "bad_validations": p.bad_validations,
+                         "best_k": [list(x) for x in p.best_k], "elapsed": p.elapsed + self._session_time()},
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        saved = config_from_dict(state["config"])
+        if saved.model != self.config.model:
+            raise CheckpointError(f"{self.run_dir / 'last.pt'} was trained with a different `model` section")
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as exc:
+            raise CheckpointError(f"{self.run_dir / 'last.pt'} does not fit the model: {str(exc)[:200]}") from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(_as_tuple(rng["python"]))
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        prog = state["progress"]
+        self.progress = Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
+                                 bad_validations=prog["bad_validations"],
+                                 best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"])
+
+    def _save(self, name: str) -> None:
+        if self.is_main:
+            save_checkpoint(self.run_dir / name, self._state())
+
+    def _session_time(self) -> float:
+        return time.monotonic() - self.started if hasattr(self, "started") else 0.0
+
+    # ------------------------------------------------------------------ logging
+
+    def _log(self, event: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        line = json.dumps({"time": round(time.time(), 3), **event}) + "\n"
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(line)
+
+    # ------------------------------------------------------------------ training
+
+    def _forward_loss(self, batch: Batch, teacher_forcing: float) -> tuple[torch.Tensor, int]:
+        batch = batch.to(self.device)
+        autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext())
+        with autocast:
+            logits, _ = self.train_model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing)
+        return sequence_loss(logits, batch.tgt_out, self.config.training.label_smoothing), batch.n_tgt_tokens
+
+    def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
+        """One optimiser update over `batches` (gradient accumulation); returns (summed loss, target tokens)."""
+        t = self.config.training
+        self.train_model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = sum(b.n_tgt_tokens for b in batches)
+        total = torch.zeros((), device=self.device)
+        for batch in batches:
+            loss, _ = self._forward_loss(batch, teacher_forcing)
+            self.scaler.scale(loss / tokens).backward()
+            total += loss.detach()
+        if t.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return float(total), tokens
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            if self.stop_signal is not None:       # second Ctrl-C: give up at once
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+    def train(self) -> dict[str, Any]:
+        """Run until max_updates / max_epochs / max_minutes / early stopping / a signal; returns the last metrics."""
+        t = self.config.training
+        self.started = time.monotonic()
+        self._install_signal_handlers()
+        p = self.progress
+        bar = tqdm(total=t.max_updates or None, initial=p.step, desc="train", unit="upd", file=sys.stderr,
+                   disable=not self.is_main, dynamic_ncols=True)
+        window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+        last_metrics: dict[str, Any] = {}
+        reason = "max_epochs"
+        try:
+            while p.cursor.epoch < t.max_epochs:
+                batches = self.sampler.batches(p.cursor.epoch)
+                while p.cursor.batch < len(batches):
+                    group = batches[p.cursor.batch : p.cursor.batch + t.accumulate]
+                    tf_ratio = teacher_forcing_ratio(t, p.step)
+                    lr = self.schedule.step(p.step + 1)
+                    loss, tokens = self._update([self.train_ids.collate(rows) for rows in group], tf_ratio)
+                    if not math.isfinite(loss):
+                        raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
+                    p.step += 1
+                    p.cursor.batch += len(group)
+                    window_loss += loss
+                    window_tokens += tokens
+                    bar.update(1)
+                    if p.step % t.log_every == 0:
+                        seconds = time.monotonic() - window_start
+                        speed = window_tokens / max(seconds, 1e-9)
+                        bar.set_postfix(loss=f"{window_loss / window_tokens:.3f}", lr=f"{lr:.2e}",
+                                        tok_s=f"{speed:.0f}")
+                        self._log({"event": "train", "step": p.step, "epoch": p.cursor.epoch,
+                                   "loss": window_loss / window_tokens, "ppl": math.exp(min(window_loss / window_tokens, 50)),
+                                   "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+                                   "wall_time": p.elapsed + self._session_time()})
+                        window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+                    stop = self._stop_reason()
+                    if p.step % t.validate_every == 0 or stop:
+                        if p.step % t.validate_every == 0:
+                            last_metrics = self.validate()
+                            if t.patience and p.bad_validations >= t.patience:
+                                stop = stop or "early_stopping"
+                        self._save("last.pt")
+                        window_start = time.monotonic()
+                    elif t.save_every and p.step % t.save_every == 0:
+                        self._save("last.pt")
+                    if stop:
+                        reason = stop
+                        return last_metrics
+                p.cursor = Cursor(p.cursor.epoch + 1, 0, p.cursor.seed)
+            self._save("last.pt")
+            return last_metrics
+        finally:
+            bar.close()
+            if self.is_main:
+                tqdm.write(f"training stopped at update {p.step} ({reason}); checkpoints in {self.run_dir}",
+                           file=sys.stderr)
+
+    def _stop_reason(self) -> str | None:
+        t, p = self.config.training, self.progress
+        if self.stop_signal is not None:
+            return signal.Signals(self.stop_signal).name
+        if t.max_updates and p.step >= t.max_updates:
+            return "max_updates"
+        if t.max_minutes and (p.elapsed + self._session_time()) / 60 >= t.max_minutes:
+            return "max_minutes"
+        return None
+
+    # ------------------------------------------------------------------ validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, Any]:
+        """Dev loss, perplexity and greedy BLEU; updates best/best-k checkpoints and early stopping."""
+        if self.dev_ids is None or not self.is_main:
+            return {}
+        t, p = self.config.training, self.progress
+        with torch.random.fork_rng(devices=[]):
+            metrics = self._evaluate_dev()
+        metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
+                       wall_time=p.elapsed + self._session_time())
+        score = metrics[t.early_stopping_metric]
+        higher = _higher_is_better(t.early_stopping_metric)
+        improved = p.best_score is None or (score > p.best_score if higher else score < p.best_score)
+        if improved:
+            p.best_score, p.bad_validations = score, 0
+        else:
+            p.bad_validations += 1
+        self.schedule.on_validation(score, higher)
+        metrics["best"] = improved
+        self._log({"event": "validation", **{k: v for k, v in metrics.items() if k != "examples"}})
+        if improved:
+            self._save("best.pt")
+        self._keep_best_k(score, higher)
+        tqdm.write(
+            f"validation @ {p.step}: dev loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
+            f"BLEU {metrics['bleu']:.2f}{'  (best)' if improved else ''}", file=sys.stderr)
+        for src, hyp, ref in metrics.get("examples", []):
+            tqdm.write(f"  src: {src}\n  hyp: {hyp}\n  ref: {ref}", file=sys.stderr)
+        return metrics
+
+    def _keep_best_k(self, score: float, higher: bool) -> None:
+        t, p = self.config.training, self.progress
+        if not t.keep_best:
+            return
+        name = f"best-step{p.step}.pt"
+        ranked = sorted([*p.best_k, (score, name)], key=lambda x: -x[0] if higher else x[0])
+        kept, dropped = ranked[: t.keep_best], ranked[t.keep_best :]
+        p.best_k = kept
+        if any(n == name for _, n in kept):
+            self._save(name)
+        for _, old in dropped:
+            (self.run_dir / old).unlink(missing_ok=True)
+
+    def _evaluate_dev(self) -> dict[str, Any]:
+        t = self.config.training
+        self.model.eval()
+        dev = self.dev_ids
+        rows = np.arange(len(dev) if not t.val_max_sentences else min(t.val_max_sentences, len(dev)))
+        sampler = BucketBatchSampler(dev.src_lengths[rows], dev.tgt_lengths[rows], t.val_batch_tokens, shuffle=False)
+        loss_sum, tokens = 0.0, 0
+        hyps: dict[int, list[int]] = {}
+        for batch_rows in sampler.batches(0):
+            batch = dev.collate(rows[batch_rows]).to(self.device)
+            autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
+            with autocast:
+                logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
+                loss_sum += float(sequence_loss(logits, batch.tgt_out, 0.0))
+                tokens += batch.n_tgt_tokens
+                results = greedy_search(self.model, batch.src, batch.src_lengths,
+                                        self.config.decoding.max_len_ratio)
+            for index, hyp in zip(batch.indices.tolist(), results, strict=True):
+                hyps[index] = hyp.tokens
+        ordered = [hyps[i] for i in rows.tolist()]
+        hypotheses = self.tgt_vocab.decode(ordered)
+        references = self.data.reference_path("dev").read_text(encoding="utf-8").split("\n")[: len(rows)]
+        bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+        loss = loss_sum / max(tokens, 1)
+        examples = []
+        if t.log_examples:
+            sources = self.src_vocab.decode([dev.src[i] for i in range(min(t.log_examples, len(rows)))])
+            examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
+        return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "examples": examples}
+
+
+def _as_tuple(value: Any) -> Any:
+    """RNG states come back from torch.load with lists where tuples were saved."""
+    if isinstance(value, list):
+        return tuple(_as_tuple(v) for v in value)
+    return value
+
+
+def load_vocabs(run_dir: Path, vocab_entries: dict[str, Any]) -> tuple[Vocab, Vocab]:
+    """The source and target vocabularies a checkpoint's run folder holds."""
+    vocabs = []
+    for side in ("src", "tgt"):
+        entry = vocab_entries[side]
+        pieces = run_dir / entry["pieces"] if entry.get("pieces") else None
+        model_path = run_dir / entry["model"]
+        if not model_path.is_file():
+            raise CheckpointError(f"{model_path} is missing; a checkpoint needs its run folder's SentencePiece model")
+        vocabs.append(Vocab.load(model_path, pieces))
+    return vocabs[0], vocabs[1]
