@@ -1,7 +1,7 @@
 import json
-import unicodedata
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest

@@ -21,8 +21,6 @@ import torch
 from torch import Tensor
 
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.model.attention import Memory
-from nmt.model.decoder import DecoderState
 from nmt.model.seq2seq import Seq2Seq
 
 NEG_INF = float("-inf")
@@ -226,7 +224,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
 
 def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
                    src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
-    tokens_l, lengths_l, scores_l = tokens[:, :n_best].tolist(), lengths[:, :n_best].tolist(), scores[:, :n_best].tolist()
+    tokens_l, lengths_l = tokens[:, :n_best].tolist(), lengths[:, :n_best].tolist()
+    scores_l = scores[:, :n_best].tolist()
     out = []
     for i in range(len(tokens_l)):
         hyps = []

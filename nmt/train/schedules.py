@@ -26,7 +26,8 @@ class LrSchedule:
         c = self.config
         warmup = c.warmup_updates
         if c.lr_schedule == "inverse_sqrt":
-            lr = self.base_lr * (step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / max(step, 1)))
+            ramp = step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / max(step, 1))
+            lr = self.base_lr * ramp
         else:
             lr = self.base_lr * (min(1.0, step / warmup) if warmup else 1.0)
         return max(lr * self.plateau_scale, c.min_lr) if c.lr_schedule == "plateau" else lr

@@ -287,8 +287,9 @@ class Trainer:
                         speed = window_tokens / max(seconds, 1e-9)
                         bar.set_postfix(loss=f"{window_loss / window_tokens:.3f}", lr=f"{lr:.2e}",
                                         tok_s=f"{speed:.0f}")
+                        mean_loss = window_loss / window_tokens
                         self._log({"event": "train", "step": p.step, "epoch": p.cursor.epoch,
-                                   "loss": window_loss / window_tokens, "ppl": math.exp(min(window_loss / window_tokens, 50)),
+                                   "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
                                    "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
                                    "wall_time": p.elapsed + self._session_time()})
                         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()

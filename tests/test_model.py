@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+import torch
+
+from nmt.config import ModelConfig, load_config
+from nmt.data.batching import ParallelIds
+from nmt.data.preprocess import DataFolder
+from nmt.model.seq2seq import Seq2Seq
+from nmt.train.trainer import sequence_loss
+
+VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
+
+
+@pytest.fixture(scope="module")
+def small_batch(prepared):
+    folder = DataFolder.open(load_config(prepared).data.out_dir)
+    ids = ParallelIds(folder.ids("train", "src"), folder.ids("train", "tgt"))
+    rows = np.flatnonzero(ids.tgt_lengths <= 12)[:32]
+    return ids.collate(rows), len(folder.vocab("src")), len(folder.vocab("tgt"))
+
+
+def tiny(attention="bahdanau", rnn="gru", **kw) -> ModelConfig:
+    return ModelConfig(rnn_type=rnn, attention=attention, embedding_dim=32, encoder_hidden=32, decoder_hidden=64,
+                       attention_dim=32, dropout=0.0, **kw)
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_tiny_model_overfits_a_few_dozen_pairs(small_batch, attention, rnn):
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(attention, rnn), src_vocab, tgt_vocab)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(120):
+        logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+        loss = sequence_loss(logits, batch.tgt_out, 0.0) / batch.n_tgt_tokens
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] / 10, (losses[0], losses[-1])
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_teacher_forcing_ratio_zero_and_one(small_batch, attention):
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
+    full, _ = model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing=1.0)
+    free, _ = model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing=0.0)
+    assert full.shape == free.shape
+    assert torch.allclose(full[:, 0], free[:, 0], atol=1e-5)        # step 0 always sees BOS
+    assert not torch.allclose(full, free)                           # later steps see the model's own tokens
+    loss = sequence_loss(free, batch.tgt_out, 0.0)
+    loss.backward()
+    assert torch.isfinite(loss) and model.decoder.embed.weight.grad is not None
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("input_feeding", [True, False])
+def test_teacher_forced_path_equals_step_by_step(small_batch, attention, input_feeding):
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(attention, input_feeding=input_feeding), src_vocab, tgt_vocab).eval()
+    logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)
+    memory, state = model.encode(batch.src, batch.src_lengths)
+    for i in range(batch.tgt_in.size(1)):
+        step_logits, state, step_weights = model.decoder.step(batch.tgt_in[:, i], state, memory)
+        assert torch.allclose(step_logits, logits[:, i], atol=1e-5)
+        assert torch.allclose(step_weights, weights[:, i], atol=1e-6)
+    assert torch.all(weights.masked_select(~batch.src_mask.unsqueeze(1).expand_as(weights)) == 0.0)
+
+
+def test_tied_embeddings_share_the_output_matrix():
+    model = Seq2Seq.from_config(ModelConfig(embedding_dim=64, decoder_hidden=64, tie_embeddings=True), 50, 40)
+    assert model.decoder.output.weight is model.decoder.embed.weight
+
+
+def test_multilayer_lstm_bridge_shapes():
+    config = ModelConfig(rnn_type="lstm", encoder_layers=2, decoder_layers=3, embedding_dim=8, encoder_hidden=8,
+                         decoder_hidden=12, attention_dim=8)
+    model = Seq2Seq.from_config(config, 30, 20)
+    src = torch.tensor([[5, 6, 7, 3], [8, 3, 0, 0]])
+    memory, state = model.encode(src, torch.tensor([4, 2]))
+    assert memory.values.shape == (2, 4, 16)
+    assert state.hidden.shape == (3, 2, 12) and state.cell.shape == (3, 2, 12)

@@ -1,0 +1,145 @@
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from nmt.config import load_config
+from nmt.train.checkpoint import CheckpointError, load_checkpoint
+from nmt.train.trainer import RunDirError, Trainer
+
+
+def config_for(prepared, run_dir, **training):
+    overrides = [f"training.run_dir={run_dir}"] + [f"training.{k}={v}" for k, v in training.items()]
+    return load_config(prepared, overrides)
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True, **kwargs)
+
+
+def test_resume_reaches_the_same_parameters(prepared, tmp_path):
+    settings = dict(max_updates=8, validate_every=3, val_max_sentences=10, log_every=2)
+    straight = Trainer(config_for(prepared, tmp_path / "a", **settings))
+    straight.train()
+
+    half = Trainer(config_for(prepared, tmp_path / "b", **{**settings, "max_updates": 4}))
+    half.train()
+    del half
+    resumed = Trainer(config_for(prepared, tmp_path / "b", **settings), resume=True)
+    assert resumed.progress.step == 4
+    resumed.train()
+
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["step"] == 8
+
+
+def test_run_writes_checkpoints_and_metrics(prepared, tmp_path):
+    trainer = Trainer(config_for(prepared, tmp_path / "run", max_updates=6, validate_every=3, val_max_sentences=10,
+                                 log_every=2, keep_best=1))
+    trainer.train()
+    run = tmp_path / "run"
+    for name in ("last.pt", "best.pt", "config.yaml", "metrics.jsonl", "spm.model", "tgt.pieces"):
+        assert (run / name).is_file(), name
+    assert len(list(run.glob("best-step*.pt"))) == 1      # keep_best: 1
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    validations = [e for e in events if e["event"] == "validation"]
+    assert [v["step"] for v in validations] == [3, 6]
+    assert all({"loss", "ppl", "bleu"} <= v.keys() for v in validations)
+    assert [e["step"] for e in events if e["event"] == "train"] == [2, 4, 6]
+    state = load_checkpoint(run / "last.pt")
+    assert state["cursor"]["batch"] == 6 and state["step"] == 6
+    assert yaml.safe_load((run / "config.yaml").read_text())["training"]["max_updates"] == 6
+
+
+def test_non_empty_run_folder_is_refused(prepared, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match=f"run folder {run} is not empty; pass --resume"):
+        Trainer(config_for(prepared, run))
+    result = run_cli("train", "--config", str(prepared), "--set", f"training.run_dir={run}")
+    assert result.returncode == 2 and "is not empty" in result.stderr
+    assert (run / "notes.txt").read_text() == "mine" and sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+def test_resume_without_checkpoint_is_refused(prepared, tmp_path):
+    with pytest.raises(RunDirError, match="cannot resume"):
+        Trainer(config_for(prepared, tmp_path / "empty"), resume=True)
+
+
+def test_corrupt_and_incompatible_checkpoints_are_refused(prepared, tmp_path):
+    Trainer(config_for(prepared, tmp_path / "run", max_updates=2, validate_every=2, val_max_sentences=5)).train()
+    last = tmp_path / "run" / "last.pt"
+    good = last.read_bytes()
+
+    last.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match="is truncated or corrupt"):
+        load_checkpoint(last)
+    result = run_cli("train", "--config", str(prepared), "--set", f"training.run_dir={tmp_path / 'run'}", "--resume")
+    assert result.returncode == 2 and "truncated or corrupt" in result.stderr.strip().splitlines()[-1]
+
+    last.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="is truncated or corrupt"):
+        load_checkpoint(last)
+
+    state = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    state["format"] = 999
+    torch.save(state, last)
+    with pytest.raises(CheckpointError, match="has format 999"):
+        load_checkpoint(last)
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_sigterm_saves_last_checkpoint_and_exits_cleanly(prepared, tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "train", "--config", str(prepared), "--set", f"training.run_dir={run}",
+         "--set", "training.max_updates=100000", "--set", "training.log_every=1", "--set", "training.validate_every=100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "SIGTERM" in err
+    state = load_checkpoint(run / "last.pt")
+    assert 0 < state["step"] < 100000
+
+
+def test_cli_smoke_train(prepared, tmp_path):
+    run = tmp_path / "cli_run"
+    result = run_cli("train", "--config", str(prepared), "--set", f"training.run_dir={run}",
+                     "--set", "training.max_updates=4", "--set", "training.validate_every=2")
+    assert result.returncode == 0, result.stderr
+    assert (run / "best.pt").is_file() and (run / "metrics.jsonl").is_file()
+    assert "validation @ 2" in result.stderr and "BLEU" in result.stderr
+
+
+def test_plateau_schedule_and_teacher_forcing_decay():
+    from nmt.config import TrainingConfig
+    from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0)
+    config = TrainingConfig(lr=1.0, lr_schedule="plateau", plateau_patience=1, plateau_factor=0.5)
+    schedule = LrSchedule(optimizer, config)
+    for score in (10.0, 9.0, 8.0):          # one improvement, then two bad validations > patience 1
+        schedule.on_validation(score, higher_is_better=True)
+    assert schedule.step(5) == 0.5 and optimizer.param_groups[0]["lr"] == 0.5
+    warm = LrSchedule(optimizer, TrainingConfig(lr=1.0, lr_schedule="inverse_sqrt", warmup_updates=100))
+    assert warm.lr_at(50) == 0.5 and warm.lr_at(100) == 1.0 and warm.lr_at(400) == 0.5
+    linear = TrainingConfig(teacher_forcing=1.0, teacher_forcing_schedule="linear", teacher_forcing_min=0.5,
+                            teacher_forcing_decay_updates=100)
+    assert teacher_forcing_ratio(linear, 0) == 1.0 and teacher_forcing_ratio(linear, 50) == 0.75
+    assert teacher_forcing_ratio(linear, 1000) == 0.5
