@@ -104,7 +104,8 @@ def test_sigterm_saves_last_checkpoint_and_exits_cleanly(prepared, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "nmt", "train", "--config", str(prepared), "--set", f"training.run_dir={run}",
-         "--set", "training.max_updates=100000", "--set", "training.log_every=1", "--set", "training.validate_every=100000"],
+         "--set", "training.max_updates=100000", "--set", "training.log_every=1",
+         "--set", "training.validate_every=100000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline:
