@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -44,7 +45,7 @@ def root(
 @app.command()
 def preprocess(
     config: Path = ConfigOption,
-    overrides: Optional[list[str]] = SetOption,  # noqa: UP045
+    overrides: list[str] | None = SetOption,
     force: bool = typer.Option(False, "--force", help="Rebuild even if the output is up to date."),
 ) -> None:
     """Train SentencePiece and encode train/dev/test into id files with a manifest."""
@@ -59,7 +60,7 @@ def preprocess(
 @app.command()
 def train(
     config: Path = ConfigOption,
-    overrides: Optional[list[str]] = SetOption,  # noqa: UP045
+    overrides: list[str] | None = SetOption,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in training.run_dir from last.pt."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete a non-empty run folder and start over."),
 ) -> None:
@@ -74,6 +75,158 @@ def train(
         trainer.train()
     except (ConfigError, DataError, CheckpointError, RunDirError) as exc:
         fail(str(exc))
+
+
+def _open_output(path: Path | None):
+    """stdout, or a temporary file beside `path` that `_finish_output` renames into place."""
+    if path is None:
+        return sys.stdout, None
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    return open(tmp, "w", encoding="utf-8"), tmp
+
+
+def _finish_output(handle, tmp: Path | None, path: Path | None, ok: bool) -> None:
+    if tmp is None:
+        handle.flush()
+        return
+    handle.close()
+    if ok:
+        os.replace(tmp, path)
+    else:
+        tmp.unlink(missing_ok=True)
+
+
+@app.command()
+def translate(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint inside its run folder, e.g. RUN/best.pt."),
+    input: Path | None = typer.Option(None, "--input", "-i", help="Source text; default stdin."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Translations; default stdout."),
+    beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="1 = greedy; default from config."),
+    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
+    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
+    n_best: int = typer.Option(1, "--n-best", min=1, help="Write the K best as 'line ||| text ||| score'."),
+    no_repeat_ngram: int | None = typer.Option(None, "--no-repeat-ngram", min=0, help="Block repeated n-grams."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
+    alignments: Path | None = typer.Option(None, "--alignments", help="Write Pharaoh word alignments (i-j)."),
+    attention_out: Path | None = typer.Option(None, "--attention-out", help="Write attention as JSON lines."),
+    plot_attention: Path | None = typer.Option(None, "--plot-attention", help="Write heatmap PNGs into this folder."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Translate text, one line out per line in, in input order."""
+    from tqdm import tqdm
+
+    from nmt.decode.translator import OutputFiles, Translator
+    from nmt.train.checkpoint import CheckpointError
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size, length_penalty=length_penalty,
+                                                batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram)
+    except (ConfigError, CheckpointError) as exc:
+        fail(str(exc))
+    if input is not None and not input.is_file():
+        fail(f"input file {input} does not exist")
+    plotter = None
+    if plot_attention is not None:
+        from nmt.plot import AttentionPlotter, PlotUnavailable
+
+        try:
+            plotter = AttentionPlotter(plot_attention)
+        except PlotUnavailable as exc:
+            fail(str(exc))
+    with ExitStack() as stack:
+        source = stack.enter_context(open(input, encoding="utf-8")) if input else sys.stdin
+        out, tmp = _open_output(output)
+        files = OutputFiles(
+            out,
+            stack.enter_context(open(alignments, "w", encoding="utf-8")) if alignments else None,
+            stack.enter_context(open(attention_out, "w", encoding="utf-8")) if attention_out else None,
+            plotter,
+        )
+        ok = False
+        try:
+            with tqdm(desc="translate", unit="sent", file=sys.stderr, disable=quiet) as bar:
+                translator.write_translations(source, files, n_best=n_best, progress=bar)
+            ok = True
+        except UnicodeDecodeError as exc:
+            fail(f"{input or 'stdin'}: invalid UTF-8 in the input ({exc.reason})")
+        finally:
+            _finish_output(out, tmp, output, ok)
+
+
+@app.command()
+def evaluate(
+    ref: Path = typer.Option(..., "--ref", "-r", help="Reference translations, raw text."),
+    hyp: Path | None = typer.Option(None, "--hyp", help="Hypotheses to score."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Translate --src with this first."),
+    src: Path | None = typer.Option(None, "--src", help="Source text (with --checkpoint)."),
+    compare: Path | None = typer.Option(None, "--compare", help="Second system: paired bootstrap test."),
+    ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the scores as JSON here ('-' = stdout)."),
+    beam_size: int | None = typer.Option(None, "--beam-size", min=1),
+    device: str = typer.Option("auto", "--device"),
+    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10),
+) -> None:
+    """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF."""
+    import json
+
+    from nmt import evaluate as ev
+
+    try:
+        refs = ev.read_text(ref)
+        if checkpoint is not None:
+            if src is None or hyp is not None:
+                fail("--checkpoint needs --src (and no --hyp)")
+            from nmt.decode.translator import Translator
+            from nmt.train.checkpoint import CheckpointError
+
+            try:
+                translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size)
+            except CheckpointError as exc:
+                fail(str(exc))
+            hyps = [t.text for t in translator.translate_stream(ev.read_text(src))]
+            hyp_name = f"{checkpoint} on {src}"
+        elif hyp is not None:
+            hyps, hyp_name = ev.read_text(hyp), str(hyp)
+        else:
+            fail("give --hyp FILE, or --checkpoint C --src FILE")
+        ev.check_lengths(hyps, refs, hyp_name, str(ref))
+        results = ev.score(hyps, refs, ter=ter)
+        if compare is not None:
+            other = ev.read_text(compare)
+            ev.check_lengths(other, refs, str(compare), str(ref))
+            results["comparison"] = ev.compare(hyps, other, refs, ter=ter, samples=bootstrap_samples)
+    except ev.EvaluationError as exc:
+        fail(str(exc))
+    payload = json.dumps({"hypotheses": hyp_name, "references": str(ref), **results}, indent=2)
+    if json_out is not None and str(json_out) == "-":
+        typer.echo(payload)
+        return
+    if json_out is not None:
+        json_out.write_text(payload + "\n", encoding="utf-8")
+    typer.echo(ev.format_report(results, hyp_name, str(ref)))
+
+
+@app.command()
+def average(
+    checkpoints: list[Path] = typer.Argument(..., help="Checkpoints of one run to average."),
+    output: Path = typer.Option(..., "--output", "-o", help="The averaged checkpoint (in the same run folder)."),
+) -> None:
+    """Average the parameters of several checkpoints into a new one."""
+    from nmt.train.checkpoint import CheckpointError, average_checkpoints, save_checkpoint
+
+    if output.exists():
+        fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
+    try:
+        state = average_checkpoints(checkpoints)
+    except CheckpointError as exc:
+        fail(str(exc))
+    save_checkpoint(output, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
+    typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 
 def main() -> None:

@@ -68,3 +68,16 @@ def prepared(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path
     config = make_config(tmp, corpus_dir)
     preprocess(load_config(config))
     return config
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, prepared: Path) -> Path:
+    """A run folder with a checkpoint of the smoke model after a few dozen updates."""
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    config = load_config(prepared, [f"training.run_dir={run}", "training.max_updates=40",
+                                    "training.validate_every=20", "training.val_max_sentences=20"])
+    Trainer(config).train()
+    return run

@@ -38,10 +38,14 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0) -> Tensor:
-    """Per sentence: ratio * source length + 10 output tokens, EOS included (src_lengths count EOS)."""
+def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap: int | None = None) -> Tensor:
+    """Per sentence: ratio * source length + 10 output tokens, EOS included (src_lengths count EOS),
+    at most `cap` when given."""
     real = (src_lengths - 1).clamp(min=0).float()
-    return (ratio * real + 10).long().clamp(min=min_len + 1)
+    limits = (ratio * real + 10).long()
+    if cap is not None:
+        limits = limits.clamp(max=cap)
+    return limits.clamp(min=min_len + 1)
 
 
 def _block_special(logp: Tensor) -> None:
@@ -52,14 +56,12 @@ def _block_special(logp: Tensor) -> None:
 def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
     """Forbid tokens that would repeat an n-gram already in `history` (rows, t). In place, vectorised."""
     t = history.size(1)
-    if n < 1 or t < n - 1:
+    if n < 1 or t < n:                                                  # no complete n-gram yet
         return
     if n == 1:
         logp.scatter_(1, history, NEG_INF)
         return
     ngrams = history.unfold(1, n, 1)                                    # (rows, t-n+1, n)
-    if ngrams.size(1) == 0:
-        return
     current = history[:, t - n + 1 :]                                   # (rows, n-1) the last n-1 tokens
     matches = (ngrams[:, :, :-1] == current.unsqueeze(1)).all(-1)      # (rows, t-n+1)
     banned = ngrams[:, :, -1].masked_fill(~matches, PAD)                # PAD is banned anyway
@@ -68,11 +70,11 @@ def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
 
 @torch.no_grad()
 def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
-                  min_len: int = 0, return_attention: bool = False) -> list[Hypothesis]:
+                  min_len: int = 0, return_attention: bool = False, max_len: int | None = None) -> list[Hypothesis]:
     """The most probable token at each step, for every sentence of the batch at once."""
     batch = src.size(0)
     memory, state = model.encode(src, src_lengths)
-    limits = max_output_lengths(src_lengths, max_len_ratio, min_len).to(src.device)
+    limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
     steps = int(limits.max())
     tokens = src.new_full((batch, steps), PAD)                          # (batch, steps)
     scores = memory.values.new_zeros(batch)
@@ -120,14 +122,16 @@ def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor 
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
                 max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
-                return_attention: bool = False) -> list[list[Hypothesis]]:
-    """Beam search for a whole batch; returns the `n_best` hypotheses of every sentence, best first."""
+                return_attention: bool = False, max_len: int | None = None) -> list[list[Hypothesis]]:
+    """Beam search for a whole batch; returns the `n_best` hypotheses of every sentence, best first.
+
+    `max_len` caps the output length (EOS included) below the ratio-based limit."""
     batch, k, device = src.size(0), beam_size, src.device
     n_best = min(n_best, k)
     memory, state = model.encode(src, src_lengths)
     beam_rows = torch.arange(batch, device=device).repeat_interleave(k)     # (batch*k,) sentence of each beam
     memory, state = memory.index_select(beam_rows), state.index_select(beam_rows)
-    limits = max_output_lengths(src_lengths, max_len_ratio, min_len).to(device)   # (batch,)
+    limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(device)   # (batch,)
     steps = int(limits.max())
     src_len = src.size(1)
 

@@ -1,0 +1,127 @@
+import itertools
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.data.tokenizer import BOS, EOS, UNK
+from nmt.decode.search import beam_search, greedy_search, length_penalty
+from nmt.model.seq2seq import Seq2Seq
+
+VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
+
+
+def random_model(attention="bahdanau", rnn="gru", tgt_vocab=40, seed=0, sharpen=3.0) -> Seq2Seq:
+    torch.manual_seed(seed)
+    config = ModelConfig(rnn_type=rnn, attention=attention, embedding_dim=16, encoder_hidden=16, decoder_hidden=32,
+                         attention_dim=16, dropout=0.0)
+    model = Seq2Seq.from_config(config, 30, tgt_vocab).eval()
+    with torch.no_grad():                      # sharper distributions: fewer near-ties, more varied outputs
+        model.decoder.output.weight.mul_(sharpen)
+    return model
+
+
+def source_batch(seed=1):
+    torch.manual_seed(seed)
+    lengths = torch.tensor([9, 7, 5, 3, 2])
+    src = torch.zeros(5, 9, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, : n - 1] = torch.randint(4, 30, (n - 1,))
+        src[i, n - 1] = EOS
+    return src, lengths
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_beam_one_equals_greedy(attention, rnn):
+    model = random_model(attention, rnn)
+    src, lengths = source_batch()
+    greedy = greedy_search(model, src, lengths, max_len_ratio=1.5)
+    beam = beam_search(model, src, lengths, beam_size=1, alpha=0.0, max_len_ratio=1.5)
+    assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
+    assert torch.allclose(torch.tensor([h.score for h in greedy]), torch.tensor([b[0].score for b in beam]))
+
+
+def sequence_logprob(model, src, length, tokens):
+    """log p(tokens + EOS | src) by teacher forcing."""
+    tgt = torch.tensor([[BOS, *tokens]])
+    out = torch.tensor([[*tokens, EOS]])
+    logits, _ = model(src.unsqueeze(0), torch.tensor([length]), tgt)
+    return logits.log_softmax(-1).gather(2, out.unsqueeze(2)).sum().item()
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_wide_beam_finds_the_exhaustive_optimum(alpha, attention):
+    """Outputs of at most 3 symbols + EOS over {UNK, 4, 5}: enumerate all 40 and compare."""
+    max_len = 4                                     # tokens including EOS
+    symbols = [UNK, 4, 5]
+    for seed in range(4):
+        model = random_model(attention, tgt_vocab=6, seed=seed, sharpen=4.0)
+        src, lengths = source_batch(seed)
+        results = beam_search(model, src, lengths, beam_size=128, alpha=alpha, max_len=max_len)
+        narrow = beam_search(model, src, lengths, beam_size=2, alpha=alpha, max_len=max_len)
+        for i in range(src.size(0)):
+            n = int(lengths[i])
+            candidates = [list(c) for k in range(max_len) for c in itertools.product(symbols, repeat=k)]
+            scored = [(sequence_logprob(model, src[i, :n], n, c) / length_penalty(len(c) + 1, alpha), c)
+                      for c in candidates]
+            best_score, best_tokens = max(scored, key=lambda x: x[0])
+            assert results[i][0].tokens == best_tokens
+            assert results[i][0].score == pytest.approx(best_score, abs=1e-4)
+            assert narrow[i][0].score <= best_score + 1e-4
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_batched_beam_equals_one_sentence_at_a_time(attention):
+    model = random_model(attention)
+    src, lengths = source_batch()
+    batched = beam_search(model, src, lengths, beam_size=4, alpha=1.0, max_len_ratio=1.5, n_best=2)
+    for i in range(src.size(0)):
+        n = int(lengths[i])
+        alone = beam_search(model, src[i : i + 1, :n], lengths[i : i + 1], beam_size=4, alpha=1.0,
+                            max_len_ratio=1.5, n_best=2)
+        assert [h.tokens for h in alone[0]] == [h.tokens for h in batched[i]]
+        assert [h.score for h in alone[0]] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
+
+
+def test_n_best_sorted_and_distinct():
+    model = random_model()
+    src, lengths = source_batch()
+    results = beam_search(model, src, lengths, beam_size=5, n_best=5, max_len_ratio=1.0)
+    for hyps in results:
+        assert len(hyps) == 5
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5
+
+
+def test_min_length_and_max_length():
+    model = random_model()
+    src, lengths = source_batch()
+    for hyps in beam_search(model, src, lengths, beam_size=3, min_len=4, max_len=6):
+        assert 4 <= len(hyps[0].tokens) <= 5       # EOS not allowed before 4 tokens; at most 6 with EOS
+    for hyp in greedy_search(model, src, lengths, min_len=2, max_len=3):
+        assert 2 <= len(hyp.tokens) <= 2
+
+
+def test_no_repeat_ngram_blocks_repeats():
+    model = random_model(tgt_vocab=8, sharpen=8.0)
+    src, lengths = source_batch()
+    for n in (1, 2):
+        for hyps in beam_search(model, src, lengths, beam_size=3, no_repeat_ngram=n, max_len_ratio=2.0):
+            tokens = hyps[0].tokens
+            grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+            assert len(grams) == len(set(grams))
+
+
+def test_attention_is_returned_per_hypothesis():
+    model = random_model("luong_dot")
+    src, lengths = source_batch()
+    for hyps, n in zip(beam_search(model, src, lengths, beam_size=3, return_attention=True, max_len_ratio=1.0),
+                       lengths.tolist(), strict=True):
+        weights = hyps[0].attention
+        assert weights.shape == (len(hyps[0].tokens) + 1, n)
+        assert torch.allclose(weights.sum(-1), torch.ones(weights.size(0)), atol=1e-5)
+    greedy = greedy_search(model, src, lengths, return_attention=True)
+    assert greedy[0].attention.shape == (len(greedy[0].tokens) + 1, 9)
