@@ -229,6 +229,48 @@ def average(
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 
+plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs nmt[plot]).",
+                       no_args_is_help=True)
+app.add_typer(plot_app, name="plot")
+
+
+@plot_app.command("attention")
+def plot_attention_command(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint inside its run folder."),
+    src: list[str] = typer.Option(..., "--src", help="A source sentence (repeatable)."),
+    out: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNG files."),
+    beam_size: int | None = typer.Option(None, "--beam-size", min=1),
+    device: str = typer.Option("auto", "--device"),
+) -> None:
+    """Translate sentences and draw each one's attention as a heatmap PNG."""
+    from nmt.decode.translator import OutputFiles, Translator
+    from nmt.plot import AttentionPlotter, PlotUnavailable
+    from nmt.train.checkpoint import CheckpointError
+
+    try:
+        plotter = AttentionPlotter(out)
+        translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size)
+    except (PlotUnavailable, CheckpointError) as exc:
+        fail(str(exc))
+    translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
+    typer.echo(f"wrote {len(src)} heatmap(s) to {out}", err=True)
+
+
+@plot_app.command("curves")
+def plot_curves_command(
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders (each with metrics.jsonl)."),
+    out: Path = typer.Option(Path("curves.png"), "--out", "-o", help="The PNG to write."),
+) -> None:
+    """Draw train loss, dev perplexity and dev BLEU of one or more runs."""
+    from nmt.plot import PlotUnavailable, plot_curves
+
+    try:
+        plot_curves(run_dirs, out)
+    except (PlotUnavailable, FileNotFoundError) as exc:
+        fail(str(exc))
+    typer.echo(f"wrote {out}", err=True)
+
+
 def main() -> None:
     try:
         app()

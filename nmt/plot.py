@@ -1,0 +1,155 @@
+"""Pictures of what the model learned: attention heatmaps and training curves.
+
+matplotlib is an optional extra (`pip install 'nmt[plot]'`); only this module imports it, and
+only when a plot is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch import Tensor
+
+DPI = 100
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable("plotting needs matplotlib: pip install 'nmt[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def heatmap_size(n_src: int, n_tgt: int) -> tuple[float, float]:
+    """Figure size in inches: about a quarter inch per piece, at least 5 x 4, at most 16 x 14."""
+    width = min(16.0, max(5.0, 2.5 + 0.24 * n_src))
+    height = min(14.0, max(4.0, 2.0 + 0.24 * n_tgt))
+    return width, height
+
+
+def label_font_size(n: int) -> float:
+    """Smaller labels for longer sentences, so 50 pieces still fit without overlapping."""
+    return max(5.0, min(11.0, 340.0 / max(n, 1)))
+
+
+def attention_figure(src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor, title: str = ""):
+    """A heatmap of attention weights: output pieces down, source pieces across, with a colour bar.
+
+    weights: (len(tgt_pieces), len(src_pieces)); rows are the α_i of each output step.
+    """
+    plt = _pyplot()
+    matrix = weights.detach().float().cpu().numpy()
+    if matrix.shape != (len(tgt_pieces), len(src_pieces)):
+        raise ValueError(f"weights {matrix.shape} do not match {len(tgt_pieces)} x {len(src_pieces)} pieces")
+    fig, ax = plt.subplots(figsize=heatmap_size(len(src_pieces), len(tgt_pieces)), dpi=DPI,
+                           layout="constrained")
+    image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(src_pieces)), labels=list(src_pieces), rotation=90,
+                  fontsize=label_font_size(len(src_pieces)))
+    ax.set_yticks(range(len(tgt_pieces)), labels=list(tgt_pieces), fontsize=label_font_size(len(tgt_pieces)))
+    ax.xaxis.tick_top()
+    ax.set_xlabel("source pieces")
+    ax.set_ylabel("output pieces")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label="attention weight α", shrink=0.8)
+    return fig
+
+
+class AttentionPlotter:
+    """Writes one PNG per sentence into a folder (used by `nmt translate --plot-attention`)."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.plt = _pyplot()
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
+        fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
+        path = self.out_dir / f"attention-{number:05d}.png"
+        fig.savefig(path, dpi=DPI)
+        self.plt.close(fig)
+        return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Training curves
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Events of metrics.jsonl; lines that are not JSON objects are skipped."""
+    events = []
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def run_label(run_dir: Path) -> str:
+    """The run folder's name and its attention type, from the config.yaml it holds."""
+    try:
+        config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        attention = config["model"]["attention"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        attention = "attention unknown"
+    return f"{Path(run_dir).name} ({attention})"
+
+
+def _series(events: list[dict[str, Any]], kind: str, key: str, x_key: str) -> tuple[list[float], list[float]]:
+    number = (int, float)
+    points = [(e[x_key], e[key]) for e in events
+              if e.get("event") == kind and isinstance(e.get(key), number) and isinstance(e.get(x_key), number)]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+CURVES = (("train", "loss", "train loss"), ("validation", "ppl", "dev perplexity"), ("validation", "bleu", "dev BLEU"))
+CURVES_SIZE = (15.0, 8.0)
+
+
+def curves_figure(run_dirs: Sequence[Path]):
+    """Train loss, dev perplexity and dev BLEU against updates (top row) and wall-clock minutes (bottom row)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 3, figsize=CURVES_SIZE, dpi=DPI, layout="constrained")
+    for run_dir in run_dirs:
+        events = read_metrics(run_dir)
+        label = run_label(run_dir)
+        for column, (kind, key, title) in enumerate(CURVES):
+            for row, (x_key, x_label, scale) in enumerate((("step", "updates", 1.0), ("wall_time", "minutes", 60.0))):
+                xs, ys = _series(events, kind, key, x_key)
+                ax = axes[row][column]
+                ax.plot([x / scale for x in xs], ys, marker="o" if kind == "validation" else None, markersize=3,
+                        label=label)
+                ax.set_title(title)
+                ax.set_xlabel(x_label)
+                if key == "ppl":
+                    ax.set_yscale("log")
+                ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    return fig
+
+
+def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
+    plt = _pyplot()
+    fig = curves_figure(run_dirs)
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return out

@@ -1,0 +1,111 @@
+import itertools
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.decode.translator import Translator
+
+pytest.importorskip("matplotlib")
+
+from nmt.plot import CURVES_SIZE, DPI, attention_figure, curves_figure, heatmap_size, read_metrics
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+
+
+def test_plot_attention_cli_writes_pngs_of_expected_size(trained_run, tmp_path):
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee neben einem großen Baum."]
+    result = run_cli("plot", "attention", "--checkpoint", str(trained_run / "best.pt"), "--device", "cpu",
+                     "--beam-size", "2", "--src", sentences[0], "--src", sentences[1], "-o", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    translator = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=2)
+    results = translator.translate(sentences, return_attention=True)
+    for i, res in enumerate(results):
+        path = tmp_path / f"attention-{i:05d}.png"
+        n_src, n_tgt = len(res.src_ids) + 1, len(res.hypotheses[0].tokens) + 1
+        width, height = heatmap_size(n_src, n_tgt)
+        assert png_size(path) == (round(width * DPI), round(height * DPI))
+
+
+def test_heatmap_data_equals_model_attention(trained_run):
+    translator = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=1)
+    result = translator.translate(["Eine Frau liest ein Buch im Park."], return_attention=True)[0]
+    hyp = result.hypotheses[0]
+    src_pieces = [*translator.src_vocab.to_pieces(result.src_ids), "</s>"]
+    tgt_pieces = [*translator.tgt_vocab.to_pieces(hyp.tokens), "</s>"]
+    # The weights the model gives when teacher-forced with its own output.
+    model = translator.model
+    src = torch.tensor([[*result.src_ids.tolist(), 3]])
+    _, weights = model(src, torch.tensor([src.size(1)]), torch.tensor([[2, *hyp.tokens]]))
+    fig = attention_figure(src_pieces, tgt_pieces, hyp.attention)
+    drawn = torch.from_numpy(fig.axes[0].images[0].get_array().data.copy())
+    assert drawn.shape == (len(tgt_pieces), len(src_pieces))            # padded columns absent
+    assert torch.allclose(drawn, weights[0], atol=1e-5)
+    assert torch.allclose(drawn.sum(-1), torch.ones(len(tgt_pieces)), atol=1e-5)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == src_pieces
+
+
+def test_heatmap_fits_fifty_pieces():
+    pieces = [f"▁w{i}" for i in range(50)]
+    fig = attention_figure(pieces, pieces, torch.softmax(torch.randn(50, 50), -1))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    rows = [label.get_window_extent(renderer) for label in fig.axes[0].get_yticklabels()]
+    for upper, lower in itertools.pairwise(rows):
+        assert upper.y0 >= lower.y1 - 0.5 or lower.y0 >= upper.y1 - 0.5   # no overlap between neighbours
+    columns = [label.get_window_extent(renderer) for label in fig.axes[0].get_xticklabels()]
+    for left, right in itertools.pairwise(columns):
+        assert right.x0 >= left.x1 - 0.5
+
+
+def test_curves_from_metrics_with_missing_and_extra_fields(tmp_path):
+    run = tmp_path / "run_a"
+    run.mkdir()
+    (run / "config.yaml").write_text("model:\n  attention: luong_general\n")
+    events = [
+        {"event": "train", "step": 10, "loss": 5.0, "wall_time": 1.0, "extra": [1, 2]},
+        {"event": "train", "step": 20, "wall_time": 2.0},                        # no loss
+        {"event": "validation", "step": 20, "ppl": 80.0, "bleu": 3.5, "wall_time": 2.5},
+        {"event": "validation", "step": 40, "bleu": "n/a"},                      # wrong type, no ppl
+        {"event": "something_new", "step": 41},
+    ]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\nnot json\n")
+    assert len(read_metrics(run)) == 5
+    out = tmp_path / "curves.png"
+    result = run_cli("plot", "curves", str(run), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert png_size(out) == (round(CURVES_SIZE[0] * DPI), round(CURVES_SIZE[1] * DPI))
+    fig = curves_figure([run])
+    assert fig.axes[0].get_legend().get_texts()[0].get_text() == "run_a (luong_general)"
+
+
+def test_curves_of_several_real_runs(trained_run, tmp_path):
+    fig = curves_figure([trained_run, trained_run])
+    assert len(fig.axes[0].get_lines()) == 2
+    xs = fig.axes[2].get_lines()[0].get_xdata()                              # dev BLEU against updates
+    assert list(xs) == [20, 40]
+
+
+def test_without_matplotlib_plot_commands_say_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; from nmt.cli import main; "
+            f"sys.argv = ['nmt', 'plot', 'curves', {str(tmp_path)!r}]; main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: plotting needs matplotlib: pip install 'nmt[plot]'"
+
+
+def test_other_commands_do_not_import_matplotlib():
+    code = ("import sys; import nmt.cli, nmt.decode.translator, nmt.train.trainer, nmt.evaluate; "
+            "print('matplotlib' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
