@@ -75,7 +75,7 @@ class TrainingConfig:
     run_dir: str | None = _path()
     seed: int = 42
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"   # autocast on CUDA; CPU always runs fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast dtype; auto = bf16 where native
     threads: int = _bounded(0, ge=0)                     # torch CPU threads; 0 = torch's default
     batch_tokens: int = _bounded(2000, ge=0)             # padded tokens per batch; 0 = use batch_size
     batch_size: int = _bounded(0, ge=0)                  # sentences per batch when batch_tokens is 0

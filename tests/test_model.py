@@ -85,3 +85,38 @@ def test_multilayer_lstm_bridge_shapes():
     memory, state = model.encode(src, torch.tensor([4, 2]))
     assert memory.values.shape == (2, 4, 16)
     assert state.hidden.shape == (3, 2, 12) and state.cell.shape == (3, 2, 12)
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_recurrent_stack_steps_equal_the_fused_sequence_call(rnn, layers):
+    import torch.nn.functional as F
+
+    from nmt.model.recurrent import RecurrentStack
+
+    torch.manual_seed(0)
+    stack = RecurrentStack(rnn, input_size=6, hidden=8, layers=layers, dropout=0.2).eval()
+    inputs = torch.randn(4, 5, 6)
+    hidden = torch.randn(layers, 4, 8)
+    cell = torch.randn(layers, 4, 8) if rnn == "lstm" else None
+    outputs, final_hidden, final_cell = stack(inputs, hidden, cell)
+    for t in range(5):
+        gi0 = F.linear(inputs[:, t], stack.input_weight(0, 6), stack.input_bias())
+        top, hidden, cell = stack.step(gi0, hidden, cell)
+        assert torch.allclose(top, outputs[:, t], atol=1e-6)
+    assert torch.allclose(hidden, final_hidden, atol=1e-6)
+    if rnn == "lstm":
+        assert torch.allclose(cell, final_cell, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_multilayer_lstm_teacher_forced_equals_steps(small_batch, attention):
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    config = tiny(attention, "lstm", decoder_layers=2, encoder_layers=2)
+    model = Seq2Seq.from_config(config, src_vocab, tgt_vocab).eval()
+    logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+    memory, state = model.encode(batch.src, batch.src_lengths)
+    for i in range(batch.tgt_in.size(1)):
+        step_logits, state, _ = model.decoder.step(batch.tgt_in[:, i], state, memory)
+        assert torch.allclose(step_logits, logits[:, i], atol=1e-5)

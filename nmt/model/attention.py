@@ -28,14 +28,15 @@ def masked_softmax(scores: Tensor, src_mask: Tensor) -> Tensor:
 class Memory:
     """What the decoder attends over, computed once per batch."""
 
-    values: Tensor  # (batch, src_len, enc_out) the annotations h_j
-    keys: Tensor    # (batch, src_len, key_dim) project_keys(h_j)
-    mask: Tensor    # (batch, src_len) True at real tokens
+    values: Tensor                    # (batch, src_len, enc_out) the annotations h_j
+    keys: Tensor                      # (batch, src_len, key_dim) project_keys(h_j)
+    mask: Tensor                      # (batch, src_len) True at real tokens
+    values_in: Tensor | None = None   # (batch, src_len, gates*dec_hidden) W_ctx h_j, for Bahdanau's RNN input
 
     def index_select(self, index: Tensor) -> Memory:
         """Rows `index` of the batch, e.g. to repeat every sentence once per beam."""
-        return Memory(self.values.index_select(0, index), self.keys.index_select(0, index),
-                      self.mask.index_select(0, index))
+        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
+        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.values_in))
 
 
 class Attention(nn.Module):
@@ -82,8 +83,11 @@ class AdditiveAttention(Attention):
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, [tgt_len,] dec_hidden); keys: (batch, src_len, attn_dim), already U-projected."""
-        projected = self.query_proj(query)                                   # (batch, [tgt_len,] attn_dim)
-        if query.dim() == 2:
+        return self.energies(self.query_proj(query), keys)
+
+    def energies(self, projected: Tensor, keys: Tensor) -> Tensor:
+        """v_aᵀ tanh(q + k_j) for a query already W-projected: (batch, [tgt_len,] attn_dim)."""
+        if projected.dim() == 2:
             energy = (projected.unsqueeze(1) + keys).tanh()                  # (batch, src_len, attn_dim)
         else:
             energy = (projected.unsqueeze(2) + keys.unsqueeze(1)).tanh()     # (batch, tgt_len, src_len, attn_dim)

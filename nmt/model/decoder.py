@@ -1,9 +1,10 @@
 """Decoders: Bahdanau-style (attend, then step) and Luong-style (step, then attend).
 
-Both expose the same interface: `step` for one token of every row (used by search and by
-scheduled sampling), and `forward` for a whole teacher-forced target, which computes what it
-can for all steps at once (embeddings, output layer; for Luong without input feeding also the
-RNN and the attention).
+Both expose the same interface: `memory` prepares what the decoder attends over once per batch,
+`step` advances every row by one token (used by search and by scheduled sampling), and
+`forward` runs a whole teacher-forced target, computing what it can for all steps at once:
+embeddings and their RNN input projection, the output layer, and for Luong without input
+feeding also the RNN and the attention.
 """
 
 from __future__ import annotations
@@ -11,10 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model.attention import Attention, Memory
-from nmt.model.encoder import make_rnn
+from nmt.model.attention import AdditiveAttention, Attention, Memory, masked_softmax
+from nmt.model.dropout import Dropout
+from nmt.model.recurrent import RecurrentStack
+
+
+def autocast_once(weight: Tensor) -> Tensor:
+    """Cast a derived (non-leaf) weight to the autocast dtype once, so ops inside a loop over
+    steps do not cast it again at every step (autocast caches casts of parameters only)."""
+    device = weight.device.type
+    if torch.is_autocast_enabled(device):
+        return weight.to(torch.get_autocast_dtype(device))
+    return weight
 
 
 @dataclass
@@ -29,109 +41,156 @@ class DecoderState:
 
     @property
     def top(self) -> Tensor:
-        """(batch, dec_hidden) the top layer's state, the query of Bahdanau attention."""
+        """(batch, dec_hidden) the top layer's state."""
         return self.hidden[-1]
 
 
 class Decoder(nn.Module):
-    """Shared parts: target embeddings, the RNN, the output layer W_s and its dropout."""
+    """Shared parts: target embeddings E, the RNN, the output layer W_s and its dropout."""
 
     def __init__(self, vocab_size: int, embedding_dim: int, hidden: int, layers: int, rnn_type: str,
                  attention: Attention, context_size: int, dropout: float, rnn_input_size: int) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embedding_dim)
-        self.dropout = nn.Dropout(dropout)
-        self.rnn = make_rnn(rnn_type, rnn_input_size, hidden, layers, dropout)
+        self.dropout = Dropout(dropout)
+        self.rnn = RecurrentStack(rnn_type, rnn_input_size, hidden, layers, dropout)
         self.attention = attention
-        self.hidden_size, self.context_size = hidden, context_size
+        self.embedding_dim, self.hidden_size, self.context_size = embedding_dim, hidden, context_size
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
-        self.is_lstm = rnn_type == "lstm"
 
-    def _run_rnn(self, inputs: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        """inputs: (batch, steps, in) -> outputs (batch, steps, hidden), new state (feed unchanged)."""
-        if self.is_lstm:
-            outputs, (hidden, cell) = self.rnn(inputs, (state.hidden, state.cell))
-            return outputs, replace(state, hidden=hidden, cell=cell)
-        outputs, hidden = self.rnn(inputs, state.hidden)
-        return outputs, replace(state, hidden=hidden)
+    def memory(self, values: Tensor, mask: Tensor) -> Memory:
+        """What every step attends over, with the attention keys projected once per batch."""
+        return Memory(values, self.attention.project_keys(values), mask)
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         return DecoderState(hidden, cell, None)
 
-    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        """prev_tokens: (batch,) -> logits (batch, vocab), new state, attention weights (batch, src_len)."""
+    def embed_inputs(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """tokens: (batch, [steps]) -> embeddings (batch, [steps], emb) and their layer-0 RNN input
+        projection W_e E y + b (batch, [steps], gates*dec_hidden)."""
+        embedded = self.dropout(self.embed(tokens))
+        projected = F.linear(embedded, self.rnn.input_weight(0, self.embedding_dim), self.rnn.input_bias())
+        return embedded, projected
+
+    def step_features(self, prev_tokens: Tensor, state: DecoderState,
+                      memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+        """prev_tokens: (batch,) -> h̃ (batch, dec_hidden), new state, attention weights (batch, src_len)."""
         raise NotImplementedError
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
+        """All steps with the reference as input: h̃ (batch, tgt_len, dec_hidden), weights (batch, tgt_len, src_len)."""
         raise NotImplementedError
 
-    def forward(self, tgt_in: Tensor, state: DecoderState, memory: Memory,
-                teacher_forcing: float = 1.0) -> tuple[Tensor, Tensor]:
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+        """prev_tokens: (batch,) -> logits (batch, vocab), new state, attention weights (batch, src_len)."""
+        attn_hidden, state, weights = self.step_features(prev_tokens, state, memory)
+        return self.output(self.dropout(attn_hidden)), state, weights
+
+    def forward(self, tgt_in: Tensor, state: DecoderState, memory: Memory, teacher_forcing: float = 1.0,
+                features_only: bool = False) -> tuple[Tensor, Tensor]:
         """tgt_in: (batch, tgt_len) BOS y_1 .. y_{n}.
 
-        returns logits (batch, tgt_len, vocab) and attention weights (batch, tgt_len, src_len).
+        returns logits (batch, tgt_len, vocab) and attention weights (batch, tgt_len, src_len);
+        with `features_only`, the output layer's input (dropout applied) instead of the logits,
+        for a loss that fuses the output layer (nmt.train.loss).
         With teacher_forcing < 1 each row's next input is, with probability 1 - ratio, the
         model's own previous prediction instead of the reference token (scheduled sampling).
         """
         if teacher_forcing >= 1.0:
-            return self.teacher_forced(tgt_in, state, memory)
-        logits_steps, weight_steps = [], []
+            attn_hidden, weights = self.teacher_forced(tgt_in, state, memory)
+            features = self.dropout(attn_hidden)
+            return (features if features_only else self.output(features)), weights
+        outputs, weight_steps = [], []
         tokens = tgt_in[:, 0]
         for i in range(tgt_in.size(1)):
-            logits, state, weights = self.step(tokens, state, memory)
-            logits_steps.append(logits)
+            attn_hidden, state, weights = self.step_features(tokens, state, memory)
+            features = self.dropout(attn_hidden)
+            logits = self.output(features)
+            outputs.append(features if features_only else logits)
             weight_steps.append(weights)
             if i + 1 < tgt_in.size(1):
                 use_gold = torch.rand(tokens.shape, device=tokens.device) < teacher_forcing
                 tokens = torch.where(use_gold, tgt_in[:, i + 1], logits.argmax(-1))
-        return torch.stack(logits_steps, 1), torch.stack(weight_steps, 1)
+        return torch.stack(outputs, 1), torch.stack(weight_steps, 1)
 
 
 class BahdanauDecoder(Decoder):
     """Bahdanau et al. (2015): attention from the previous state, context fed into the RNN.
 
-        c_i = Σ_j α_ij h_j,  α_i = softmax(v_aᵀ tanh(W_a s_{i-1} + U_a h_j))
+        α_i = softmax_j(v_aᵀ tanh(W_a s_{i-1} + U_a h_j)),   c_i = Σ_j α_ij h_j
         s_i = RNN([E y_{i-1}; c_i], s_{i-1})
         h̃_i = tanh(W_c [s_i; c_i; E y_{i-1}])          (pre-output layer)
         p(y_i) = softmax(W_s h̃_i)
+
+    The RNN's input product splits as W_e E y_{i-1} + W_ctx c_i, and W_ctx c_i = Σ_j α_ij (W_ctx h_j):
+    the first is computed for all steps at once, W_ctx h_j once per batch (`Memory.values_in`),
+    so a step costs a weighted sum instead of a matrix product. With one layer, W_a s_{i-1} and
+    the RNN's W_h s_{i-1} are one matrix product.
     """
 
+    attention: AdditiveAttention
+
     def __init__(self, vocab_size: int, embedding_dim: int, hidden: int, layers: int, rnn_type: str,
-                 attention: Attention, context_size: int, dropout: float) -> None:
+                 attention: AdditiveAttention, context_size: int, dropout: float) -> None:
         super().__init__(vocab_size, embedding_dim, hidden, layers, rnn_type, attention, context_size, dropout,
                          rnn_input_size=embedding_dim + context_size)
         self.pre_output = nn.Linear(hidden + context_size + embedding_dim, hidden)   # W_c
 
-    def _attend_and_step(self, embedded: Tensor, state: DecoderState, memory: Memory):
-        context, weights = self.attention(state.top, memory)           # (batch, enc_out), (batch, src_len)
-        rnn_in = torch.cat([embedded, context], dim=-1).unsqueeze(1)   # (batch, 1, emb + enc_out)
-        outputs, state = self._run_rnn(rnn_in, state)                  # (batch, 1, dec_hidden)
-        return outputs.squeeze(1), context, state, weights
+    def memory(self, values: Tensor, mask: Tensor) -> Memory:
+        memory = super().memory(values, mask)
+        context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
+        memory.values_in = F.linear(values, context_weight)            # (batch, src_len, gates*dec_hidden)
+        return memory
 
-    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        embedded = self.dropout(self.embed(prev_tokens))                # (batch, emb)
-        s, context, state, weights = self._attend_and_step(embedded, state, memory)
-        attn_hidden = torch.tanh(self.pre_output(torch.cat([s, context, embedded], dim=-1)))   # (batch, dec_hidden)
-        return self.output(self.dropout(attn_hidden)), state, weights
+    def _step_weights(self) -> Tensor | None:
+        """[W_h; W_a], so that one product gives the RNN's W_h s_{i-1} and attention's W_a s_{i-1}."""
+        if self.rnn.layers > 1:
+            return None
+        return autocast_once(torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight]))
+
+    def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
+                    fused: Tensor | None) -> tuple[DecoderState, Tensor]:
+        """Attend with s_{i-1}, then step the RNN. input_proj: (batch, gates*dec_hidden) = W_e E y_{i-1} + b."""
+        s_prev = state.top                                              # (batch, dec_hidden)
+        if fused is not None:
+            projected = F.linear(s_prev, fused)                         # (batch, gates*dec_hidden + attn_dim)
+            gates = self.rnn.hidden_weight(0).size(0)
+            gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
+        else:
+            gh0, query = None, self.attention.query_proj(s_prev)
+        weights = masked_softmax(self.attention.energies(query, memory.keys), memory.mask)   # (batch, src_len)
+        gi0 = input_proj + weights.unsqueeze(1).bmm(memory.values_in).squeeze(1)           # + Σ_j α_ij W_ctx h_j
+        _, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
+        return DecoderState(hidden, cell), weights
+
+    def _pre_output(self, s: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
+        return torch.tanh(self.pre_output(torch.cat([s, context, embedded], dim=-1)))
+
+    def step_features(self, prev_tokens: Tensor, state: DecoderState,
+                      memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+        embedded, input_proj = self.embed_inputs(prev_tokens)           # (batch, emb), (batch, gates*dec_hidden)
+        state, weights = self._recurrence(input_proj, state, memory, self._step_weights())
+        context = weights.unsqueeze(1).bmm(memory.values).squeeze(1)    # c_i (batch, enc_out)
+        return self._pre_output(state.top, context, embedded), state, weights   # h̃_i (batch, dec_hidden)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        embedded = self.dropout(self.embed(tgt_in))                     # (batch, tgt_len, emb)
-        states, contexts, weights = [], [], []
-        for i in range(tgt_in.size(1)):                                 # the recurrence needs s_{i-1}
-            s, context, state, alpha = self._attend_and_step(embedded[:, i], state, memory)
-            states.append(s)
-            contexts.append(context)
+        embedded, input_proj = self.embed_inputs(tgt_in)                # (batch, tgt_len, ...), all steps at once
+        fused = self._step_weights()
+        states, weights = [], []
+        for input_t in input_proj.unbind(1):                            # the recurrence needs s_{i-1}
+            state, alpha = self._recurrence(input_t, state, memory, fused)
+            states.append(state.top)
             weights.append(alpha)
-        s_all, c_all = torch.stack(states, 1), torch.stack(contexts, 1)  # (batch, tgt_len, dec_hidden / enc_out)
-        attn_hidden = torch.tanh(self.pre_output(torch.cat([s_all, c_all, embedded], dim=-1)))
-        return self.output(self.dropout(attn_hidden)), torch.stack(weights, 1)
+        s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
+        contexts = alphas.bmm(memory.values)                            # (batch, tgt_len, enc_out), one product
+        return self._pre_output(s_all, contexts, embedded), alphas
 
 
 class LuongDecoder(Decoder):
     """Luong et al. (2015): attention from the current state, then the attentional hidden state.
 
         s_i = RNN([E y_{i-1}; h̃_{i-1}], s_{i-1})      (h̃_{i-1} only with input feeding)
-        c_i = Σ_j α_ij h_j,  α_i = softmax(score(s_i, h_j))
+        α_i = softmax_j(score(s_i, h_j)),   c_i = Σ_j α_ij h_j
         h̃_i = tanh(W_c [c_i; s_i])
         p(y_i) = softmax(W_s h̃_i)
     """
@@ -151,27 +210,41 @@ class LuongDecoder(Decoder):
         context, weights = self.attention(s, memory)                    # (batch, [tgt_len,] enc_out)
         return torch.tanh(self.combine(torch.cat([context, s], dim=-1))), weights   # h̃ (batch, [tgt_len,] hidden)
 
-    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        embedded = self.dropout(self.embed(prev_tokens))                # (batch, emb)
-        rnn_in = torch.cat([embedded, state.feed], dim=-1) if self.input_feeding else embedded
-        outputs, state = self._run_rnn(rnn_in.unsqueeze(1), state)
-        attn_hidden, weights = self._attentional(outputs.squeeze(1), memory)
-        if self.input_feeding:
-            state = replace(state, feed=attn_hidden)
-        return self.output(self.dropout(attn_hidden)), state, weights
+    def _step_weights(self) -> Tensor | None:
+        """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
+        if not self.input_feeding:
+            return None
+        return autocast_once(self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.hidden_size))
+
+    def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
+                    feed_weight: Tensor | None) -> tuple[DecoderState, Tensor]:
+        """Step the RNN, then attend with s_i; returns the new state (h̃_i in `feed`) and α_i."""
+        gi0 = input_proj
+        if feed_weight is not None:                                     # + W_f h̃_{i-1}
+            gi0 = gi0 + F.linear(state.feed, feed_weight)
+        s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell)
+        attn_hidden, weights = self._attentional(s, memory)
+        return DecoderState(hidden, cell, attn_hidden), weights
+
+    def step_features(self, prev_tokens: Tensor, state: DecoderState,
+                      memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+        _, input_proj = self.embed_inputs(prev_tokens)
+        state, weights = self._recurrence(input_proj, state, memory, self._step_weights())
+        attn_hidden = state.feed
+        if not self.input_feeding:
+            state = replace(state, feed=None)
+        return attn_hidden, state, weights
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        embedded = self.dropout(self.embed(tgt_in))                     # (batch, tgt_len, emb)
         if not self.input_feeding:                                      # fast path: no recurrence through h̃
-            s_all, _ = self._run_rnn(embedded, state)                   # one RNN call over all steps
-            attn_hidden, weights = self._attentional(s_all, memory)     # one batched attention
-            return self.output(self.dropout(attn_hidden)), weights
+            embedded = self.dropout(self.embed(tgt_in))                 # (batch, tgt_len, emb)
+            s_all, _, _ = self.rnn(embedded, state.hidden, state.cell)  # one RNN call over all steps
+            return self._attentional(s_all, memory)                     # one batched attention
+        _, input_proj = self.embed_inputs(tgt_in)
+        feed_weight = self._step_weights()
         hiddens, weights = [], []
-        for i in range(tgt_in.size(1)):
-            rnn_in = torch.cat([embedded[:, i], state.feed], dim=-1).unsqueeze(1)
-            outputs, state = self._run_rnn(rnn_in, state)
-            attn_hidden, alpha = self._attentional(outputs.squeeze(1), memory)
-            state = replace(state, feed=attn_hidden)
-            hiddens.append(attn_hidden)
+        for input_t in input_proj.unbind(1):
+            state, alpha = self._recurrence(input_t, state, memory, feed_weight)
+            hiddens.append(state.feed)
             weights.append(alpha)
-        return self.output(self.dropout(torch.stack(hiddens, 1))), torch.stack(weights, 1)
+        return torch.stack(hiddens, 1), torch.stack(weights, 1)

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.data.tokenizer import PAD
+from nmt.model.dropout import Dropout
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Encoder(nn.Module):
                  rnn_type: str, dropout: float) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embedding_dim, padding_idx=PAD)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rnn = make_rnn(rnn_type, embedding_dim, hidden, layers, dropout, bidirectional)
         self.directions = 2 if bidirectional else 1
         self.output_size = hidden * self.directions

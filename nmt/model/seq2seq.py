@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.config import ConfigError, ModelConfig
+from nmt.data.tokenizer import PAD
 from nmt.model.attention import Memory, build_attention
 from nmt.model.decoder import BahdanauDecoder, Decoder, DecoderState, LuongDecoder
 from nmt.model.encoder import Encoder, EncoderOutput
@@ -73,12 +74,13 @@ class Seq2Seq(nn.Module):
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
         """Run the encoder once and precompute the attention keys for every decoder step."""
         encoded = self.encoder(src, src_lengths)
-        memory = Memory(encoded.outputs, self.decoder.attention.project_keys(encoded.outputs), src != 0)
+        memory = self.decoder.memory(encoded.outputs, src != PAD)
         hidden, cell = self.bridge(encoded)
         return memory, self.decoder.initial_state(hidden, cell)
 
-    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
-                teacher_forcing: float = 1.0) -> tuple[Tensor, Tensor]:
-        """returns logits (batch, tgt_len, tgt_vocab) and attention weights (batch, tgt_len, src_len)."""
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, teacher_forcing: float = 1.0,
+                features_only: bool = False) -> tuple[Tensor, Tensor]:
+        """returns logits (batch, tgt_len, tgt_vocab), or with `features_only` the output layer's input
+        (batch, tgt_len, dec_hidden), and attention weights (batch, tgt_len, src_len)."""
         memory, state = self.encode(src, src_lengths)
-        return self.decoder(tgt_in, state, memory, teacher_forcing)
+        return self.decoder(tgt_in, state, memory, teacher_forcing, features_only)

@@ -34,6 +34,7 @@ from nmt.data.tokenizer import PAD, Vocab
 from nmt.decode.search import greedy_search
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
+from nmt.train.loss import output_cross_entropy
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
 
@@ -47,6 +48,22 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `training.precision`, or None for plain float32.
+
+    auto: bfloat16 on CUDA devices and CPUs that compute it natively (AVX512-BF16/AMX), else float32.
+    fp16 runs on CUDA only (with a gradient scaler); on the CPU it falls back to bfloat16.
+    """
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        if precision == "fp16":
+            return torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else (torch.float16 if precision == "auto" else None)
+    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native_bf16 or precision != "auto" else None
 
 
 @dataclass
@@ -107,10 +124,9 @@ class Trainer:
             self._setup_distributed()
         optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optim_class(self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
-                                     weight_decay=t.weight_decay)
+                                     weight_decay=t.weight_decay, fused=True)   # one kernel for all parameters
         self.schedule = LrSchedule(self.optimizer, t)
-        use_amp = self.device.type == "cuda" and t.precision != "fp32"
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision) if use_amp else None
+        self.amp_dtype = autocast_dtype(t.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.progress = Progress(cursor=Cursor(seed=t.seed))
 
@@ -227,8 +243,12 @@ class Trainer:
         batch = batch.to(self.device)
         autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext())
         with autocast:
-            logits, _ = self.train_model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing)
-        return sequence_loss(logits, batch.tgt_out, self.config.training.label_smoothing), batch.n_tgt_tokens
+            features, _ = self.train_model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing,
+                                           features_only=True)
+            output = self.model.decoder.output
+            loss = output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
+                                        self.config.training.label_smoothing)
+        return loss, batch.n_tgt_tokens
 
     def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
         """One optimiser update over `batches` (gradient accumulation); returns (summed loss, target tokens)."""
@@ -295,7 +315,8 @@ class Trainer:
                         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
                     stop = self._stop_reason()
                     if p.step % t.validate_every == 0 or stop:
-                        if p.step % t.validate_every == 0:
+                        # Validate on schedule, and once more when a budget ends (not on a signal: exit fast).
+                        if p.step % t.validate_every == 0 or stop in ("max_updates", "max_minutes"):
                             last_metrics = self.validate()
                             if t.patience and p.bad_validations >= t.patience:
                                 stop = stop or "early_stopping"

@@ -1,0 +1,91 @@
+"""A multi-layer GRU/LSTM that runs whole sequences or single steps on the same parameters.
+
+The parameters live in one `nn.GRU`/`nn.LSTM`, so a whole sequence runs as one fused call.
+Decoders whose input depends on the previous step run `step` instead, and pass the layer-0
+input projection in already computed (`gi0`): its embedding part can then be projected for all
+target positions in one matrix product, and Bahdanau's context part folded into the attention
+(W c_i = Σ_j α_ij W h_j), instead of one product per step.
+
+PyTorch's gate equations, with gi = W_i x + b_i and gh = W_h s + b_h split into gates:
+
+    GRU:   r = σ(gi_r + gh_r),  z = σ(gi_z + gh_z),  n = tanh(gi_n + r ⊙ gh_n),  s' = (1 - z) ⊙ n + z ⊙ s
+    LSTM:  i, f, g, o = σ, σ, tanh, σ of (gi + gh);  c' = f ⊙ c + i ⊙ g;  s' = o ⊙ tanh(c')
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.model.dropout import dropout
+from nmt.model.encoder import make_rnn
+
+
+def gru_gates(gi: Tensor, gh: Tensor, hidden: Tensor) -> Tensor:
+    """gi, gh: (batch, 3*hidden); hidden: (batch, hidden) -> the new state (batch, hidden)."""
+    i_r, i_z, i_n = gi.chunk(3, dim=-1)
+    h_r, h_z, h_n = gh.chunk(3, dim=-1)
+    reset = torch.sigmoid(i_r + h_r)
+    update = torch.sigmoid(i_z + h_z)
+    candidate = torch.tanh(i_n + reset * h_n)
+    return candidate + update * (hidden - candidate)
+
+
+def lstm_gates(gi: Tensor, gh: Tensor, hidden: Tensor, cell: Tensor) -> tuple[Tensor, Tensor]:
+    """gi, gh: (batch, 4*hidden) -> new (hidden, cell), each (batch, hidden)."""
+    i, f, g, o = (gi + gh).chunk(4, dim=-1)
+    cell = torch.sigmoid(f) * cell + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(cell), cell
+
+
+class RecurrentStack(nn.Module):
+    def __init__(self, rnn_type: str, input_size: int, hidden: int, layers: int, dropout: float) -> None:
+        super().__init__()
+        self.rnn = make_rnn(rnn_type, input_size, hidden, layers, dropout)
+        self.is_lstm = rnn_type == "lstm"
+        self.layers, self.hidden_size, self.dropout = layers, hidden, dropout
+
+    def forward(self, inputs: Tensor, hidden: Tensor, cell: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Whole sequence: inputs (batch, steps, in) -> outputs (batch, steps, hidden), final hidden, cell."""
+        if self.is_lstm:
+            outputs, (hidden, cell) = self.rnn(inputs, (hidden, cell))
+            return outputs, hidden, cell
+        outputs, hidden = self.rnn(inputs, hidden)
+        return outputs, hidden, None
+
+    def input_weight(self, start: int, end: int) -> Tensor:
+        """Columns [start, end) of layer 0's input weights W_i: (gates*hidden, end - start)."""
+        return self.rnn.weight_ih_l0[:, start:end]
+
+    def input_bias(self) -> Tensor:
+        return self.rnn.bias_ih_l0
+
+    def hidden_weight(self, layer: int = 0) -> Tensor:
+        return getattr(self.rnn, f"weight_hh_l{layer}")
+
+    def hidden_bias(self, layer: int = 0) -> Tensor:
+        return getattr(self.rnn, f"bias_hh_l{layer}")
+
+    def step(self, gi0: Tensor, hidden: Tensor, cell: Tensor | None,
+             gh0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One step. gi0: (batch, gates*hidden) layer 0's input projection, bias included;
+        gh0: layer 0's hidden projection if the caller computed it already.
+        hidden, cell: (layers, batch, hidden). Returns the top output (batch, hidden), hidden, cell."""
+        new_hidden, new_cell = [], []
+        gi = gi0
+        for layer in range(self.layers):
+            h = hidden[layer]
+            if layer > 0:
+                x = dropout(new_hidden[-1], self.dropout, self.training)
+                gi = F.linear(x, getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"bias_ih_l{layer}"))
+            gh = gh0 if layer == 0 and gh0 is not None else F.linear(h, self.hidden_weight(layer),
+                                                                     self.hidden_bias(layer))
+            if self.is_lstm:
+                h, c = lstm_gates(gi, gh, h, cell[layer])
+                new_cell.append(c)
+            else:
+                h = gru_gates(gi, gh, h)
+            new_hidden.append(h)
+        stacked_cell = torch.stack(new_cell) if self.is_lstm else None
+        return new_hidden[-1], torch.stack(new_hidden), stacked_cell

@@ -1,0 +1,42 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.data.tokenizer import PAD
+from nmt.train.loss import output_cross_entropy
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_rows", [7, 1000])
+def test_fused_loss_equals_linear_plus_cross_entropy(label_smoothing, chunk_rows):
+    torch.manual_seed(0)
+    features = torch.randn(3, 9, 16, requires_grad=True)
+    layer = torch.nn.Linear(16, 50)
+    targets = torch.randint(4, 50, (3, 9))
+    targets[1, 6:] = PAD
+    targets[2, 2:] = PAD
+    fused = output_cross_entropy(features, layer.weight, layer.bias, targets, label_smoothing, chunk_rows)
+    (fused * 0.5).backward()
+    got = [features.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()]
+    features.grad = layer.weight.grad = layer.bias.grad = None
+
+    logits = layer(features)
+    plain = F.cross_entropy(logits.reshape(-1, 50), targets.reshape(-1), ignore_index=PAD,
+                            label_smoothing=label_smoothing, reduction="sum")
+    (plain * 0.5).backward()
+    assert torch.allclose(fused, plain, rtol=1e-5)
+    for mine, reference in zip(got, [features.grad, layer.weight.grad, layer.bias.grad], strict=True):
+        assert torch.allclose(mine, reference, atol=1e-5)
+    assert torch.all(got[0][2, 2:] == 0)            # padded positions get no gradient
+
+
+def test_fused_loss_under_bfloat16_autocast_is_close():
+    torch.manual_seed(0)
+    features = torch.randn(64, 32)
+    layer = torch.nn.Linear(32, 100)
+    targets = torch.randint(4, 100, (64,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = output_cross_entropy(features.unsqueeze(0), layer.weight, layer.bias, targets.unsqueeze(0))
+    plain = F.cross_entropy(layer(features), targets, reduction="sum")
+    assert fused.dtype == torch.float32
+    assert torch.allclose(fused, plain, rtol=2e-2)
