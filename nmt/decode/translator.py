@@ -24,9 +24,9 @@ from nmt.config import DecodingConfig, config_from_dict
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, Vocab
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
+from nmt.device import resolve_device
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.checkpoint import load_checkpoint
-from nmt.train.trainer import load_vocabs, resolve_device
+from nmt.train.checkpoint import load_checkpoint, load_vocabs
 
 
 @dataclass

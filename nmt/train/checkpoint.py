@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from nmt import __version__
+from nmt.data.tokenizer import Vocab
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
@@ -90,3 +91,16 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     result["model"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
     return result
+
+
+def load_vocabs(run_dir: Path, vocab_entries: dict[str, Any]) -> tuple[Vocab, Vocab]:
+    """The source and target vocabularies a checkpoint's run folder holds."""
+    vocabs = []
+    for side in ("src", "tgt"):
+        entry = vocab_entries[side]
+        pieces = run_dir / entry["pieces"] if entry.get("pieces") else None
+        model_path = run_dir / entry["model"]
+        if not model_path.is_file():
+            raise CheckpointError(f"{model_path} is missing; a checkpoint needs its run folder's SentencePiece model")
+        vocabs.append(Vocab.load(model_path, pieces))
+    return vocabs[0], vocabs[1]

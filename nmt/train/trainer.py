@@ -30,8 +30,9 @@ from tqdm import tqdm
 from nmt.config import Config, ConfigError, config_from_dict, dump_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder
-from nmt.data.tokenizer import PAD, Vocab
+from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
+from nmt.device import autocast_dtype, resolve_device
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
 from nmt.train.loss import output_cross_entropy
@@ -40,30 +41,6 @@ from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
 class RunDirError(ValueError):
     """The run folder cannot be used as asked (not empty without --resume/--overwrite, nothing to resume)."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("`training.device` is cuda but no CUDA device is available")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `training.precision`, or None for plain float32.
-
-    auto: bfloat16 on CUDA devices and CPUs that compute it natively (AVX512-BF16/AMX), else float32.
-    fp16 runs on CUDA only (with a gradient scaler); on the CPU it falls back to bfloat16.
-    """
-    if precision == "fp32":
-        return None
-    if device.type == "cuda":
-        if precision == "fp16":
-            return torch.float16
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else (torch.float16 if precision == "auto" else None)
-    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.bfloat16 if native_bf16 or precision != "auto" else None
 
 
 @dataclass
@@ -427,16 +404,3 @@ def _as_tuple(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_as_tuple(v) for v in value)
     return value
-
-
-def load_vocabs(run_dir: Path, vocab_entries: dict[str, Any]) -> tuple[Vocab, Vocab]:
-    """The source and target vocabularies a checkpoint's run folder holds."""
-    vocabs = []
-    for side in ("src", "tgt"):
-        entry = vocab_entries[side]
-        pieces = run_dir / entry["pieces"] if entry.get("pieces") else None
-        model_path = run_dir / entry["model"]
-        if not model_path.is_file():
-            raise CheckpointError(f"{model_path} is missing; a checkpoint needs its run folder's SentencePiece model")
-        vocabs.append(Vocab.load(model_path, pieces))
-    return vocabs[0], vocabs[1]

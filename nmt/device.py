@@ -1,0 +1,31 @@
+"""Device and numeric precision choices shared by training and translation."""
+
+from __future__ import annotations
+
+import torch
+
+from nmt.config import ConfigError
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for (training.device or --device) but no CUDA device is available")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `training.precision`, or None for plain float32.
+
+    auto: bfloat16 on CUDA devices and CPUs that compute it natively (AVX512-BF16/AMX), else float32.
+    fp16 runs on CUDA only (with a gradient scaler); on the CPU it falls back to bfloat16.
+    """
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        if precision == "fp16":
+            return torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else (torch.float16 if precision == "auto" else None)
+    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native_bf16 or precision != "auto" else None

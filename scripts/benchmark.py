@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Speed and memory of nmt on the reference model (Multi30k de->en).
+
+Measures, each in its own process so peak memory and start-up are counted per task:
+  * training: target tokens/s over a fixed number of updates after warm-up (no validation),
+    and the process's peak RSS (or torch.cuda.max_memory_allocated on a GPU);
+  * decoding test_2016_flickr (1000 sentences), greedy and beam 5: sentences/s for the whole
+    `nmt translate` process (start-up and model loading included) and for decoding alone.
+
+    python scripts/benchmark.py --threads 1 --checkpoint runs/m30k_de_en_bahdanau/best.pt
+
+Prints a table and writes JSON (--json-out). The data folder of the config must exist
+(`nmt preprocess --config ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_training(args: argparse.Namespace) -> dict:
+    import torch
+
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as run_dir:
+        overrides = [f"training.run_dir={run_dir}/run", f"training.device={args.device}",
+                     f"training.precision={args.precision}", *args.set]
+        trainer = Trainer(load_config(args.config, overrides))
+        batches = trainer.sampler.batches(0)
+        warmup, updates = args.warmup, args.updates
+        if len(batches) < warmup + updates:
+            raise SystemExit(f"only {len(batches)} batches per epoch; lower --updates")
+        cuda = trainer.device.type == "cuda"
+        tokens, start = 0, 0.0
+        for i, rows in enumerate(batches[: warmup + updates]):
+            if i == warmup:
+                if cuda:
+                    torch.cuda.synchronize()
+                start, tokens = time.perf_counter(), 0
+            _, n = trainer._update([trainer.train_ids.collate(rows)], 1.0)
+            tokens += n
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        result = {"tgt_tokens_per_s": tokens / seconds, "updates": updates, "seconds": seconds,
+                  "precision": str(trainer.amp_dtype or torch.float32).replace("torch.", ""),
+                  "peak_rss_mb": peak_rss_mb()}
+        if cuda:
+            result["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        return result
+
+
+def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -> dict:
+    import torch
+
+    from nmt.decode.translator import Translator
+
+    torch.set_num_threads(args.threads)
+    translator = Translator.from_checkpoint(args.checkpoint, args.device, beam_size=beam)
+    translator.translate(lines[:50])                                   # warm-up
+    start = time.perf_counter()
+    out = translator.translate(lines)
+    if translator.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return {"sent_per_s": len(lines) / seconds, "seconds": seconds, "outputs": [t.text for t in out]}
+
+
+def child(task: str, args: argparse.Namespace) -> None:
+    """Run one measurement in this process and print its JSON on the last line."""
+    if task == "train":
+        result = measure_training(args)
+    else:
+        lines = Path(args.source).read_text(encoding="utf-8").splitlines()
+        result = measure_decode_only(args, int(task.split("-")[1]), lines)
+        result.pop("outputs")
+    print(json.dumps(result))
+
+
+def run_child(task: str, args: argparse.Namespace, env: dict) -> dict:
+    cmd = [sys.executable, __file__, "--child", task, "--config", str(args.config), "--threads", str(args.threads),
+           "--device", args.device, "--precision", args.precision, "--updates", str(args.updates),
+           "--warmup", str(args.warmup), "--source", str(args.source)]
+    if args.checkpoint:
+        cmd += ["--checkpoint", str(args.checkpoint)]
+    for item in args.set:
+        cmd += ["--set", item]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{task} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str]) -> dict:
+    """Wall time of `nmt translate < test > hyp`, start-up and model loading included."""
+    import sacrebleu
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "hyp.txt"
+        cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(args.checkpoint), "--beam-size",
+               str(beam), "--threads", str(args.threads), "--device", args.device, "-q", "-i", str(args.source),
+               "-o", str(out)]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, env=env)
+        seconds = time.perf_counter() - start
+        hyps = out.read_text(encoding="utf-8").splitlines()
+    bleu = sacrebleu.corpus_bleu(hyps, [refs]).score if refs else None
+    return {"sent_per_s": len(hyps) / seconds, "seconds": seconds, "bleu": bleu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
+    parser.add_argument("--checkpoint", type=Path, help="trained checkpoint for the decoding measurements")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="auto", help="training.precision (auto, fp32, bf16, fp16)")
+    parser.add_argument("--updates", type=int, default=40, help="timed training updates")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=1, help="repeat each measurement; the median is reported")
+    parser.add_argument("--source", type=Path, help="text to translate (default: the config's test source)")
+    parser.add_argument("--reference", type=Path, help="its reference, for a BLEU sanity check")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
+    parser.add_argument("--set", action="append", default=[], help="config override for training")
+    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args)
+        return
+
+    from nmt.config import load_config
+    from nmt.data.corpus import read_lines, resolve_text_file
+
+    config = load_config(args.config)
+    if args.source is None and config.data.test:
+        args.source = Path(tempfile.mkstemp(suffix=".src")[1])
+        args.source.write_text("\n".join(read_lines(resolve_text_file(config.data.test, config.data.src_lang,
+                                                                      "data.test"))) + "\n", encoding="utf-8")
+        args.reference = resolve_text_file(config.data.test, config.data.tgt_lang, "data.test")
+    refs = read_lines(args.reference) if args.reference else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+
+    def median_of(fn) -> dict:
+        results = [fn() for _ in range(args.runs)]
+        results.sort(key=lambda r: next(v for k, v in r.items() if k in ("tgt_tokens_per_s", "sent_per_s")))
+        return results[len(results) // 2]
+
+    report: dict = {"config": str(args.config), "threads": args.threads, "device": args.device,
+                    "cpu": _cpu_name(), "torch": _torch_version()}
+    if "train" not in args.skip:
+        report["train"] = median_of(lambda: run_child("train", args, env))
+    if args.checkpoint:
+        for name, beam in (("greedy", 1), ("beam", 5)):
+            if name in args.skip:
+                continue
+            report[f"{name}_whole_process"] = median_of(lambda beam=beam: whole_process(args, beam, env, refs))
+            report[f"{name}_decode_only"] = median_of(lambda beam=beam: run_child(f"decode-{beam}", args, env))
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print_table(report)
+
+
+def print_table(report: dict) -> None:
+    print(f"nmt benchmark: {report['cpu']}, {report['threads']} thread(s), device {report['device']}, "
+          f"torch {report['torch']}")
+    if "train" in report:
+        t = report["train"]
+        print(f"  training        {t['tgt_tokens_per_s']:9.0f} tgt tokens/s   peak RSS {t['peak_rss_mb']:.0f} MB"
+              f"   ({t['precision']}, {t['updates']} updates)")
+    for name in ("greedy", "beam"):
+        if f"{name}_whole_process" in report:
+            whole, only = report[f"{name}_whole_process"], report[f"{name}_decode_only"]
+            bleu = f"   BLEU {whole['bleu']:.2f}" if whole.get("bleu") is not None else ""
+            label = "greedy" if name == "greedy" else "beam 5"
+            print(f"  decode {label:8s} {whole['sent_per_s']:9.1f} sent/s whole process, "
+                  f"{only['sent_per_s']:.1f} sent/s decode only{bleu}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+if __name__ == "__main__":
+    main()
