@@ -96,6 +96,12 @@ def _finish_output(handle, tmp: Path | None, path: Path | None, ok: bool) -> Non
         tmp.unlink(missing_ok=True)
 
 
+def _check_choice(option: str, value: str | None, choices: tuple[str, ...]) -> str | None:
+    if value is not None and value not in choices:
+        fail(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 @app.command()
 def translate(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint inside its run folder, e.g. RUN/best.pt."),
@@ -107,6 +113,7 @@ def translate(
     n_best: int = typer.Option(1, "--n-best", min=1, help="Write the K best as 'line ||| text ||| score'."),
     no_repeat_ngram: int | None = typer.Option(None, "--no-repeat-ngram", min=0, help="Block repeated n-grams."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
     alignments: Path | None = typer.Option(None, "--alignments", help="Write Pharaoh word alignments (i-j)."),
     attention_out: Path | None = typer.Option(None, "--attention-out", help="Write attention as JSON lines."),
@@ -125,7 +132,9 @@ def translate(
         torch.set_num_threads(threads)
     try:
         translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size, length_penalty=length_penalty,
-                                                batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram)
+                                                batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram,
+                                                precision=_check_choice("--precision", precision,
+                                                                        ("auto", "fp32", "bf16", "fp16")))
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
     if input is not None and not input.is_file():

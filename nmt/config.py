@@ -68,6 +68,8 @@ class ModelConfig:
     bridge: Literal["bridge", "zero"] = "bridge"
     dropout: float = _bounded(0.3, ge=0.0, le=1.0)
     tie_embeddings: bool = False
+    init: Literal["default", "uniform"] = "default"   # uniform: every parameter from U(-init_scale, init_scale)
+    init_scale: float = _bounded(0.1, gt=0.0)
 
 
 @dataclass
@@ -120,6 +122,7 @@ class DecodingConfig:
     no_repeat_ngram: int = _bounded(0, ge=0)       # 0 disables
     batch_tokens: int = _bounded(4000, ge=1)
     max_input_len: int = _bounded(250, ge=1)       # longer inputs are truncated with a warning
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # as training.precision
 
 
 @dataclass

@@ -24,7 +24,7 @@ from nmt.config import DecodingConfig, config_from_dict
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, Vocab
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
-from nmt.device import resolve_device
+from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import load_checkpoint, load_vocabs
 
@@ -45,6 +45,7 @@ class Translator:
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
+        self.amp_dtype = autocast_dtype(decoding.precision, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: str | Path, device: str = "auto", **decoding_overrides) -> Translator:
@@ -133,11 +134,12 @@ class Translator:
         d = self.decoding
         src_lengths = (src != 0).sum(1)
         src = src.to(self.device)
-        if d.beam_size == 1 and n_best == 1:
-            hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention)
-            return [[h] for h in hyps]
-        return beam_search(self.model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                           d.min_len, n_best, d.no_repeat_ngram, return_attention)
+        with autocast(self.device, self.amp_dtype):
+            if d.beam_size == 1 and n_best == 1:
+                hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention)
+                return [[h] for h in hyps]
+            return beam_search(self.model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
+                               d.min_len, n_best, d.no_repeat_ngram, return_attention)
 
 
 @dataclass

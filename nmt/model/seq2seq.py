@@ -69,7 +69,11 @@ class Seq2Seq(nn.Module):
             decoder.output.weight = decoder.embed.weight
         bridge = Bridge(config.bridge, encoder.output_size, config.decoder_hidden, config.decoder_layers,
                         config.rnn_type == "lstm")
-        return cls(encoder, bridge, decoder)
+        model = cls(encoder, bridge, decoder)
+        if config.init == "uniform":        # as OpenNMT's param_init: U(-0.1, 0.1) for every parameter
+            for parameter in model.parameters():
+                nn.init.uniform_(parameter, -config.init_scale, config.init_scale)
+        return model
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
         """Run the encoder once and precompute the attention keys for every decoder step."""

@@ -16,7 +16,6 @@ import shutil
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder
 from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
-from nmt.device import autocast_dtype, resolve_device
+from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
 from nmt.train.loss import output_cross_entropy
@@ -99,6 +98,7 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model
         if self.world_size > 1:
             self._setup_distributed()
+            torch.manual_seed(t.seed + self.rank)      # same initial parameters, different dropout per rank
         optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optim_class(self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
                                      weight_decay=t.weight_decay, fused=True)   # one kernel for all parameters
@@ -116,6 +116,8 @@ class Trainer:
         self.stop_signal: int | None = None
         if resume:
             self._restore(load_checkpoint(self.run_dir / "last.pt"))
+            if self.rank > 0:                          # last.pt holds rank 0's RNG state
+                torch.manual_seed(t.seed + self.rank * 1_000_003 + self.progress.step)
 
     # ------------------------------------------------------------------ run folder
 
@@ -218,8 +220,7 @@ class Trainer:
 
     def _forward_loss(self, batch: Batch, teacher_forcing: float) -> tuple[torch.Tensor, int]:
         batch = batch.to(self.device)
-        autocast = (torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext())
-        with autocast:
+        with autocast(self.device, self.amp_dtype):
             features, _ = self.train_model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing,
                                            features_only=True)
             output = self.model.decoder.output
@@ -295,7 +296,7 @@ class Trainer:
                         # Validate on schedule, and once more when a budget ends (not on a signal: exit fast).
                         if p.step % t.validate_every == 0 or stop in ("max_updates", "max_minutes"):
                             last_metrics = self.validate()
-                            if t.patience and p.bad_validations >= t.patience:
+                            if t.patience and self._agree(p.bad_validations >= t.patience):
                                 stop = stop or "early_stopping"
                         self._save("last.pt")
                         window_start = time.monotonic()
@@ -314,6 +315,27 @@ class Trainer:
                            file=sys.stderr)
 
     def _stop_reason(self) -> str | None:
+        """Why to stop now, if at all; under DDP every rank gets rank 0's answer, so all stop together."""
+        reason = self._local_stop_reason()
+        if self.world_size == 1:
+            return reason
+        import torch.distributed as dist
+
+        reasons = [reason]
+        dist.broadcast_object_list(reasons, src=0)
+        return reasons[0]
+
+    def _agree(self, flag: bool) -> bool:
+        """Rank 0's value of `flag` on every rank (only rank 0 validates)."""
+        if self.world_size == 1:
+            return flag
+        import torch.distributed as dist
+
+        box = [flag]
+        dist.broadcast_object_list(box, src=0)
+        return bool(box[0])
+
+    def _local_stop_reason(self) -> str | None:
         t, p = self.config.training, self.progress
         if self.stop_signal is not None:
             return signal.Signals(self.stop_signal).name
@@ -378,8 +400,7 @@ class Trainer:
         hyps: dict[int, list[int]] = {}
         for batch_rows in sampler.batches(0):
             batch = dev.collate(rows[batch_rows]).to(self.device)
-            autocast = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
-            with autocast:
+            with autocast(self.device, self.amp_dtype):
                 logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
                 loss_sum += float(sequence_loss(logits, batch.tgt_out, 0.0))
                 tokens += batch.n_tgt_tokens
