@@ -68,7 +68,7 @@ class ModelConfig:
     bridge: Literal["bridge", "zero"] = "bridge"
     dropout: float = _bounded(0.3, ge=0.0, le=1.0)
     tie_embeddings: bool = False
-    init: Literal["default", "uniform"] = "default"   # uniform: every parameter from U(-init_scale, init_scale)
+    init: Literal["default", "uniform"] = "uniform"   # uniform: every parameter from U(-init_scale, init_scale)
     init_scale: float = _bounded(0.1, gt=0.0)
 
 

@@ -20,8 +20,18 @@ def small_batch(prepared):
 
 
 def tiny(attention="bahdanau", rnn="gru", **kw) -> ModelConfig:
+    """A tiny model; PyTorch's default initialisation suits its small sizes better than U(-0.1, 0.1)."""
+    kw.setdefault("init", "default")
     return ModelConfig(rnn_type=rnn, attention=attention, embedding_dim=32, encoder_hidden=32, decoder_hidden=64,
                        attention_dim=32, dropout=0.0, **kw)
+
+
+def test_uniform_init_bounds_every_parameter():
+    model = Seq2Seq.from_config(ModelConfig(init="uniform", init_scale=0.05), 50, 40)
+    for name, parameter in model.named_parameters():
+        assert parameter.abs().max() <= 0.05, name
+    default = Seq2Seq.from_config(ModelConfig(init="default"), 50, 40)
+    assert default.encoder.embed.weight.abs().max() > 1.0          # N(0, 1) embeddings
 
 
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])

@@ -39,7 +39,7 @@ def test_plot_attention_cli_writes_pngs_of_expected_size(trained_run, tmp_path):
 
 
 def test_heatmap_data_equals_model_attention(trained_run):
-    translator = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=1)
+    translator = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=1, precision="fp32")
     result = translator.translate(["Eine Frau liest ein Buch im Park."], return_attention=True)[0]
     hyp = result.hypotheses[0]
     src_pieces = [*translator.src_vocab.to_pieces(result.src_ids), "</s>"]

@@ -17,7 +17,7 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def translator(trained_run) -> Translator:
-    return Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=3)
+    return Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=3, precision="fp32")
 
 
 @pytest.fixture(scope="module")
