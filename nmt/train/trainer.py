@@ -356,7 +356,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):
             metrics = self._evaluate_dev()
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
-                       wall_time=p.elapsed + self._session_time())
+                       wall_time=p.elapsed + self._session_time(), peak_rss_mb=_peak_rss_mb())
         score = metrics[t.early_stopping_metric]
         higher = _higher_is_better(t.early_stopping_metric)
         improved = p.best_score is None or (score > p.best_score if higher else score < p.best_score)
@@ -418,6 +418,14 @@ class Trainer:
             sources = self.src_vocab.decode([dev.src[i] for i in range(min(t.log_examples, len(rows)))])
             examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
         return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "examples": examples}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux and macOS report it in different units)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 def _as_tuple(value: Any) -> Any:
