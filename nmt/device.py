@@ -29,8 +29,39 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         if precision == "fp16":
             return torch.float16
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else (torch.float16 if precision == "auto" else None)
-    native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    try:
+        native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):
+        native_bf16 = False
     return torch.bfloat16 if native_bf16 or precision != "auto" else None
+
+
+def active_autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast is running with on `device_type` right now, or None when it is off."""
+    try:                                               # torch >= 2.4
+        enabled = torch.is_autocast_enabled(device_type)
+        return torch.get_autocast_dtype(device_type) if enabled else None
+    except TypeError:                                  # torch 2.1 - 2.3
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
+def grad_scaler(enabled: bool):
+    """A CUDA gradient scaler (used for float16 only)."""
+    try:
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    except (AttributeError, TypeError):                # torch < 2.3
+        return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
+def make_optimizer(optimizer_class: type, parameters, **kwargs) -> torch.optim.Optimizer:
+    """The optimiser as one fused kernel where this torch and device support it (torch >= 2.4 on CPU)."""
+    parameters = list(parameters)
+    try:
+        return optimizer_class(parameters, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return optimizer_class(parameters, **kwargs)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:

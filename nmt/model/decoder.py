@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.device import active_autocast_dtype
 from nmt.model.attention import AdditiveAttention, Attention, Memory, masked_softmax
 from nmt.model.dropout import Dropout
 from nmt.model.recurrent import RecurrentStack
@@ -23,10 +24,8 @@ from nmt.model.recurrent import RecurrentStack
 def autocast_once(weight: Tensor) -> Tensor:
     """Cast a derived (non-leaf) weight to the autocast dtype once, so ops inside a loop over
     steps do not cast it again at every step (autocast caches casts of parameters only)."""
-    device = weight.device.type
-    if torch.is_autocast_enabled(device):
-        return weight.to(torch.get_autocast_dtype(device))
-    return weight
+    dtype = active_autocast_dtype(weight.device.type)
+    return weight if dtype is None else weight.to(dtype)
 
 
 @dataclass

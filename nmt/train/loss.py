@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.tokenizer import PAD
+from nmt.device import active_autocast_dtype
 
 
 class _FusedOutputCrossEntropy(torch.autograd.Function):
@@ -71,7 +72,7 @@ def output_cross_entropy(features: Tensor, weight: Tensor, bias: Tensor | None, 
     rows = (flat_targets != PAD).nonzero().squeeze(1)
     picked = features.reshape(-1, features.size(-1)).index_select(0, rows)      # (tokens, hidden)
     device = features.device.type
-    compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else picked.dtype
+    compute_dtype = active_autocast_dtype(device) or picked.dtype
     with torch.autocast(device, enabled=False):
         return _FusedOutputCrossEntropy.apply(picked, weight, bias, flat_targets.index_select(0, rows),
                                               label_smoothing, chunk_rows, compute_dtype)

@@ -31,7 +31,7 @@ from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder
 from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
-from nmt.device import autocast, autocast_dtype, resolve_device
+from nmt.device import autocast, autocast_dtype, grad_scaler, make_optimizer, resolve_device
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
 from nmt.train.loss import output_cross_entropy
@@ -100,11 +100,11 @@ class Trainer:
             self._setup_distributed()
             torch.manual_seed(t.seed + self.rank)      # same initial parameters, different dropout per rank
         optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = optim_class(self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
-                                     weight_decay=t.weight_decay, fused=True)   # one kernel for all parameters
+        self.optimizer = make_optimizer(optim_class, self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
+                                        weight_decay=t.weight_decay)
         self.schedule = LrSchedule(self.optimizer, t)
         self.amp_dtype = autocast_dtype(t.precision, self.device)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+        self.scaler = grad_scaler(enabled=self.amp_dtype == torch.float16)
         self.progress = Progress(cursor=Cursor(seed=t.seed))
 
         train = ParallelIds(self.data.ids("train", "src"), self.data.ids("train", "tgt"))
