@@ -144,3 +144,33 @@ def test_plateau_schedule_and_teacher_forcing_decay():
                             teacher_forcing_decay_updates=100)
     assert teacher_forcing_ratio(linear, 0) == 1.0 and teacher_forcing_ratio(linear, 50) == 0.75
     assert teacher_forcing_ratio(linear, 1000) == 0.5
+
+
+def test_early_stopping_after_patience(prepared, tmp_path):
+    # With a vanishing learning rate the dev BLEU cannot improve, so patience 1 stops at the 2nd validation.
+    trainer = Trainer(config_for(prepared, tmp_path / "run", lr=1e-12, max_updates=50, validate_every=2,
+                                 val_max_sentences=10, patience=1, early_stopping_metric="bleu"))
+    trainer.train()
+    assert trainer.progress.step == 4
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["best"] for e in events if e["event"] == "validation"] == [True, False]
+
+
+def test_sigkill_then_resume_continues_from_last_checkpoint(prepared, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "--config", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.save_every=2",
+            "--set", "training.validate_every=100000", "--set", "training.log_every=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", *args, "--set", "training.max_updates=100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (run / "last.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    saved = load_checkpoint(run / "last.pt")["step"]
+    assert saved >= 2 and saved % 2 == 0
+    result = run_cli(*args, "--set", f"training.max_updates={saved + 3}", "--resume")
+    assert result.returncode == 0, result.stderr
+    assert load_checkpoint(run / "last.pt")["step"] == saved + 3
