@@ -126,6 +126,8 @@ def translate(
     from nmt.decode.translator import OutputFiles, Translator
     from nmt.train.checkpoint import CheckpointError
 
+    if input is not None and not input.is_file():
+        fail(f"input file {input} does not exist")
     if threads:
         import torch
 
@@ -137,8 +139,6 @@ def translate(
                                                                         ("auto", "fp32", "bf16", "fp16")))
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
-    if input is not None and not input.is_file():
-        fail(f"input file {input} does not exist")
     plotter = None
     if plot_attention is not None:
         from nmt.plot import AttentionPlotter, PlotUnavailable
