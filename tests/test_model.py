@@ -130,3 +130,21 @@ def test_multilayer_lstm_teacher_forced_equals_steps(small_batch, attention):
     for i in range(batch.tgt_in.size(1)):
         step_logits, state, _ = model.decoder.step(batch.tgt_in[:, i], state, memory)
         assert torch.allclose(step_logits, logits[:, i], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_inference_weight_cache_follows_parameter_updates(small_batch, attention):
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
+    with torch.no_grad():
+        memory, state = model.encode(batch.src, batch.src_lengths)
+        before, _, _ = model.decoder.step(batch.tgt_in[:, 0], state, memory)
+        other = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
+        model.load_state_dict(other.state_dict())            # in-place copies: cached weights must be rebuilt
+        memory, state = model.encode(batch.src, batch.src_lengths)
+        after, _, _ = model.decoder.step(batch.tgt_in[:, 0], state, memory)
+        memory, state = other.encode(batch.src, batch.src_lengths)
+        expected, _, _ = other.decoder.step(batch.tgt_in[:, 0], state, memory)
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, expected, atol=1e-6)

@@ -9,6 +9,7 @@ feeding also the RNN and the attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -56,6 +57,23 @@ class Decoder(nn.Module):
         self.attention = attention
         self.embedding_dim, self.hidden_size, self.context_size = embedding_dim, hidden, context_size
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
+        self._derived_cache: dict[str, tuple[tuple, Tensor]] = {}
+
+    def derived_weight(self, name: str, build: Callable[[], Tensor], *sources: Tensor) -> Tensor:
+        """A weight built from parameters (a slice, a concatenation), cast for autocast.
+
+        While gradients are tracked it is rebuilt at every call, so they flow to `sources`; in
+        inference (search calls `step` once per output position) it is kept until one of the
+        source parameters changes (their `_version` counts in-place updates) or the dtype does.
+        """
+        if torch.is_grad_enabled():
+            return autocast_once(build())
+        key = (active_autocast_dtype(sources[0].device.type), *((id(t), t._version) for t in sources))
+        cached = self._derived_cache.get(name)
+        if cached is None or cached[0] != key:
+            cached = (key, autocast_once(build()))
+            self._derived_cache[name] = cached
+        return cached[1]
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         """What every step attends over, with the attention keys projected once per batch."""
@@ -68,7 +86,9 @@ class Decoder(nn.Module):
         """tokens: (batch, [steps]) -> embeddings (batch, [steps], emb) and their layer-0 RNN input
         projection W_e E y + b (batch, [steps], gates*dec_hidden)."""
         embedded = self.dropout(self.embed(tokens))
-        projected = F.linear(embedded, self.rnn.input_weight(0, self.embedding_dim), self.rnn.input_bias())
+        weight = self.derived_weight("embedding_input", lambda: self.rnn.input_weight(0, self.embedding_dim),
+                                     self.rnn.rnn.weight_ih_l0)
+        projected = F.linear(embedded, weight, self.rnn.input_bias())
         return embedded, projected
 
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
@@ -145,7 +165,8 @@ class BahdanauDecoder(Decoder):
         """[W_h; W_a], so that one product gives the RNN's W_h s_{i-1} and attention's W_a s_{i-1}."""
         if self.rnn.layers > 1:
             return None
-        return autocast_once(torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight]))
+        hidden, query = self.rnn.hidden_weight(0), self.attention.query_proj.weight
+        return self.derived_weight("hidden_and_query", lambda: torch.cat([hidden, query]), hidden, query)
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     fused: Tensor | None) -> tuple[DecoderState, Tensor]:
@@ -213,7 +234,8 @@ class LuongDecoder(Decoder):
         """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
         if not self.input_feeding:
             return None
-        return autocast_once(self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.hidden_size))
+        start, end = self.embedding_dim, self.embedding_dim + self.hidden_size
+        return self.derived_weight("feed_input", lambda: self.rnn.input_weight(start, end), self.rnn.rnn.weight_ih_l0)
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     feed_weight: Tensor | None) -> tuple[DecoderState, Tensor]:
