@@ -125,6 +125,10 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
                 return_attention: bool = False, max_len: int | None = None) -> list[list[Hypothesis]]:
     """Beam search for a whole batch; returns the `n_best` hypotheses of every sentence, best first.
 
+    An EOS candidate finishes a hypothesis when it ranks among the best `beam_size` candidates
+    of its sentence. With one beam and alpha = 0 this is exactly greedy search; with alpha > 0
+    one beam may search on after greedy would stop, because a longer hypothesis can still win.
+
     `max_len` caps the output length (EOS included) below the ratio-based limit."""
     batch, k, device = src.size(0), beam_size, src.device
     n_best = min(n_best, k)
