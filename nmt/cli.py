@@ -238,7 +238,7 @@ def average(
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 
-plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs nmt[plot]).",
+plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs the plot extra: matplotlib).",
                        no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
 
