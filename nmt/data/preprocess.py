@@ -224,10 +224,11 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], texts: di
         src_tokens = write_ids(out / f"{split}.{data.src_lang}", src, dtypes["src"])
         tgt_tokens = write_ids(out / f"{split}.{data.tgt_lang}", tgt, dtypes["tgt"])
         raw_src, raw_tgt = texts[split]
+        empties = empty_lines(raw_src, raw_tgt)
         entry: dict[str, Any] = {
             "pairs": len(src), "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
             "src_unk": int(sum((s == UNK).sum() for s in src)), "tgt_unk": int(sum((t == UNK).sum() for t in tgt)),
-            "empty_lines": len(empty_lines(raw_src, raw_tgt)),
+            "empty_lines": len(empties),
         }
         if split == "train":
             entry["input_pairs"] = len(raw_src)
@@ -235,7 +236,6 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], texts: di
         else:
             (out / f"{split}.ref.{data.tgt_lang}").write_text("".join(f"{t}\n" for t in raw_tgt), encoding="utf-8")
         splits[split] = entry
-        empties = empty_lines(raw_src, raw_tgt)
         if empties:
             shown = ", ".join(map(str, empties[:5])) + (" ..." if len(empties) > 5 else "")
             log(f"warning: {files[split][0]} / {files[split][1]}: {len(empties)} empty line(s), lines {shown}")

@@ -48,9 +48,16 @@ def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap:
     return limits.clamp(min=min_len + 1)
 
 
-def _block_special(logp: Tensor) -> None:
+def _constrain(logp: Tensor, t: int, min_len: int, at_limit: Tensor) -> None:
+    """In place: never PAD or BOS; no EOS before `min_len` tokens; only EOS on a row's last allowed step.
+
+    logp: (rows, vocab) log-probabilities of output position t; at_limit: (rows,) bool.
+    """
     logp[:, PAD] = NEG_INF
     logp[:, BOS] = NEG_INF
+    if t < min_len:
+        logp[:, EOS] = NEG_INF
+    logp[at_limit] = logp[at_limit].masked_fill(torch.arange(logp.size(1), device=logp.device) != EOS, NEG_INF)
 
 
 def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
@@ -85,12 +92,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
     for t in range(steps):
         logits, state, weights = model.decoder.step(prev, state, memory)
         logp = logits.float().log_softmax(-1)                           # (active, vocab)
-        _block_special(logp)
-        if t < min_len:
-            logp[:, EOS] = NEG_INF
-        at_limit = limits[active] - 1 <= t
-        logp[at_limit] = logp[at_limit].masked_fill(
-            torch.arange(logp.size(1), device=logp.device) != EOS, NEG_INF)
+        _constrain(logp, t, min_len, limits[active] - 1 <= t)
         best, prev = logp.max(-1)                                        # (active,)
         tokens[active, t] = prev
         scores[active] += best
@@ -159,13 +161,9 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         logits, state, weights = model.decoder.step(prev, state, memory)
         logp = logits.float().log_softmax(-1)                                 # (active*k, vocab)
         vocab = logp.size(1)
-        _block_special(logp)
+        _constrain(logp, t, min_len, (limits[active] - 1 <= t).repeat_interleave(k))
         if no_repeat_ngram:
             _block_repeated_ngrams(logp, alive_tokens, no_repeat_ngram)
-        if t < min_len:
-            logp[:, EOS] = NEG_INF
-        at_limit = (limits[active] - 1 <= t).repeat_interleave(k)            # last allowed step: EOS only
-        logp[at_limit] = logp[at_limit].masked_fill(torch.arange(vocab, device=device) != EOS, NEG_INF)
 
         candidates = (alive_scores.unsqueeze(1) + logp).view(n_active, k * vocab)  # (active, k*vocab)
         top_scores, top_ids = candidates.topk(min(2 * k, k * vocab), dim=1)        # (active, 2k), best first
