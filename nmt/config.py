@@ -22,13 +22,13 @@ class ConfigError(ValueError):
     """A problem with the configuration that the user can fix; the message names the key."""
 
 
-def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None,
-             le: float | None = None, path: bool = False) -> Any:
-    """A dataclass field with a range check (and a flag for paths that resolve against the config)."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "path": path})
+def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
+    """A dataclass field with a range check."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
 
 
 def _path(default: str | None = None) -> Any:
+    """A path field; relative values resolve against the config file's folder."""
     return field(default=default, metadata={"path": True})
 
 

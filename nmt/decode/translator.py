@@ -74,14 +74,13 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in lines]
         nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
         if nonempty.size:
-            lengths = np.array([len(encoded[i]) + 1 for i in nonempty])
-            order = nonempty[np.argsort(-lengths, kind="stable")]           # longest first
-            flat = np.concatenate([encoded[i] for i in range(len(lines))]) if len(lines) else np.zeros(0, np.int64)
-            offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+            offsets = np.zeros(len(lines) + 1, dtype=np.int64)             # the chunk as one flat id array
             np.cumsum([len(ids) for ids in encoded], out=offsets[1:])
-            all_lengths = np.diff(offsets) + 1
+            flat = np.concatenate(encoded)
+            lengths = np.diff(offsets) + 1                                   # with EOS
+            order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
             budget = max(1, self.decoding.batch_tokens // max(1, self.decoding.beam_size))
-            for rows in cut_by_budget(order, all_lengths, budget, 0):
+            for rows in cut_by_budget(order, lengths, budget, 0):
                 src = pad_rows(flat, offsets, rows, None, EOS)
                 for row, hyps in zip(rows.tolist(), self._search(src, n_best, return_attention), strict=True):
                     results[row] = hyps
