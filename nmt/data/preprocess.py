@@ -64,9 +64,10 @@ class DataFolder:
         return cls(root, manifest)
 
     def vocab(self, side: str) -> Vocab:
-        entry = self.manifest["vocab"][side]
-        pieces = self.root / entry["pieces"] if entry.get("pieces") else None
-        return Vocab.load(self.root / entry["model"], pieces)
+        try:
+            return Vocab.from_entry(self.root, self.manifest["vocab"][side])
+        except FileNotFoundError as exc:
+            raise DataError(f"{exc}; rerun `nmt preprocess`") from None
 
     def ids(self, split: str, side: str) -> IdFile:
         lang = self.manifest["langs"][side]

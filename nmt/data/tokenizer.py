@@ -87,8 +87,12 @@ class Vocab:
         path.write_text("".join(f"{i}\n" for i in self.pieces.tolist()), encoding="utf-8")
 
     @classmethod
-    def load(cls, model_path: Path, pieces_path: Path | None) -> Vocab:
+    def from_entry(cls, folder: Path, entry: dict) -> Vocab:
+        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`."""
+        model_path = folder / entry["model"]
+        if not model_path.is_file():
+            raise FileNotFoundError(f"{model_path} is missing: the SentencePiece model of {folder}")
         pieces = None
-        if pieces_path is not None and pieces_path.exists():
-            pieces = [int(x) for x in pieces_path.read_text(encoding="utf-8").split()]
+        if entry.get("pieces"):
+            pieces = [int(x) for x in (folder / entry["pieces"]).read_text(encoding="utf-8").split()]
         return cls(model_path, pieces)

@@ -95,12 +95,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
 
 def load_vocabs(run_dir: Path, vocab_entries: dict[str, Any]) -> tuple[Vocab, Vocab]:
     """The source and target vocabularies a checkpoint's run folder holds."""
-    vocabs = []
-    for side in ("src", "tgt"):
-        entry = vocab_entries[side]
-        pieces = run_dir / entry["pieces"] if entry.get("pieces") else None
-        model_path = run_dir / entry["model"]
-        if not model_path.is_file():
-            raise CheckpointError(f"{model_path} is missing; a checkpoint needs its run folder's SentencePiece model")
-        vocabs.append(Vocab.load(model_path, pieces))
-    return vocabs[0], vocabs[1]
+    try:
+        return Vocab.from_entry(run_dir, vocab_entries["src"]), Vocab.from_entry(run_dir, vocab_entries["tgt"])
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{exc}; a checkpoint needs the files of its run folder") from None

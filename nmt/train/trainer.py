@@ -218,7 +218,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def _forward_loss(self, batch: Batch, teacher_forcing: float) -> tuple[torch.Tensor, int]:
+    def _forward_loss(self, batch: Batch, teacher_forcing: float) -> torch.Tensor:
+        """Summed loss of one batch (the output layer fused into the cross-entropy)."""
         batch = batch.to(self.device)
         with autocast(self.device, self.amp_dtype):
             features, _ = self.train_model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing,
@@ -226,7 +227,7 @@ class Trainer:
             output = self.model.decoder.output
             loss = output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
                                         self.config.training.label_smoothing)
-        return loss, batch.n_tgt_tokens
+        return loss
 
     def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
         """One optimiser update over `batches` (gradient accumulation); returns (summed loss, target tokens)."""
@@ -236,7 +237,7 @@ class Trainer:
         tokens = sum(b.n_tgt_tokens for b in batches)
         total = torch.zeros((), device=self.device)
         for batch in batches:
-            loss, _ = self._forward_loss(batch, teacher_forcing)
+            loss = self._forward_loss(batch, teacher_forcing)
             self.scaler.scale(loss / tokens).backward()
             total += loss.detach()
         if t.clip_grad_norm:
