@@ -23,18 +23,16 @@ from typing import Any
 import numpy as np
 import sacrebleu
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from nmt.config import Config, ConfigError, config_from_dict, dump_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder
-from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
 from nmt.device import autocast, autocast_dtype, grad_scaler, make_optimizer, resolve_device
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
-from nmt.train.loss import output_cross_entropy
+from nmt.train.loss import output_cross_entropy, sequence_loss
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
 
@@ -63,12 +61,6 @@ class Progress:
 
 def _higher_is_better(metric: str) -> bool:
     return metric == "bleu"
-
-
-def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Summed cross-entropy over real target tokens (padding ignored)."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tgt_out.reshape(-1), ignore_index=PAD,
-                           label_smoothing=label_smoothing, reduction="sum")
 
 
 class Trainer:
