@@ -96,12 +96,6 @@ def _finish_output(handle, tmp: Path | None, path: Path | None, ok: bool) -> Non
         tmp.unlink(missing_ok=True)
 
 
-def _check_choice(option: str, value: str | None, choices: tuple[str, ...]) -> str | None:
-    if value is not None and value not in choices:
-        fail(f"{option} must be one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
 @app.command()
 def translate(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint inside its run folder, e.g. RUN/best.pt."),
@@ -135,8 +129,7 @@ def translate(
     try:
         translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size, length_penalty=length_penalty,
                                                 batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram,
-                                                precision=_check_choice("--precision", precision,
-                                                                        ("auto", "fp32", "bf16", "fp16")))
+                                                precision=precision)
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
     plotter = None
@@ -195,7 +188,7 @@ def evaluate(
 
             try:
                 translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size)
-            except CheckpointError as exc:
+            except (CheckpointError, ConfigError) as exc:
                 fail(str(exc))
             hyps = [t.text for t in translator.translate_stream(ev.read_text(src))]
             hyp_name = f"{checkpoint} on {src}"
@@ -259,7 +252,7 @@ def plot_attention_command(
     try:
         plotter = AttentionPlotter(out)
         translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size)
-    except (PlotUnavailable, CheckpointError) as exc:
+    except (PlotUnavailable, CheckpointError, ConfigError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
     typer.echo(f"wrote {len(src)} heatmap(s) to {out}", err=True)

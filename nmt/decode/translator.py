@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,12 +52,13 @@ class Translator:
         """Load a checkpoint; its run folder provides the config and the SentencePiece models."""
         checkpoint = Path(checkpoint)
         state = load_checkpoint(checkpoint)
-        config = config_from_dict(state["config"])
+        raw = state["config"]
+        raw["decoding"].update({k: v for k, v in decoding_overrides.items() if v is not None})
+        config = config_from_dict(raw)                  # overrides are checked like the YAML file
         src_vocab, tgt_vocab = load_vocabs(checkpoint.parent, state["vocab"])
         model = Seq2Seq.from_config(config.model, len(src_vocab), len(tgt_vocab))
         model.load_state_dict(state["model"])
-        decoding = replace(config.decoding, **{k: v for k, v in decoding_overrides.items() if v is not None})
-        return cls(model, src_vocab, tgt_vocab, decoding, resolve_device(device))
+        return cls(model, src_vocab, tgt_vocab, config.decoding, resolve_device(device))
 
     # ------------------------------------------------------------------ public API
 
