@@ -289,7 +289,7 @@ class Trainer:
                         # Validate on schedule, and once more when a budget ends (not on a signal: exit fast).
                         if p.step % t.validate_every == 0 or stop in ("max_updates", "max_minutes"):
                             last_metrics = self.validate()
-                            if t.patience and self._agree(p.bad_validations >= t.patience):
+                            if t.patience and self._from_rank0(p.bad_validations >= t.patience):
                                 stop = stop or "early_stopping"
                         self._save("last.pt")
                         window_start = time.monotonic()
@@ -309,24 +309,17 @@ class Trainer:
 
     def _stop_reason(self) -> str | None:
         """Why to stop now, if at all; under DDP every rank gets rank 0's answer, so all stop together."""
-        reason = self._local_stop_reason()
+        return self._from_rank0(self._local_stop_reason())
+
+    def _from_rank0(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (only rank 0 validates, and ranks' clocks differ)."""
         if self.world_size == 1:
-            return reason
+            return value
         import torch.distributed as dist
 
-        reasons = [reason]
-        dist.broadcast_object_list(reasons, src=0)
-        return reasons[0]
-
-    def _agree(self, flag: bool) -> bool:
-        """Rank 0's value of `flag` on every rank (only rank 0 validates)."""
-        if self.world_size == 1:
-            return flag
-        import torch.distributed as dist
-
-        box = [flag]
+        box = [value]
         dist.broadcast_object_list(box, src=0)
-        return bool(box[0])
+        return box[0]
 
     def _local_stop_reason(self) -> str | None:
         t, p = self.config.training, self.progress
