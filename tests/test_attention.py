@@ -57,4 +57,30 @@ def test_dot_attention_needs_matching_sizes():
 def test_keys_are_precomputed_projections():
     attention = build_attention("bahdanau", 16, 16, 8)
     values = torch.randn(2, 5, 16)
-    assert torch.allclose(attention.project_keys(values), attention.key_proj(values))
+    assert torch.allclose(attention.project_keys(values), 2 * attention.key_proj(values))
+
+
+@pytest.mark.parametrize("kind", ["bahdanau", "luong_concat"])
+def test_additive_energies_are_the_textbook_ones(kind):
+    """The sigmoid evaluation gives e_ij = v_aᵀ tanh(W_a s + U_a h_j) itself, not just the same softmax."""
+    attention = build_attention(kind, query_size=16, value_size=16, attention_dim=8)
+    memory = make_memory(attention)
+    query = torch.randn(3, 4, 16) * 3
+    textbook = torch.tanh(attention.query_proj(query).unsqueeze(2)
+                          + attention.key_proj(memory.values).unsqueeze(1)) @ attention.v.weight.squeeze(0)
+    assert torch.allclose(attention.score(query, memory.keys), textbook, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", VARIANTS)
+def test_beams_sharing_one_memory_row_equal_a_repeated_memory(kind):
+    """Beam search keeps one memory per sentence for its `beam` query rows."""
+    attention = build_attention(kind, query_size=16, value_size=16, attention_dim=8)
+    memory = make_memory(attention)
+    beam = 4
+    queries = torch.randn(3 * beam, 16)                                   # rows: sentence-major
+    shared_context, shared_weights = attention(queries, memory)
+    repeated = memory.index_select(torch.arange(3).repeat_interleave(beam))
+    context, weights = attention(queries, repeated)
+    assert shared_weights.shape == (3 * beam, 7) and shared_context.shape == (3 * beam, 16)
+    assert torch.allclose(shared_weights, weights, atol=1e-6)
+    assert torch.allclose(shared_context, context, atol=1e-6)

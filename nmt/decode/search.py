@@ -2,7 +2,8 @@
 
 Beam search keeps all sentences and all their beams in one tensor of shape (batch×beam, …):
 there is no Python loop over sentences or hypotheses, only over output positions. Encoder
-output and attention keys are computed once and repeated per beam with `index_select`.
+output and attention keys are computed once per sentence and shared by its beams (the
+attention scores a sentence's beams as one block of queries, see nmt.model.attention).
 Sentences whose search is over are dropped from the active tensors, so the batch shrinks as
 it goes.
 
@@ -84,9 +85,9 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
     limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
     steps = int(limits.max())
     tokens = src.new_full((batch, steps), PAD)                          # (batch, steps)
-    scores = memory.values.new_zeros(batch)
+    scores = torch.zeros(batch, device=src.device)                        # log p, in fp32 under autocast too
     lengths = torch.zeros(batch, dtype=torch.long, device=src.device)
-    attention = memory.values.new_zeros(batch, steps, src.size(1)) if return_attention else None
+    attention = torch.zeros(batch, steps, src.size(1), device=src.device) if return_attention else None
     active = torch.arange(batch, device=src.device)                     # rows still generating
     prev = src.new_full((batch,), BOS)
     for t in range(steps):
@@ -136,24 +137,24 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
     n_best = min(n_best, k)
     memory, state = model.encode(src, src_lengths)
     beam_rows = torch.arange(batch, device=device).repeat_interleave(k)     # (batch*k,) sentence of each beam
-    memory, state = memory.index_select(beam_rows), state.index_select(beam_rows)
+    state = state.index_select(beam_rows)                                   # memory stays one row per sentence
     limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(device)   # (batch,)
     steps = int(limits.max())
     src_len = src.size(1)
 
     # Alive beams of the active sentences, flattened (active*k, ...).
-    alive_scores = memory.values.new_full((batch, k), NEG_INF)
+    alive_scores = torch.full((batch, k), NEG_INF, device=device)
     alive_scores[:, 0] = 0.0                                                  # one real beam to start
     alive_scores = alive_scores.view(-1)                                      # (active*k,) log p so far
     alive_tokens = src.new_full((batch * k, 0), PAD)                          # (active*k, t)
-    alive_attn = memory.values.new_zeros(batch * k, 0, src_len) if return_attention else None
+    alive_attn = torch.zeros(batch * k, 0, src_len, device=device) if return_attention else None
     prev = src.new_full((batch * k,), BOS)
 
     # Finished hypotheses per sentence (all sentences, indexed by original position).
-    fin_scores = memory.values.new_full((batch, k), NEG_INF)                  # normalised scores
+    fin_scores = torch.full((batch, k), NEG_INF, device=device)                 # normalised scores
     fin_tokens = src.new_full((batch, k, steps), PAD)
     fin_lengths = torch.zeros(batch, k, dtype=torch.long, device=device)
-    fin_attn = memory.values.new_zeros(batch, k, steps, src_len) if return_attention else None
+    fin_attn = torch.zeros(batch, k, steps, src_len, device=device) if return_attention else None
     active = torch.arange(batch, device=device)                               # sentences still searching
 
     for t in range(steps):
@@ -223,7 +224,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
             prev, alive_scores, alive_tokens = prev[keep_rows], alive_scores[keep_rows], alive_tokens[keep_rows]
             if return_attention:
                 alive_attn = alive_attn[keep_rows]
-            state, memory = state.index_select(keep_rows), memory.index_select(keep_rows)
+            state, memory = state.index_select(keep_rows), memory.index_select(keep)
 
     return _collect_beams(fin_tokens, fin_lengths, fin_scores, fin_attn, src_lengths, n_best)
 

@@ -178,10 +178,11 @@ class BahdanauDecoder(Decoder):
             gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
         else:
             gh0, query = None, self.attention.query_proj(s_prev)
-        weights = masked_softmax(self.attention.energies(query, memory.keys), memory.mask)   # (batch, src_len)
-        gi0 = input_proj + weights.unsqueeze(1).bmm(memory.values_in).squeeze(1)           # + Σ_j α_ij W_ctx h_j
+        energies = self.attention.energies(memory.group(query), memory.keys)
+        weights = masked_softmax(energies, memory.mask)                  # (batch, rows per sentence, src_len)
+        gi0 = input_proj + memory.weighted_sum(weights, memory.values_in, s_prev.shape)   # + Σ_j α_ij W_ctx h_j
         _, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
-        return DecoderState(hidden, cell), weights
+        return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1)   # (rows, src_len)
 
     def _pre_output(self, s: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
         return torch.tanh(self.pre_output(torch.cat([s, context, embedded], dim=-1)))
@@ -190,8 +191,8 @@ class BahdanauDecoder(Decoder):
                       memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         embedded, input_proj = self.embed_inputs(prev_tokens)           # (batch, emb), (batch, gates*dec_hidden)
         state, weights = self._recurrence(input_proj, state, memory, self._step_weights())
-        context = weights.unsqueeze(1).bmm(memory.values).squeeze(1)    # c_i (batch, enc_out)
-        return self._pre_output(state.top, context, embedded), state, weights   # h̃_i (batch, dec_hidden)
+        context = memory.weighted_sum(memory.group(weights), memory.values, weights.shape)   # c_i (rows, enc_out)
+        return self._pre_output(state.top, context, embedded), state, weights   # h̃_i (rows, dec_hidden)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
         embedded, input_proj = self.embed_inputs(tgt_in)                # (batch, tgt_len, ...), all steps at once
