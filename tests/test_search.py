@@ -50,14 +50,17 @@ def sequence_logprob(model, src, length, tokens):
     return logits.log_softmax(-1).gather(2, out.unsqueeze(2)).sum().item()
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize(("alpha", "eos_penalty"), [(0.0, 0.0), (1.0, 0.0), (1.0, 8.0)])
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
-def test_wide_beam_finds_the_exhaustive_optimum(alpha, attention):
-    """Outputs of at most 3 symbols + EOS over {UNK, 4, 5}: enumerate all 40 and compare."""
+def test_wide_beam_finds_the_exhaustive_optimum(alpha, eos_penalty, attention):
+    """Outputs of at most 3 symbols + EOS over {UNK, 4, 5}: enumerate all 40 and compare.
+    A lower EOS bias makes longer outputs win under the length penalty, after shorter ones finished."""
     max_len = 4                                     # tokens including EOS
     symbols = [UNK, 4, 5]
     for seed in range(4):
         model = random_model(attention, tgt_vocab=6, seed=seed, sharpen=4.0)
+        with torch.no_grad():
+            model.decoder.output.bias[EOS] -= eos_penalty
         src, lengths = source_batch(seed)
         results = beam_search(model, src, lengths, beam_size=128, alpha=alpha, max_len=max_len)
         narrow = beam_search(model, src, lengths, beam_size=2, alpha=alpha, max_len=max_len)
@@ -95,6 +98,19 @@ def test_n_best_sorted_and_distinct():
         assert scores == sorted(scores, reverse=True)
         assert len({tuple(h.tokens) for h in hyps}) == 5
 
+
+@pytest.mark.parametrize("alpha", [0.0, 2.0])
+def test_stopping_at_n_best_keeps_the_same_best_hypotheses(alpha):
+    """A sentence stops once its n-best list is final, not when all `beam` hypotheses have finished.
+    (With this model and alpha 2, stopping as soon as one hypothesis finishes gives other outputs.)"""
+    model = random_model(seed=1)
+    src, lengths = source_batch(seed=2)
+    full = beam_search(model, src, lengths, beam_size=5, alpha=alpha, n_best=5, max_len_ratio=2.0)
+    for n_best in (1, 2):
+        short = beam_search(model, src, lengths, beam_size=5, alpha=alpha, n_best=n_best, max_len_ratio=2.0)
+        for hyps, reference in zip(short, full, strict=True):
+            assert [h.tokens for h in hyps] == [h.tokens for h in reference[:n_best]]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in reference[:n_best]])
 
 def test_min_length_and_max_length():
     model = random_model()

@@ -8,10 +8,12 @@ Sentences whose search is over are dropped from the active tensors, so the batch
 it goes.
 
 Length penalty (GNMT): lp(y) = ((5 + |y|) / 6)^α, and a hypothesis is ranked by log p(y) / lp(y),
-with |y| counting the tokens generated, EOS included. A sentence stops once it has `beam`
-finished hypotheses and no unfinished one can still beat the worst of them: an unfinished
+with |y| counting the tokens generated, EOS included. A sentence stops once it has `n_best`
+finished hypotheses and no unfinished one can still beat the n_best-th of them: an unfinished
 hypothesis with log-probability s ≤ 0 can at best reach s / lp(max_len), since its score only
-falls and lp only grows. (Stopping when the top beam reaches EOS is wrong under α > 0.)
+falls and lp only grows. The returned n-best list is then final; searching on until `beam`
+hypotheses have finished would only add ones ranked below it. (Stopping when the top beam
+reaches EOS is wrong under α > 0.)
 """
 
 from __future__ import annotations
@@ -210,10 +212,11 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
             alive_attn = torch.cat([alive_attn, weights.float().unsqueeze(1)], 1)[rows]
         state = state.index_select(rows)
 
-        # 3. A sentence is done when its pool is full and no alive beam can still beat the pool's worst.
+        # 3. A sentence is done when it has n_best finished and no alive beam can still beat the n_best-th.
         best_alive = alive_best[:, 0]                                             # (active,)
         bound = best_alive / length_penalty(limits[active].float(), alpha)       # best reachable normalised
-        done = (fin_best[:, -1] > NEG_INF) & (fin_best[:, -1] >= bound)
+        last_kept = fin_best[:, n_best - 1]                                       # (active,) the n_best-th finished
+        done = (last_kept > NEG_INF) & (last_kept >= bound)
         done |= best_alive == NEG_INF                                             # nothing left to extend
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
