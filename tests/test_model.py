@@ -73,12 +73,13 @@ def test_teacher_forced_path_equals_step_by_step(small_batch, attention, input_f
     batch, src_vocab, tgt_vocab = small_batch
     torch.manual_seed(0)
     model = Seq2Seq.from_config(tiny(attention, input_feeding=input_feeding), src_vocab, tgt_vocab).eval()
-    logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)
-    memory, state = model.encode(batch.src, batch.src_lengths)
-    for i in range(batch.tgt_in.size(1)):
-        step_logits, state, step_weights = model.decoder.step(batch.tgt_in[:, i], state, memory)
-        assert torch.allclose(step_logits, logits[:, i], atol=1e-5)
-        assert torch.allclose(step_weights, weights[:, i], atol=1e-6)
+    logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)     # the training path
+    with torch.no_grad():                                   # the inference path: token terms from a table
+        memory, state = model.encode(batch.src, batch.src_lengths)
+        for i in range(batch.tgt_in.size(1)):
+            step_logits, state, step_weights = model.decoder.step(batch.tgt_in[:, i], state, memory)
+            assert torch.allclose(step_logits, logits[:, i], atol=1e-5)
+            assert torch.allclose(step_weights, weights[:, i], atol=1e-6)
     assert torch.all(weights.masked_select(~batch.src_mask.unsqueeze(1).expand_as(weights)) == 0.0)
 
 

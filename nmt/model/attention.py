@@ -37,11 +37,13 @@ class Memory:
     keys: Tensor                      # (batch, src_len, key_dim) project_keys(h_j)
     mask: Tensor                      # (batch, src_len) True at real tokens
     values_in: Tensor | None = None   # (batch, src_len, gates*dec_hidden) W_ctx h_j, for Bahdanau's RNN input
+    values_out: Tensor | None = None  # (batch, src_len, dec_hidden) W_cc h_j, for Bahdanau's pre-output
 
     def index_select(self, index: Tensor) -> Memory:
         """Sentences `index` of the batch, e.g. to drop those whose search is over."""
         pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.values_in))
+        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.values_in),
+                      pick(self.values_out))
 
     def group(self, queries: Tensor) -> Tensor:
         """Queries as (batch, queries per sentence, d): (rows, d) with rows = batch*beam becomes

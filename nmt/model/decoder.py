@@ -82,14 +82,22 @@ class Decoder(nn.Module):
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         return DecoderState(hidden, cell, None)
 
-    def embed_inputs(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """tokens: (batch, [steps]) -> embeddings (batch, [steps], emb) and their layer-0 RNN input
-        projection W_e E y + b (batch, [steps], gates*dec_hidden)."""
-        embedded = self.dropout(self.embed(tokens))
-        weight = self.derived_weight("embedding_input", lambda: self.rnn.input_weight(0, self.embedding_dim),
-                                     self.rnn.rnn.weight_ih_l0)
-        projected = F.linear(embedded, weight, self.rnn.input_bias())
-        return embedded, projected
+    def token_projection(self) -> tuple[Tensor, Tensor]:
+        """Weight (terms, emb) and bias (terms,) of the step's terms that depend on the input token
+        alone; here the RNN's W_e and b_i (layer 0), subclasses append their own."""
+        return self.rnn.input_weight(0, self.embedding_dim), self.rnn.input_bias()
+
+    def token_terms(self, tokens: Tensor) -> Tensor:
+        """tokens: (batch, [steps]) -> W dropout(E y) + b: (batch, [steps], terms), from `token_projection`.
+
+        In inference (eval mode, no gradients) there is no dropout, so this is a lookup in a table
+        with one row per vocabulary entry, built once, instead of a matrix product per step.
+        """
+        if torch.is_grad_enabled() or self.training:
+            return F.linear(self.dropout(self.embed(tokens)), *self.token_projection())
+        table = self.derived_weight("token_table", lambda: F.linear(self.embed.weight, *self.token_projection()),
+                                    *self.parameters())
+        return F.embedding(tokens, table)
 
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
                       memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
@@ -138,13 +146,15 @@ class BahdanauDecoder(Decoder):
 
         α_i = softmax_j(v_aᵀ tanh(W_a s_{i-1} + U_a h_j)),   c_i = Σ_j α_ij h_j
         s_i = RNN([E y_{i-1}; c_i], s_{i-1})
-        h̃_i = tanh(W_c [s_i; c_i; E y_{i-1}])          (pre-output layer)
+        h̃_i = tanh(W_c [s_i; c_i; E y_{i-1}] + b_c)     (pre-output layer)
         p(y_i) = softmax(W_s h̃_i)
 
-    The RNN's input product splits as W_e E y_{i-1} + W_ctx c_i, and W_ctx c_i = Σ_j α_ij (W_ctx h_j):
-    the first is computed for all steps at once, W_ctx h_j once per batch (`Memory.values_in`),
-    so a step costs a weighted sum instead of a matrix product. With one layer, W_a s_{i-1} and
-    the RNN's W_h s_{i-1} are one matrix product.
+    Products with c_i are folded into the attention: W c_i = Σ_j α_ij (W h_j), and W h_j is
+    computed once per batch (`Memory.values_in` for the RNN input's W_ctx, `Memory.values_out`
+    for the pre-output's W_cc), so a step costs weighted sums instead of matrix products and c_i
+    itself is never formed. The terms of E y_{i-1} (W_e E y + b_i, W_ce E y + b_c) come from
+    `token_terms`: all steps at once in training, a table lookup in inference. With one layer,
+    W_a s_{i-1} and the RNN's W_h s_{i-1} are one matrix product.
     """
 
     attention: AdditiveAttention
@@ -153,12 +163,25 @@ class BahdanauDecoder(Decoder):
                  attention: AdditiveAttention, context_size: int, dropout: float) -> None:
         super().__init__(vocab_size, embedding_dim, hidden, layers, rnn_type, attention, context_size, dropout,
                          rnn_input_size=embedding_dim + context_size)
-        self.pre_output = nn.Linear(hidden + context_size + embedding_dim, hidden)   # W_c
+        self.pre_output = nn.Linear(hidden + context_size + embedding_dim, hidden)   # W_c = [W_cs, W_cc, W_ce]
+
+    def _pre_output_weight(self, part: str) -> Tensor:
+        """W_cs, W_cc or W_ce: the columns of W_c that multiply s_i, c_i or E y_{i-1}."""
+        start = {"state": 0, "context": self.hidden_size, "embedding": self.hidden_size + self.context_size}[part]
+        size = {"state": self.hidden_size, "context": self.context_size, "embedding": self.embedding_dim}[part]
+        return self.pre_output.weight[:, start : start + size]
+
+    def token_projection(self) -> tuple[Tensor, Tensor]:
+        """[W_e; W_ce] and [b_i; b_c]: (gates*dec_hidden + dec_hidden, emb) and its bias."""
+        weight, bias = super().token_projection()
+        return (torch.cat([weight, self._pre_output_weight("embedding")]),
+                torch.cat([bias, self.pre_output.bias]))
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         memory = super().memory(values, mask)
         context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
         memory.values_in = F.linear(values, context_weight)            # (batch, src_len, gates*dec_hidden)
+        memory.values_out = F.linear(values, self._pre_output_weight("context"))   # (batch, src_len, dec_hidden)
         return memory
 
     def _step_weights(self) -> Tensor | None:
@@ -170,10 +193,10 @@ class BahdanauDecoder(Decoder):
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     fused: Tensor | None) -> tuple[DecoderState, Tensor]:
-        """Attend with s_{i-1}, then step the RNN. input_proj: (batch, gates*dec_hidden) = W_e E y_{i-1} + b."""
-        s_prev = state.top                                              # (batch, dec_hidden)
+        """Attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) = W_e E y_{i-1} + b_i."""
+        s_prev = state.top                                              # (rows, dec_hidden)
         if fused is not None:
-            projected = F.linear(s_prev, fused)                         # (batch, gates*dec_hidden + attn_dim)
+            projected = F.linear(s_prev, fused)                         # (rows, gates*dec_hidden + attn_dim)
             gates = self.rnn.hidden_weight(0).size(0)
             gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
         else:
@@ -184,27 +207,34 @@ class BahdanauDecoder(Decoder):
         _, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
         return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1)   # (rows, src_len)
 
-    def _pre_output(self, s: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
-        return torch.tanh(self.pre_output(torch.cat([s, context, embedded], dim=-1)))
+    def _pre_output(self, s: Tensor, context_term: Tensor, token_term: Tensor) -> Tensor:
+        """h̃ = tanh(W_cs s + W_cc c + (W_ce E y + b_c)), the last two terms already computed."""
+        state_weight = self.derived_weight("pre_output_state", lambda: self._pre_output_weight("state"),
+                                           self.pre_output.weight)
+        return torch.tanh(F.linear(s, state_weight) + context_term + token_term)
+
+    def _split_terms(self, terms: Tensor) -> tuple[Tensor, Tensor]:
+        """token_terms -> the RNN input's W_e E y + b_i and the pre-output's W_ce E y + b_c."""
+        return terms.split([terms.size(-1) - self.hidden_size, self.hidden_size], dim=-1)
 
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
                       memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        embedded, input_proj = self.embed_inputs(prev_tokens)           # (batch, emb), (batch, gates*dec_hidden)
-        state, weights = self._recurrence(input_proj, state, memory, self._step_weights())
-        context = memory.weighted_sum(memory.group(weights), memory.values, weights.shape)   # c_i (rows, enc_out)
-        return self._pre_output(state.top, context, embedded), state, weights   # h̃_i (rows, dec_hidden)
+        token_in, token_out = self._split_terms(self.token_terms(prev_tokens))   # (rows, gates*dec_hidden | dec_hidden)
+        state, weights = self._recurrence(token_in, state, memory, self._step_weights())
+        context_term = memory.weighted_sum(memory.group(weights), memory.values_out, weights.shape)  # W_cc c_i
+        return self._pre_output(state.top, context_term, token_out), state, weights   # h̃_i (rows, dec_hidden)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        embedded, input_proj = self.embed_inputs(tgt_in)                # (batch, tgt_len, ...), all steps at once
+        token_in, token_out = self._split_terms(self.token_terms(tgt_in))   # (batch, tgt_len, ...), all steps at once
         fused = self._step_weights()
         states, weights = [], []
-        for input_t in input_proj.unbind(1):                            # the recurrence needs s_{i-1}
+        for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
             state, alpha = self._recurrence(input_t, state, memory, fused)
             states.append(state.top)
             weights.append(alpha)
         s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
-        contexts = alphas.bmm(memory.values)                            # (batch, tgt_len, enc_out), one product
-        return self._pre_output(s_all, contexts, embedded), alphas
+        context_terms = alphas.bmm(memory.values_out)                   # W_cc c_i for all steps, one product
+        return self._pre_output(s_all, context_terms, token_out), alphas
 
 
 class LuongDecoder(Decoder):
@@ -250,8 +280,7 @@ class LuongDecoder(Decoder):
 
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
                       memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        _, input_proj = self.embed_inputs(prev_tokens)
-        state, weights = self._recurrence(input_proj, state, memory, self._step_weights())
+        state, weights = self._recurrence(self.token_terms(prev_tokens), state, memory, self._step_weights())
         attn_hidden = state.feed
         if not self.input_feeding:
             state = replace(state, feed=None)
@@ -262,10 +291,9 @@ class LuongDecoder(Decoder):
             embedded = self.dropout(self.embed(tgt_in))                 # (batch, tgt_len, emb)
             s_all, _, _ = self.rnn(embedded, state.hidden, state.cell)  # one RNN call over all steps
             return self._attentional(s_all, memory)                     # one batched attention
-        _, input_proj = self.embed_inputs(tgt_in)
         feed_weight = self._step_weights()
         hiddens, weights = [], []
-        for input_t in input_proj.unbind(1):
+        for input_t in self.token_terms(tgt_in).unbind(1):              # W_e E y + b_i for all steps at once
             state, alpha = self._recurrence(input_t, state, memory, feed_weight)
             hiddens.append(state.feed)
             weights.append(alpha)
