@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from contextlib import ExitStack
@@ -279,3 +280,5 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        gc.freeze()   # exit without a last garbage-collector walk over torch's objects: 0.3 s of every command

@@ -51,7 +51,7 @@ class Translator:
     def from_checkpoint(cls, checkpoint: str | Path, device: str = "auto", **decoding_overrides) -> Translator:
         """Load a checkpoint; its run folder provides the config and the SentencePiece models."""
         checkpoint = Path(checkpoint)
-        state = load_checkpoint(checkpoint)
+        state = load_checkpoint(checkpoint, mmap=True)
         raw = state["config"]
         raw["decoding"].update({k: v for k, v in decoding_overrides.items() if v is not None})
         config = config_from_dict(raw)                  # overrides are checked like the YAML file

@@ -51,13 +51,17 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda handle: torch.save(payload, handle))
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load and check a checkpoint; any problem is a `CheckpointError` naming the file."""
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Load and check a checkpoint; any problem is a `CheckpointError` naming the file.
+
+    With `mmap`, tensors are read from the file only when used: translation never touches the
+    optimizer state, two thirds of a checkpoint.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises several types for truncated or garbled zip archives
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({reason[:200]})") from None
