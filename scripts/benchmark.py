@@ -73,7 +73,8 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     from nmt.decode.translator import Translator
 
     torch.set_num_threads(args.threads)
-    translator = Translator.from_checkpoint(args.checkpoint, args.device, beam_size=beam)
+    translator = Translator.from_checkpoint(args.checkpoint, args.device, beam_size=beam,
+                                            length_penalty=args.length_penalty)
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)
@@ -94,12 +95,15 @@ def child(task: str, args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def run_child(task: str, args: argparse.Namespace, env: dict) -> dict:
-    cmd = [sys.executable, __file__, "--child", task, "--config", str(args.config), "--threads", str(args.threads),
-           "--device", args.device, "--precision", args.precision, "--updates", str(args.updates),
-           "--warmup", str(args.warmup), "--source", str(args.source)]
+def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = ()) -> dict:
+    """`pin`: a command prefix such as taskset -c 1."""
+    cmd = [*pin, sys.executable, __file__, "--child", task, "--config", str(args.config),
+           "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
+           "--updates", str(args.updates), "--warmup", str(args.warmup), "--source", str(args.source)]
     if args.checkpoint:
         cmd += ["--checkpoint", str(args.checkpoint)]
+    if args.length_penalty is not None:
+        cmd += ["--length-penalty", str(args.length_penalty)]
     for item in args.set:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -108,15 +112,17 @@ def run_child(task: str, args: argparse.Namespace, env: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str]) -> dict:
+def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str], pin: list[str] = ()) -> dict:
     """Wall time of `nmt translate < test > hyp`, start-up and model loading included."""
     import sacrebleu
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "hyp.txt"
-        cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", str(args.checkpoint), "--beam-size",
+        cmd = [*pin, sys.executable, "-m", "nmt", "translate", "--checkpoint", str(args.checkpoint), "--beam-size",
                str(beam), "--threads", str(args.threads), "--device", args.device, "-q", "-i", str(args.source),
                "-o", str(out)]
+        if args.length_penalty is not None:
+            cmd += ["--length-penalty", str(args.length_penalty)]
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
         seconds = time.perf_counter() - start
@@ -137,6 +143,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="repeat each measurement; the median is reported")
     parser.add_argument("--source", type=Path, help="text to translate (default: the config's test source)")
     parser.add_argument("--reference", type=Path, help="its reference, for a BLEU sanity check")
+    parser.add_argument("--length-penalty", type=float, help="decoding.length_penalty (default: the checkpoint's)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")

@@ -1,18 +1,28 @@
 #!/usr/bin/env python
-"""Side by side with OpenNMT-py 3.5.1: training throughput on the same data, pieces and model.
+"""Side by side with OpenNMT-py 3.5.1: training and decoding throughput on the same data and pieces.
 
 OpenNMT-py is a comparison, never a dependency: install it into its own virtual environment
 first (see ../shared/peers/opennmt-setup.sh: VENV=/path bash opennmt-setup.sh). This script
 
-  1. writes Multi30k train/val as pieces of *our* joint SentencePiece model (from the data
+  1. writes Multi30k train/val/test as pieces of *our* joint SentencePiece model (from the data
      folder of the config), so both systems see the same subwords;
   2. builds OpenNMT's vocabularies and a config equivalent to the reference model
      (brnn GRU 2x256, GRU decoder 512, MLP (Bahdanau) attention, input feeding, dropout 0.3,
      Adam 1e-3, clip 1.0, 2000-token batches; ../shared/peers/opennmt-gru-bahdanau.yaml);
-  3. alternates the two systems run by run, each pinned to the same core with the same thread
-     count, and reports target tokens/s per run, the medians, and ours/theirs.
+  3. training (--task train): alternates the two systems run by run, each pinned to the same
+     core with the same thread count, and reports target tokens/s per run, medians, ours/theirs;
+  4. decoding (--task decode, needs --checkpoint and --onmt-checkpoint, both trained models):
+     translates test_2016_flickr with beam 5 and greedy, alternating the systems, and reports
+     sentences/s of the whole process (start-up and model loading included) and of decoding
+     alone (our in-process timer; OpenNMT's own "Total translation time"), with BLEU of both.
+     OpenNMT gets our length penalty as `-length_penalty wu -alpha A` and its other defaults.
 
     python scripts/compare_opennmt.py --onmt-venv /work/peer_onmt --runs 3 --threads 1 --core 1
+    python scripts/compare_opennmt.py --onmt-venv /work/peer_onmt --task decode --core 1 \
+        --checkpoint runs/m30k_de_en_bahdanau/best.pt --onmt-checkpoint bench/onmt30/run/model_step_1700.pt
+
+A model for the decoding comparison: `--task train-model --steps 1700` trains OpenNMT-py for
+that many updates (about 30 minutes on one core) into WORK/run.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -52,7 +63,7 @@ def write_pieces(config_path: Path, work: Path) -> None:
     config = load_config(config_path)
     folder = DataFolder.open(config.data.out_dir)
     sp = folder.vocab("src").sp
-    for split, prefix in (("train", config.data.train), ("val", config.data.dev)):
+    for split, prefix in (("train", config.data.train), ("val", config.data.dev), ("test", config.data.test)):
         for lang in (config.data.src_lang, config.data.tgt_lang):
             lines = read_lines(resolve_text_file(prefix, lang, f"data.{split}"))
             pieces = sp.encode(lines, out_type=str)
@@ -96,31 +107,75 @@ def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> float:
     return json.loads(proc.stdout.strip().splitlines()[-1])["tgt_tokens_per_s"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--onmt-venv", type=Path, required=True, help="virtual environment with OpenNMT-py 3.5.1")
-    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "opennmt")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--core", type=int, help="pin both systems to this CPU core (taskset)")
-    parser.add_argument("--steps", type=int, default=60, help="updates per run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--precision", default="auto", help="our training.precision")
-    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
-    args = parser.parse_args()
+ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
 
+
+def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
+    """Whole-process wall time of onmt_translate on the test pieces, its own decoding time, and BLEU."""
+    import sacrebleu
+
+    from nmt.data.preprocess import DataFolder
+
+    out = args.work / f"onmt_hyp.b{beam}.sp"
+    cmd = [*pin, str(args.onmt_venv / "bin" / "onmt_translate"), "-model", str(args.onmt_checkpoint),
+           "-src", str(args.work / f"test.sp.{args.src}"), "-output", str(out), "-beam_size", str(beam),
+           "-gpu", "-1", "-report_time", "-length_penalty", "wu", "-alpha", str(args.alpha)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"onmt_translate failed:\n{proc.stderr[-3000:]}")
+    decode_seconds = float(ONMT_TIME.search(proc.stdout + proc.stderr).group(1))
+    sp = DataFolder.open(args.data_dir).vocab("tgt").sp
+    hyps = [sp.decode_pieces(line.split()) for line in out.read_text(encoding="utf-8").splitlines()]
+    return {"sent_per_s": len(hyps) / seconds, "decode_only_sent_per_s": len(hyps) / decode_seconds,
+            "seconds": seconds, "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
+
+
+def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
+    """benchmark.py's two measurements: `nmt translate` as a whole process, and decoding alone."""
+    import benchmark
+
+    bench_args = argparse.Namespace(checkpoint=args.checkpoint, threads=args.threads, device="cpu",
+                                    source=args.work / "test.raw", config=args.config, precision=args.precision,
+                                    updates=0, warmup=0, set=[], length_penalty=args.alpha)
+    whole = benchmark.whole_process(bench_args, beam, env, refs, pin)
+    alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
+    return {**whole, "decode_only_sent_per_s": alone["sent_per_s"]}
+
+
+def compare_decoding(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
     from nmt.config import load_config
+    from nmt.data.corpus import read_lines, resolve_text_file
 
     data = load_config(args.config).data
-    args.work.mkdir(parents=True, exist_ok=True)
-    write_pieces(args.config, args.work)
-    config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    subprocess.run([str(args.onmt_venv / "bin" / "onmt_build_vocab"), "-config", str(config), "-n_sample", "-1"],
-                   check=True, capture_output=True, env=env)
-    pin = ["taskset", "-c", str(args.core)] if args.core is not None else []
+    args.src, args.data_dir = data.src_lang, data.out_dir
+    source = read_lines(resolve_text_file(data.test, data.src_lang, "data.test"))
+    (args.work / "test.raw").write_text("\n".join(source) + "\n", encoding="utf-8")
+    refs = read_lines(resolve_text_file(data.test, data.tgt_lang, "data.test"))
+    report = {}
+    for name, beam in (("beam5", 5), ("greedy", 1)):
+        ours, theirs = [], []
+        for run in range(args.runs):
+            ours.append(decode_ours(args, beam, env, pin, refs))
+            theirs.append(decode_onmt(args, beam, env, pin, refs))
+            print(f"{name} run {run + 1}: nmt {ours[-1]['sent_per_s']:.1f} sent/s "
+                  f"({ours[-1]['decode_only_sent_per_s']:.1f} decode only, BLEU {ours[-1]['bleu']:.2f}), "
+                  f"OpenNMT-py {theirs[-1]['sent_per_s']:.1f} ({theirs[-1]['decode_only_sent_per_s']:.1f}, "
+                  f"BLEU {theirs[-1]['bleu']:.2f})", flush=True)
+        entry = {"nmt": ours, "onmt": theirs}
+        for key in ("sent_per_s", "decode_only_sent_per_s"):
+            mine, peer = statistics.median(r[key] for r in ours), statistics.median(r[key] for r in theirs)
+            entry[f"nmt_median_{key}"], entry[f"onmt_median_{key}"], entry[f"ratio_{key}"] = mine, peer, mine / peer
+        report[name] = entry
+        print(f"{name}, median of {args.runs}: whole process nmt {entry['nmt_median_sent_per_s']:.1f} vs OpenNMT-py "
+              f"{entry['onmt_median_sent_per_s']:.1f} sent/s -> {entry['ratio_sent_per_s']:.2f}x; decoding alone "
+              f"{entry['nmt_median_decode_only_sent_per_s']:.1f} vs {entry['onmt_median_decode_only_sent_per_s']:.1f}"
+              f" -> {entry['ratio_decode_only_sent_per_s']:.2f}x")
+    return report
 
+
+def compare_training(args: argparse.Namespace, config: Path, env: dict, pin: list[str]) -> dict:
     ours, theirs = [], []
     for run in range(args.runs):                 # alternate, so drifts in machine load hit both
         ours.append(run_ours(args, env, pin))
@@ -130,10 +185,54 @@ def main() -> None:
               "nmt_median": statistics.median(ours), "onmt_median": statistics.median(theirs),
               "threads": args.threads, "steps": args.steps, "warmup": args.warmup}
     result["ratio"] = result["nmt_median"] / result["onmt_median"]
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"training, target tokens/s, median of {args.runs}: nmt {result['nmt_median']:.0f}, "
           f"OpenNMT-py {result['onmt_median']:.0f}, ratio {result['ratio']:.2f}x")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--onmt-venv", type=Path, required=True, help="virtual environment with OpenNMT-py 3.5.1")
+    parser.add_argument("--task", choices=["train", "decode", "all", "train-model"], default="train")
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
+    parser.add_argument("--work", type=Path, default=REPO / "bench" / "opennmt")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--core", type=int, help="pin both systems to this CPU core (taskset)")
+    parser.add_argument("--steps", type=int, default=60, help="updates per training run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--precision", default="auto", help="our training.precision")
+    parser.add_argument("--checkpoint", type=Path, help="our trained checkpoint, for --task decode")
+    parser.add_argument("--onmt-checkpoint", type=Path, help="OpenNMT-py's trained model, for --task decode")
+    parser.add_argument("--alpha", type=float, default=1.0, help="GNMT length penalty for both systems")
+    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
+    args = parser.parse_args()
+    if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):
+        parser.error("--task decode needs --checkpoint and --onmt-checkpoint")
+
+    from nmt.config import load_config
+
+    data = load_config(args.config).data
+    args.work.mkdir(parents=True, exist_ok=True)
+    write_pieces(args.config, args.work)
+    config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    pin = ["taskset", "-c", str(args.core)] if args.core is not None else []
+    if not (args.work / "run" / "vocab.src").is_file():
+        subprocess.run([str(args.onmt_venv / "bin" / "onmt_build_vocab"), "-config", str(config), "-n_sample", "-1"],
+                       check=True, capture_output=True, env=env)
+    if args.task == "train-model":
+        subprocess.run([*pin, str(args.onmt_venv / "bin" / "onmt_train"), "-config", str(config),
+                        "-save_checkpoint_steps", str(args.steps)], check=True, env=env)
+        return
+
+    result: dict = {"threads": args.threads, "core": args.core}
+    if args.task in ("train", "all"):
+        result["train"] = compare_training(args, config, env, pin)
+    if args.task in ("decode", "all"):
+        result["decode"] = compare_decoding(args, env, pin)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,17 @@ def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor 
     return out
 
 
+def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The best `n` of each row of (sentences, candidates), best first; rows with fewer than `n`
+    candidates (a tiny vocabulary at the first step) are padded with -inf scores."""
+    scores, ids = candidates.topk(min(n, candidates.size(1)), dim=1)
+    if scores.size(1) < n:
+        missing = n - scores.size(1)
+        scores = torch.cat([scores, scores.new_full((scores.size(0), missing), NEG_INF)], dim=1)
+        ids = torch.cat([ids, ids.new_zeros(ids.size(0), missing)], dim=1)
+    return scores, ids
+
+
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
                 max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
@@ -137,20 +148,17 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
     `max_len` caps the output length (EOS included) below the ratio-based limit."""
     batch, k, device = src.size(0), beam_size, src.device
     n_best = min(n_best, k)
-    memory, state = model.encode(src, src_lengths)
-    beam_rows = torch.arange(batch, device=device).repeat_interleave(k)     # (batch*k,) sentence of each beam
-    state = state.index_select(beam_rows)                                   # memory stays one row per sentence
+    memory, state = model.encode(src, src_lengths)        # one row per sentence; beams share the memory
     limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(device)   # (batch,)
     steps = int(limits.max())
     src_len = src.size(1)
 
-    # Alive beams of the active sentences, flattened (active*k, ...).
-    alive_scores = torch.full((batch, k), NEG_INF, device=device)
-    alive_scores[:, 0] = 0.0                                                  # one real beam to start
-    alive_scores = alive_scores.view(-1)                                      # (active*k,) log p so far
-    alive_tokens = src.new_full((batch * k, 0), PAD)                          # (active*k, t)
-    alive_attn = torch.zeros(batch * k, 0, src_len, device=device) if return_attention else None
-    prev = src.new_full((batch * k,), BOS)
+    # Alive beams of the active sentences, flattened (active*width, ...): one beam per sentence
+    # at the first step (all beams would be the same), `k` from the second on.
+    alive_scores = torch.zeros(batch, device=device)                          # (active*width,) log p so far
+    alive_tokens = src.new_full((batch, 0), PAD)                              # (active*width, t)
+    alive_attn = torch.zeros(batch, 0, src_len, device=device) if return_attention else None
+    prev = src.new_full((batch,), BOS)
 
     # Finished hypotheses per sentence (all sentences, indexed by original position).
     fin_scores = torch.full((batch, k), NEG_INF, device=device)                 # normalised scores
@@ -161,18 +169,19 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
 
     for t in range(steps):
         n_active = active.numel()
+        width = prev.size(0) // n_active                                      # alive beams per sentence
         logits, state, weights = model.decoder.step(prev, state, memory)
-        logp = logits.float().log_softmax(-1)                                 # (active*k, vocab)
+        logp = logits.float().log_softmax(-1)                                 # (active*width, vocab)
         vocab = logp.size(1)
-        _constrain(logp, t, min_len, (limits[active] - 1 <= t).repeat_interleave(k))
+        _constrain(logp, t, min_len, (limits[active] - 1 <= t).repeat_interleave(width))
         if no_repeat_ngram:
             _block_repeated_ngrams(logp, alive_tokens, no_repeat_ngram)
 
-        candidates = (alive_scores.unsqueeze(1) + logp).view(n_active, k * vocab)  # (active, k*vocab)
-        top_scores, top_ids = candidates.topk(min(2 * k, k * vocab), dim=1)        # (active, 2k), best first
+        candidates = (alive_scores.unsqueeze(1) + logp).view(n_active, width * vocab)  # (active, width*vocab)
+        top_scores, top_ids = _top_candidates(candidates, 2 * k)                 # (active, 2k), best first
         top_beam, top_token = top_ids // vocab, top_ids % vocab
         is_eos = (top_token == EOS) & (top_scores > NEG_INF)
-        base = (torch.arange(n_active, device=device) * k).unsqueeze(1)          # (active, 1)
+        base = (torch.arange(n_active, device=device) * width).unsqueeze(1)      # (active, 1)
         source_rows = base + top_beam                                            # (active, 2k) rows of alive
 
         # 1. EOS candidates ranked within the top k finish; merge them with the finished pool.
