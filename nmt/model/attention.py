@@ -87,7 +87,7 @@ class AdditiveAttention(Attention):
         self.v = nn.Linear(attention_dim, 1, bias=False)                     # v_a
 
     def project_keys(self, values: Tensor) -> Tensor:
-        return 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
+        return 2 * self.key_proj(values).float()                             # (batch, src_len, attn_dim) 2·U_a h_j
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
@@ -99,10 +99,12 @@ class AdditiveAttention(Attention):
         Evaluated as 2 v_aᵀ σ(2q + 2k_j) − Σ v_a, since tanh(x) = 2σ(2x) − 1: this elementwise
         pass over (batch, queries, src_len, attn_dim) is the largest one of a decoder step, and
         PyTorch's CPU sigmoid is about 5x faster than its tanh. The keys already hold 2k_j.
+        The pass runs in fp32 also under autocast: CPU elementwise kernels are slower in bf16.
         """
-        sums = torch.add(keys.unsqueeze(1), projected.unsqueeze(2), alpha=2)     # (batch, queries, src_len, attn_dim)
-        gates = sums.sigmoid_()
-        return 2 * self.v(gates).squeeze(-1) - self.v.weight.sum()
+        with torch.autocast(keys.device.type, enabled=False):
+            sums = torch.add(keys.unsqueeze(1), projected.float().unsqueeze(2), alpha=2)
+            gates = sums.sigmoid_()                                          # (batch, queries, src_len, attn_dim)
+            return 2 * self.v(gates).squeeze(-1) - self.v.weight.sum()
 
 
 class BahdanauAttention(AdditiveAttention):
