@@ -20,6 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# oneDNN (bfloat16 matrix products on the CPU) caches a compiled kernel, with its own reordered
+# weights, for every new shape; with training batches of varying shape its default of 1024
+# entries grew a training process past 3 GB. 16 entries keep the hot per-step shapes. (Decoding
+# keeps the default: its weights are fixed, and the many row counts of a shrinking beam search
+# run 8% faster with the larger cache, at about 1 GB.) Set the variable yourself to choose
+# otherwise; it is read when oneDNN first runs.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
+
 import numpy as np
 import sacrebleu
 import torch
