@@ -74,7 +74,7 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
 
     torch.set_num_threads(args.threads)
     translator = Translator.from_checkpoint(args.checkpoint, args.device, beam_size=beam,
-                                            length_penalty=args.length_penalty)
+                                            length_penalty=args.length_penalty, batch_tokens=args.batch_tokens)
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)
@@ -102,8 +102,9 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
            "--updates", str(args.updates), "--warmup", str(args.warmup), "--source", str(args.source)]
     if args.checkpoint:
         cmd += ["--checkpoint", str(args.checkpoint)]
-    if args.length_penalty is not None:
-        cmd += ["--length-penalty", str(args.length_penalty)]
+    for option in ("length_penalty", "batch_tokens"):
+        if getattr(args, option) is not None:
+            cmd += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     for item in args.set:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -121,8 +122,9 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
         cmd = [*pin, sys.executable, "-m", "nmt", "translate", "--checkpoint", str(args.checkpoint), "--beam-size",
                str(beam), "--threads", str(args.threads), "--device", args.device, "-q", "-i", str(args.source),
                "-o", str(out)]
-        if args.length_penalty is not None:
-            cmd += ["--length-penalty", str(args.length_penalty)]
+        for option in ("length_penalty", "batch_tokens"):
+            if getattr(args, option) is not None:
+                cmd += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
         seconds = time.perf_counter() - start
@@ -144,6 +146,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, help="text to translate (default: the config's test source)")
     parser.add_argument("--reference", type=Path, help="its reference, for a BLEU sanity check")
     parser.add_argument("--length-penalty", type=float, help="decoding.length_penalty (default: the checkpoint's)")
+    parser.add_argument("--batch-tokens", type=int, help="decoding.batch_tokens (default: the checkpoint's)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")

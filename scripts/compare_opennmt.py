@@ -138,7 +138,8 @@ def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
 
     bench_args = argparse.Namespace(checkpoint=args.checkpoint, threads=args.threads, device="cpu",
                                     source=args.work / "test.raw", config=args.config, precision=args.precision,
-                                    updates=0, warmup=0, set=[], length_penalty=args.alpha)
+                                    updates=0, warmup=0, set=[], length_penalty=args.alpha,
+                                    batch_tokens=args.batch_tokens)
     whole = benchmark.whole_process(bench_args, beam, env, refs, pin)
     alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
     return {**whole, "decode_only_sent_per_s": alone["sent_per_s"]}
@@ -205,6 +206,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="our trained checkpoint, for --task decode")
     parser.add_argument("--onmt-checkpoint", type=Path, help="OpenNMT-py's trained model, for --task decode")
     parser.add_argument("--alpha", type=float, default=1.0, help="GNMT length penalty for both systems")
+    parser.add_argument("--batch-tokens", type=int, help="our decoding.batch_tokens (default: the checkpoint's)")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
     args = parser.parse_args()
     if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):
