@@ -5,6 +5,8 @@ import torch
 from nmt.config import ModelConfig, load_config
 from nmt.data.batching import ParallelIds
 from nmt.data.preprocess import DataFolder
+from nmt.decode.search import greedy_search
+from nmt.device import make_optimizer
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.trainer import sequence_loss
 
@@ -74,7 +76,7 @@ def test_teacher_forced_path_equals_step_by_step(small_batch, attention, input_f
     torch.manual_seed(0)
     model = Seq2Seq.from_config(tiny(attention, input_feeding=input_feeding), src_vocab, tgt_vocab).eval()
     logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)     # the training path
-    with torch.no_grad():                                   # the inference path: token terms from a table
+    with torch.no_grad(), model.decoder.frozen_weights():   # the inference path: token terms from a table
         memory, state = model.encode(batch.src, batch.src_lengths)
         for i in range(batch.tgt_in.size(1)):
             step_logits, state, step_weights = model.decoder.step(batch.tgt_in[:, i], state, memory)
@@ -134,18 +136,32 @@ def test_multilayer_lstm_teacher_forced_equals_steps(small_batch, attention):
 
 
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
-def test_inference_weight_cache_follows_parameter_updates(small_batch, attention):
+def test_derived_weights_follow_a_fused_optimizer_step(small_batch, attention):
+    """Validation between training updates must see the updated parameters: fused Adam changes
+    them in place without bumping their versions, so nothing may be cached across searches."""
     batch, src_vocab, tgt_vocab = small_batch
     torch.manual_seed(0)
-    model = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
+    model = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab)
+    optimizer = make_optimizer(torch.optim.Adam, model.parameters(), lr=0.05)
+    model.eval()
     with torch.no_grad():
-        memory, state = model.encode(batch.src, batch.src_lengths)
-        before, _, _ = model.decoder.step(batch.tgt_in[:, 0], state, memory)
-        other = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
-        model.load_state_dict(other.state_dict())            # in-place copies: cached weights must be rebuilt
-        memory, state = model.encode(batch.src, batch.src_lengths)
-        after, _, _ = model.decoder.step(batch.tgt_in[:, 0], state, memory)
-        memory, state = other.encode(batch.src, batch.src_lengths)
-        expected, _, _ = other.decoder.step(batch.tgt_in[:, 0], state, memory)
-    assert not torch.allclose(before, after)
-    assert torch.allclose(after, expected, atol=1e-6)
+        before = greedy_search(model, batch.src, batch.src_lengths)
+    model.train()
+    logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+    sequence_loss(logits, batch.tgt_out, 0.0).backward()
+    optimizer.step()
+    model.eval()
+    fresh = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        after = greedy_search(model, batch.src, batch.src_lengths)
+        expected = greedy_search(fresh, batch.src, batch.src_lengths)
+        with model.decoder.frozen_weights():                 # inside a block, steps reuse derived weights
+            memory, state = model.encode(batch.src, batch.src_lengths)
+            first, state, _ = model.decoder.step(batch.tgt_in[:, 0], state, memory)
+            assert model.decoder._frozen                     # built once, kept for the next steps
+        memory, state = fresh.encode(batch.src, batch.src_lengths)
+        reference, _, _ = fresh.decoder.step(batch.tgt_in[:, 0], state, memory)
+    assert [h.tokens for h in after] == [h.tokens for h in expected]
+    assert [h.tokens for h in after] != [h.tokens for h in before]
+    assert torch.allclose(first, reference, atol=1e-5)

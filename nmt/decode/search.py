@@ -18,6 +18,8 @@ reaches EOS is wrong under α > 0.)
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +80,17 @@ def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
     logp.scatter_(1, banned, NEG_INF)
 
 
+def _with_frozen_weights(search: Callable) -> Callable:
+    """Run a search with the decoder's derived weights built once for all of its steps."""
+    @functools.wraps(search)
+    def run(model: Seq2Seq, *args, **kwargs):
+        with model.decoder.frozen_weights():
+            return search(model, *args, **kwargs)
+    return run
+
+
 @torch.no_grad()
+@_with_frozen_weights
 def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
                   min_len: int = 0, return_attention: bool = False, max_len: int | None = None) -> list[Hypothesis]:
     """The most probable token at each step, for every sentence of the batch at once."""
@@ -136,6 +148,7 @@ def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
+@_with_frozen_weights
 def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
                 max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
                 return_attention: bool = False, max_len: int | None = None) -> list[list[Hypothesis]]:

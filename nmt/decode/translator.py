@@ -81,10 +81,11 @@ class Translator:
             lengths = np.diff(offsets) + 1                                   # with EOS
             order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
             budget = max(1, self.decoding.batch_tokens // max(1, self.decoding.beam_size))
-            for rows in cut_by_budget(order, lengths, budget, 0):
-                src = pad_rows(flat, offsets, rows, None, EOS)
-                for row, hyps in zip(rows.tolist(), self._search(src, n_best, return_attention), strict=True):
-                    results[row] = hyps
+            with self.model.decoder.frozen_weights():                        # derived weights once per chunk
+                for rows in cut_by_budget(order, lengths, budget, 0):
+                    src = pad_rows(flat, offsets, rows, None, EOS)
+                    for row, hyps in zip(rows.tolist(), self._search(src, n_best, return_attention), strict=True):
+                        results[row] = hyps
         texts = self.tgt_vocab.decode([h[0].tokens if h else [] for h in results])
         return [Translation(text if line.strip() else "", hyps, ids, bool(cut))
                 for line, text, hyps, ids, cut in zip(lines, texts, results, encoded, truncated, strict=True)]

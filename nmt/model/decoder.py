@@ -9,7 +9,8 @@ feeding also the RNN and the attention.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -57,23 +58,35 @@ class Decoder(nn.Module):
         self.attention = attention
         self.embedding_dim, self.hidden_size, self.context_size = embedding_dim, hidden, context_size
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
-        self._derived_cache: dict[str, tuple[tuple, Tensor]] = {}
+        self._frozen: dict[tuple, Tensor] | None = None               # derived weights, inside frozen_weights()
 
-    def derived_weight(self, name: str, build: Callable[[], Tensor], *sources: Tensor) -> Tensor:
-        """A weight built from parameters (a slice, a concatenation), cast for autocast.
+    @contextmanager
+    def frozen_weights(self) -> Iterator[None]:
+        """A block in which the parameters do not change (a search, a validation pass, a
+        translation run): weights derived from them are built once and reused by every step.
 
-        While gradients are tracked it is rebuilt at every call, so they flow to `sources`; in
-        inference (search calls `step` once per output position) it is kept until one of the
-        source parameters changes (their `_version` counts in-place updates) or the dtype does.
+        Outside such a block they are rebuilt at every call. (Parameter versions cannot tell when
+        to rebuild: fused optimizers update parameters in place without counting it.) Nested
+        blocks share the outermost block's weights.
         """
-        if torch.is_grad_enabled():
+        if self._frozen is not None:
+            yield
+            return
+        self._frozen = {}
+        try:
+            yield
+        finally:
+            self._frozen = None
+
+    def derived_weight(self, name: str, build: Callable[[], Tensor]) -> Tensor:
+        """A weight built from parameters (a slice, a stack, a product), cast for autocast; kept
+        across steps inside `frozen_weights` in inference, rebuilt at every call otherwise."""
+        if self._frozen is None or torch.is_grad_enabled():
             return autocast_once(build())
-        key = (active_autocast_dtype(sources[0].device.type), *((id(t), t._version) for t in sources))
-        cached = self._derived_cache.get(name)
-        if cached is None or cached[0] != key:
-            cached = (key, autocast_once(build()))
-            self._derived_cache[name] = cached
-        return cached[1]
+        key = (name, active_autocast_dtype(self.output.weight.device.type))
+        if key not in self._frozen:
+            self._frozen[key] = autocast_once(build())
+        return self._frozen[key]
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         """What every step attends over, with the attention keys projected once per batch."""
@@ -90,13 +103,13 @@ class Decoder(nn.Module):
     def token_terms(self, tokens: Tensor) -> Tensor:
         """tokens: (batch, [steps]) -> W dropout(E y) + b: (batch, [steps], terms), from `token_projection`.
 
-        In inference (eval mode, no gradients) there is no dropout, so this is a lookup in a table
-        with one row per vocabulary entry, built once, instead of a matrix product per step.
+        In inference inside `frozen_weights` (eval mode, no gradients, so no dropout) this is a
+        lookup in a table with one row per vocabulary entry, built once, instead of a matrix
+        product per step.
         """
-        if torch.is_grad_enabled() or self.training:
+        if self._frozen is None or torch.is_grad_enabled() or self.training:
             return F.linear(self.dropout(self.embed(tokens)), *self.token_projection())
-        table = self.derived_weight("token_table", lambda: F.linear(self.embed.weight, *self.token_projection()),
-                                    *self.parameters())
+        table = self.derived_weight("token_table", lambda: F.linear(self.embed.weight, *self.token_projection()))
         return F.embedding(tokens, table)
 
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
@@ -189,7 +202,7 @@ class BahdanauDecoder(Decoder):
         if self.rnn.layers > 1:
             return None
         hidden, query = self.rnn.hidden_weight(0), self.attention.query_proj.weight
-        return self.derived_weight("hidden_and_query", lambda: torch.cat([hidden, query]), hidden, query)
+        return self.derived_weight("hidden_and_query", lambda: torch.cat([hidden, query]))
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     fused: Tensor | None) -> tuple[DecoderState, Tensor]:
@@ -209,8 +222,7 @@ class BahdanauDecoder(Decoder):
 
     def _pre_output(self, s: Tensor, context_term: Tensor, token_term: Tensor) -> Tensor:
         """h̃ = tanh(W_cs s + W_cc c + (W_ce E y + b_c)), the last two terms already computed."""
-        state_weight = self.derived_weight("pre_output_state", lambda: self._pre_output_weight("state"),
-                                           self.pre_output.weight)
+        state_weight = self.derived_weight("pre_output_state", lambda: self._pre_output_weight("state"))
         return torch.tanh(F.linear(s, state_weight) + context_term + token_term)
 
     def _split_terms(self, terms: Tensor) -> tuple[Tensor, Tensor]:
@@ -266,7 +278,7 @@ class LuongDecoder(Decoder):
         if not self.input_feeding:
             return None
         start, end = self.embedding_dim, self.embedding_dim + self.hidden_size
-        return self.derived_weight("feed_input", lambda: self.rnn.input_weight(start, end), self.rnn.rnn.weight_ih_l0)
+        return self.derived_weight("feed_input", lambda: self.rnn.input_weight(start, end))
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     feed_weight: Tensor | None) -> tuple[DecoderState, Tensor]:

@@ -347,7 +347,7 @@ class Trainer:
         if self.dev_ids is None or not self.is_main:
             return {}
         t, p = self.config.training, self.progress
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
             metrics = self._evaluate_dev()
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
                        wall_time=p.elapsed + self._session_time(), peak_rss_mb=_peak_rss_mb())
@@ -384,6 +384,7 @@ class Trainer:
         for _, old in dropped:
             (self.run_dir / old).unlink(missing_ok=True)
 
+    @torch.no_grad()
     def _evaluate_dev(self) -> dict[str, Any]:
         t = self.config.training
         self.model.eval()
