@@ -190,7 +190,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         if no_repeat_ngram:
             _block_repeated_ngrams(logp, alive_tokens, no_repeat_ngram)
 
-        candidates = (alive_scores.unsqueeze(1) + logp).view(n_active, width * vocab)  # (active, width*vocab)
+        candidates = logp.add_(alive_scores.unsqueeze(1)).view(n_active, width * vocab)  # (active, width*vocab)
         top_scores, top_ids = _top_candidates(candidates, 2 * k)                 # (active, 2k), best first
         top_beam, top_token = top_ids // vocab, top_ids % vocab
         is_eos = (top_token == EOS) & (top_scores > NEG_INF)
