@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -87,7 +88,8 @@ class AdditiveAttention(Attention):
         self.v = nn.Linear(attention_dim, 1, bias=False)                     # v_a
 
     def project_keys(self, values: Tensor) -> Tensor:
-        return 2 * self.key_proj(values).float()                             # (batch, src_len, attn_dim) 2·U_a h_j
+        keys = 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
+        return keys if torch.is_grad_enabled() else keys.float()            # see `energies`
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
@@ -99,12 +101,14 @@ class AdditiveAttention(Attention):
         Evaluated as 2 v_aᵀ σ(2q + 2k_j) − Σ v_a, since tanh(x) = 2σ(2x) − 1: this elementwise
         pass over (batch, queries, src_len, attn_dim) is the largest one of a decoder step, and
         PyTorch's CPU sigmoid is about 5x faster than its tanh. The keys already hold 2k_j.
-        The pass runs in fp32 also under autocast: CPU elementwise kernels are slower in bf16.
+        The pass runs in the keys' dtype: fp32 in inference, also under autocast (CPU elementwise
+        kernels are slower in bf16), and the autocast dtype in training, where it halves the
+        activations kept for the backward pass.
         """
         with torch.autocast(keys.device.type, enabled=False):
-            sums = torch.add(keys.unsqueeze(1), projected.float().unsqueeze(2), alpha=2)
+            sums = torch.add(keys.unsqueeze(1), projected.to(keys.dtype).unsqueeze(2), alpha=2)
             gates = sums.sigmoid_()                                          # (batch, queries, src_len, attn_dim)
-            return 2 * self.v(gates).squeeze(-1) - self.v.weight.sum()
+            return 2 * F.linear(gates, self.v.weight.to(gates.dtype)).squeeze(-1) - self.v.weight.sum()
 
 
 class BahdanauAttention(AdditiveAttention):
