@@ -40,7 +40,7 @@ from nmt.decode.search import greedy_search
 from nmt.device import autocast, autocast_dtype, grad_scaler, make_optimizer, resolve_device
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
-from nmt.train.loss import output_cross_entropy, sequence_loss
+from nmt.train.loss import output_cross_entropy
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
 
@@ -396,8 +396,10 @@ class Trainer:
         for batch_rows in sampler.batches(0):
             batch = dev.collate(rows[batch_rows]).to(self.device)
             with autocast(self.device, self.amp_dtype):
-                logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
-                loss_sum += float(sequence_loss(logits, batch.tgt_out, 0.0))
+                features, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
+                output = self.model.decoder.output              # in 1024-token chunks: no tokens x vocab peak
+                loss_sum += float(output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
+                                                       chunk_rows=1024))
                 tokens += batch.n_tgt_tokens
                 results = greedy_search(self.model, batch.src, batch.src_lengths,
                                         self.config.decoding.max_len_ratio)
