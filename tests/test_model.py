@@ -8,7 +8,7 @@ from nmt.data.preprocess import DataFolder
 from nmt.decode.search import greedy_search
 from nmt.device import make_optimizer
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.trainer import sequence_loss
+from nmt.train.loss import sequence_loss
 
 VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
 
