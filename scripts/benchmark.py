@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure_training(args: argparse.Namespace) -> dict:
     import torch
 
     from nmt.config import load_config
-    from nmt.train.trainer import Trainer
+    from nmt.train.trainer import Trainer, peak_rss_mb
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -95,6 +90,15 @@ def child(task: str, args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def decoding_options(args: argparse.Namespace) -> list[str]:
+    """The decoding overrides given to this script, as options for `nmt translate` and the children."""
+    options = []
+    for name in ("length_penalty", "batch_tokens"):
+        if getattr(args, name) is not None:
+            options += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return options
+
+
 def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = ()) -> dict:
     """`pin`: a command prefix such as taskset -c 1."""
     cmd = [*pin, sys.executable, __file__, "--child", task, "--config", str(args.config),
@@ -102,9 +106,7 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
            "--updates", str(args.updates), "--warmup", str(args.warmup), "--source", str(args.source)]
     if args.checkpoint:
         cmd += ["--checkpoint", str(args.checkpoint)]
-    for option in ("length_penalty", "batch_tokens"):
-        if getattr(args, option) is not None:
-            cmd += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    cmd += decoding_options(args)
     for item in args.set:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -122,9 +124,7 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
         cmd = [*pin, sys.executable, "-m", "nmt", "translate", "--checkpoint", str(args.checkpoint), "--beam-size",
                str(beam), "--threads", str(args.threads), "--device", args.device, "-q", "-i", str(args.source),
                "-o", str(out)]
-        for option in ("length_penalty", "batch_tokens"):
-            if getattr(args, option) is not None:
-                cmd += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+        cmd += decoding_options(args)
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
         seconds = time.perf_counter() - start

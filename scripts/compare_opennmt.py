@@ -97,14 +97,18 @@ def run_onmt(venv: Path, config: Path, warmup: int, env: dict, pin: list[str]) -
     return statistics.mean(speeds)
 
 
+def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace:
+    """The options benchmark.py's measurements take, from ours."""
+    return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device="cpu",
+                              precision=args.precision, updates=args.steps - args.warmup, warmup=args.warmup,
+                              source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens)
+
+
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> float:
-    cmd = [*pin, sys.executable, str(REPO / "scripts" / "benchmark.py"), "--child", "train", "--config",
-           str(args.config), "--threads", str(args.threads), "--device", "cpu", "--precision", args.precision,
-           "--updates", str(args.steps - args.warmup), "--warmup", str(args.warmup), "--source", "/dev/null"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"nmt benchmark failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["tgt_tokens_per_s"]
+    """Our target tokens/s: benchmark.py's training measurement, in its own process."""
+    import benchmark
+
+    return benchmark.run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)["tgt_tokens_per_s"]
 
 
 ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
@@ -136,10 +140,7 @@ def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     """benchmark.py's two measurements: `nmt translate` as a whole process, and decoding alone."""
     import benchmark
 
-    bench_args = argparse.Namespace(checkpoint=args.checkpoint, threads=args.threads, device="cpu",
-                                    source=args.work / "test.raw", config=args.config, precision=args.precision,
-                                    updates=0, warmup=0, set=[], length_penalty=args.alpha,
-                                    batch_tokens=args.batch_tokens)
+    bench_args = benchmark_args(args, args.work / "test.raw")
     whole = benchmark.whole_process(bench_args, beam, env, refs, pin)
     alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
     return {**whole, "decode_only_sent_per_s": alone["sent_per_s"]}

@@ -350,7 +350,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
             metrics = self._evaluate_dev()
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
-                       wall_time=p.elapsed + self._session_time(), peak_rss_mb=_peak_rss_mb())
+                       wall_time=p.elapsed + self._session_time(), peak_rss_mb=peak_rss_mb())
         score = metrics[t.early_stopping_metric]
         higher = _higher_is_better(t.early_stopping_metric)
         improved = p.best_score is None or (score > p.best_score if higher else score < p.best_score)
@@ -417,7 +417,7 @@ class Trainer:
         return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "examples": examples}
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """This process's peak resident memory so far (Linux and macOS report it in different units)."""
     import resource
 
