@@ -1,16 +1,23 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from nmt.config import ModelConfig, load_config
 from nmt.data.batching import ParallelIds
 from nmt.data.preprocess import DataFolder
+from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
 from nmt.device import make_optimizer
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.loss import sequence_loss
 
 VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
+
+
+def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Summed cross-entropy from full logits over real target tokens (padding ignored)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tgt_out.reshape(-1), ignore_index=PAD,
+                           label_smoothing=label_smoothing, reduction="sum")
 
 
 @pytest.fixture(scope="module")

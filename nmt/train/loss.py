@@ -61,12 +61,6 @@ class _FusedOutputCrossEntropy(torch.autograd.Function):
                 grad_bias * grad_output if ctx.has_bias else None, None, None, None, None)
 
 
-def sequence_loss(logits: Tensor, tgt_out: Tensor, label_smoothing: float) -> Tensor:
-    """Summed cross-entropy from logits over real target tokens (padding ignored); for evaluation."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tgt_out.reshape(-1), ignore_index=PAD,
-                           label_smoothing=label_smoothing, reduction="sum")
-
-
 def output_cross_entropy(features: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                          label_smoothing: float = 0.0, chunk_rows: int = 4096) -> Tensor:
     """Summed cross-entropy of softmax(features W_sᵀ + b) over the non-padding targets.
