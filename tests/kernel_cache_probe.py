@@ -1,11 +1,13 @@
 """Run by test_trainer.py: heap growth (MB) over bfloat16 matrix products of 200 new shapes,
-with the oneDNN cache sizes as the trainer module sets them (or as the environment says)."""
+with the oneDNN cache sizes as importing module argv[1] sets them (or as the environment says)."""
 
 import ctypes
+import importlib
+import sys
 
 import torch
 
-import nmt.train.trainer  # noqa: F401  (sets the cache sizes on import)
+importlib.import_module(sys.argv[1])   # nmt.train.trainer or nmt.decode.translator
 
 
 class MallInfo2(ctypes.Structure):

@@ -1,18 +1,14 @@
-import ctypes
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from nmt.config import load_config
-from nmt.device import autocast_dtype
 from nmt.train.checkpoint import CheckpointError, load_checkpoint
 from nmt.train.trainer import RunDirError, Trainer
 
@@ -179,19 +175,3 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(prepared, tmp_path):
     assert result.returncode == 0, result.stderr
     assert load_checkpoint(run / "last.pt")["step"] == saved + 3
 
-
-def _heap_growth_mb(**env: str) -> float:
-    probe = Path(__file__).with_name("kernel_cache_probe.py")
-    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    assert result.returncode == 0, result.stderr[-2000:]
-    return float(result.stdout.split()[-1])
-
-
-@pytest.mark.skipif(autocast_dtype("auto", torch.device("cpu")) is None, reason="no native bfloat16 on this CPU")
-@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33 for mallinfo2")
-def test_training_caps_the_kernel_caches_that_grow_with_batch_shapes():
-    # Training batches vary in shape; each new shape of a bf16 product adds a cached kernel.
-    capped = _heap_growth_mb()
-    uncapped = _heap_growth_mb(LRU_CACHE_CAPACITY="1024", ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024")
-    assert capped < 40 < uncapped, (capped, uncapped)

@@ -20,17 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# bfloat16 matrix products on the CPU keep a compiled kernel, with its own buffers, for every
-# new shape, in two caches: oneDNN's primitive cache and, above it, ideep's (PyTorch's oneDNN
-# wrapper) LRU cache. Their defaults (1024 entries each) let a training process with batches of
-# varying shape grow without bound: past 3 GB for oneDNN's, and ideep's alone held 260 MB of
-# kernels after 50 updates and left the heap fragmented (1.5 GB peak RSS by update 1300).
-# 16 entries each keep the hot per-step shapes at no measured speed cost. (Decoding keeps the
-# defaults: its weights are fixed, and the many row counts of a shrinking beam search run 8%
-# faster with the larger caches, at about 1 GB.) Set the variables yourself to choose
-# otherwise; they are read when oneDNN first runs.
+# Below ideep's kernel cache (capped in nmt/__init__.py) oneDNN keeps its own primitive cache,
+# also one entry per shape of a bf16 matrix product; with training batches of varying shape its
+# default of 1024 entries grew a training process past 3 GB. 16 entries keep the hot per-step
+# shapes. (Decoding keeps the default: its weights are fixed, and the many row counts of a
+# shrinking beam search run 8% faster with it.) Set the variable yourself to choose otherwise;
+# it is read when oneDNN first runs.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
-os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
 
 import numpy as np
 import sacrebleu
