@@ -16,12 +16,15 @@ pytestmark = [
     pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33 for mallinfo2"),
 ]
 
+CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+
 
 def heap_growth_mb(module: str, **env: str) -> float:
     """Heap growth over 200 bf16 products of new shapes in a process that imported `module`."""
     probe = Path(__file__).with_name("kernel_cache_probe.py")
+    inherited = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}   # this process's nmt set them
     result = subprocess.run([sys.executable, str(probe), module], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+                            env={**inherited, "OMP_NUM_THREADS": "1", **env})
     assert result.returncode == 0, result.stderr[-2000:]
     return float(result.stdout.split()[-1])
 
