@@ -1,4 +1,4 @@
-"""Run by test_trainer.py: heap growth (MB) over bfloat16 matrix products of 200 new shapes,
+"""Run by test_kernel_caches.py: heap growth (MB) over bfloat16 matrix products of 200 new shapes,
 with the oneDNN cache sizes as importing module argv[1] sets them (or as the environment says)."""
 
 import ctypes

@@ -174,4 +174,3 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(prepared, tmp_path):
     result = run_cli(*args, "--set", f"training.max_updates={saved + 3}", "--resume")
     assert result.returncode == 0, result.stderr
     assert load_checkpoint(run / "last.pt")["step"] == saved + 3
-
