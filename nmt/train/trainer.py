@@ -384,7 +384,6 @@ class Trainer:
         for _, old in dropped:
             (self.run_dir / old).unlink(missing_ok=True)
 
-    @torch.no_grad()
     def _evaluate_dev(self) -> dict[str, Any]:
         t = self.config.training
         self.model.eval()
