@@ -33,10 +33,20 @@ def _path(default: str | None = None) -> Any:
 
 
 @dataclass
+class CorpusConfig:
+    """One training corpus of several: a file prefix and how much of it an epoch takes."""
+
+    prefix: str = _path()               # reads {prefix}.{src_lang}[.gz] and {prefix}.{tgt_lang}[.gz]
+    weight: float = _bounded(1.0, gt=0.0)  # pairs per epoch = weight x pairs (2 = twice, 0.5 = a random half)
+
+
+@dataclass
 class DataConfig:
     src_lang: str = "de"
     tgt_lang: str = "en"
-    train: str | None = _path()         # file prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]
+    # file prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]; or a list of corpora,
+    # each a prefix or {prefix: ..., weight: ...}
+    train: str | list[str | CorpusConfig] | None = _path()  # noqa: RUF009 (a list is never mutated)
     dev: str | None = _path()
     test: str | None = _path()
     out_dir: str | None = _path()       # where `nmt preprocess` writes ids, SentencePiece models, manifest
@@ -44,7 +54,8 @@ class DataConfig:
     vocab_size: int = _bounded(8000, ge=16)
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = _bounded(1.0, gt=0.0, le=1.0)
-    spm_train_sentences: int = _bounded(0, ge=0)  # 0 = all training sentences
+    spm_sample_sentences: int = _bounded(1_000_000, ge=1)  # SentencePiece trains on a uniform sample this big
+    spm_sample_seed: int = 42
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
     tgt_spm_model: str | None = _path()
     target_vocab_from_train: bool = True  # target vocabulary = pieces seen on the target side
@@ -151,13 +162,18 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
     """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
     origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, f"{key}.", base_dir)
     if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(tp):
+        options = typing.get_args(tp)
+        if isinstance(value, dict):          # a mapping can only be a section: report its own error
+            options = tuple(o for o in options if dataclasses.is_dataclass(o)) or options
+        for option in options:
             try:
-                return _coerce(value, option, key)
+                return _coerce(value, option, key, base_dir)
             except ConfigError:
                 continue
         raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
@@ -171,7 +187,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
         (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [_coerce(v, item_tp, f"{key}[{i}]", base_dir) for i, v in enumerate(value)]
     if tp is type(None):
         if value is None:
             return None
@@ -225,13 +241,22 @@ def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None) -> Any:
         if dataclasses.is_dataclass(tp):
             values[name] = _build(tp, value, f"{key}.", base_dir)
             continue
-        value = _coerce(value, tp, key)
+        value = _coerce(value, tp, key, base_dir)
         meta = fields[name].metadata
         _check_range(value, meta, key)
         if meta.get("path") and value is not None and base_dir is not None:
-            value = str((base_dir / Path(value).expanduser()).resolve())
+            value = _resolve_paths(value, base_dir)
         values[name] = value
     return cls(**values)
+
+
+def _resolve_paths(value: Any, base_dir: Path) -> Any:
+    """A path (or the plain paths in a list) resolved against `base_dir`; sections resolved themselves."""
+    if isinstance(value, list):
+        return [_resolve_paths(v, base_dir) for v in value]
+    if isinstance(value, str):
+        return str((base_dir / Path(value).expanduser()).resolve())
+    return value
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -129,16 +129,16 @@ def test_interrupted_run_leaves_no_partial_output(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     # First build: interrupted while writing id files -> no data folder, no temporary left behind.
-    original = preprocess_module.write_ids
-    monkeypatch.setattr(preprocess_module, "write_ids", crash)
+    original = preprocess_module.IdWriter
+    monkeypatch.setattr(preprocess_module, "IdWriter", crash)
     with pytest.raises(KeyboardInterrupt):
         preprocess(config)
     assert list(tmp_path.glob("*data*")) == []
     # A complete build, then an interrupted rebuild: the complete folder survives untouched.
-    monkeypatch.setattr(preprocess_module, "write_ids", original)
+    monkeypatch.setattr(preprocess_module, "IdWriter", original)
     out = preprocess(config)
     before = (out / "manifest.json").read_bytes()
-    monkeypatch.setattr(preprocess_module, "write_ids", crash)
+    monkeypatch.setattr(preprocess_module, "IdWriter", crash)
     with pytest.raises(KeyboardInterrupt):
         preprocess(config, force=True)
     assert (out / "manifest.json").read_bytes() == before

@@ -1,11 +1,14 @@
 """Bucketed, token-budget batches of padded tensors.
 
-Each epoch: a seeded permutation of the corpus is cut into pools of `pool_batches` batches'
-worth of sentences; each pool is sorted by (target, source) length and cut into batches whose
-padded size (sentences x longest side, EOS/BOS included) stays within `batch_tokens`; then the
-order of all batches is shuffled. Sorting inside pools keeps padding low while batches still
-mix differently every epoch. With DDP every rank computes the same list and takes every
-`world_size`-th batch, so ranks need no communication to split the data.
+Each epoch: the epoch's rows (every sentence once, or per corpus `weight` times) are permuted
+from a seed and cut into pools of `pool_batches` batches' worth of sentences; each pool is
+sorted by length (the longer side, then target, then source) and cut into batches whose padded
+size (sentences x longest side, EOS/BOS included) stays within `batch_tokens`; then the order
+of all batches is shuffled. Sorting inside pools keeps padding low while batches still mix
+differently every epoch. All of it is vectorised over sentences (one sort for all pools, a
+binary search per batch boundary run over all pools at once). With DDP every rank computes the
+same boundaries and materialises only every `world_size`-th batch, so ranks need no
+communication to split the data.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class ParallelIds:
         return len(self.src)
 
     def collate(self, rows: np.ndarray) -> Batch:
-        rows = rows[np.argsort(-self.src_lengths[rows], kind="stable")]
+        rows = rows[np.argsort(-self.src_lengths[rows].astype(np.int64), kind="stable")]
         src = pad_rows(self.src.ids, self.src.offsets, rows, None, EOS)
         tgt_in = pad_rows(self.tgt.ids, self.tgt.offsets, rows, BOS, None)
         tgt_out = pad_rows(self.tgt.ids, self.tgt.offsets, rows, None, EOS)
@@ -105,47 +108,112 @@ def cut_by_budget(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, bat
     return batches
 
 
+def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.ndarray, batch_tokens: int,
+                 batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy batches over pools [start, end) of `lengths`, each pool sorted by non-decreasing length.
+
+    A batch [s, e) is as long as its padded size (e - s) * lengths[e - 1] stays within
+    `batch_tokens` (or e - s <= batch_size when batch_tokens is 0); a single over-long sentence
+    forms its own batch. The same cut as `cut_by_budget`, found for all pools at once: one
+    vectorised binary search per batch position. Returns (starts, ends), in position order.
+    """
+    live = pool_starts < pool_ends
+    start, end = pool_starts[live].astype(np.int64), pool_ends[live].astype(np.int64)
+    starts, ends = [], []
+    while len(start):
+        if batch_tokens:
+            lo, hi = start + 1, end.copy()                    # lo always fits: one sentence alone
+            while (lo < hi).any():
+                mid = (lo + hi + 1) // 2
+                fits = (mid - start) * lengths[mid - 1] <= batch_tokens
+                lo, hi = np.where(fits, mid, lo), np.where(fits, hi, mid - 1)
+            stop = lo
+        else:
+            stop = np.minimum(start + batch_size, end)
+        starts.append(start)
+        ends.append(stop)
+        more = stop < end
+        start, end = stop[more], end[more]
+    if not starts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    all_starts, all_ends = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(all_starts, kind="stable")
+    return all_starts[order], all_ends[order]
+
+
 class BucketBatchSampler:
-    """Token-budget batches over length-sorted pools, reshuffled every epoch from a seed."""
+    """Token-budget batches over length-sorted pools, reshuffled every epoch from a seed.
+
+    `corpora`: (start, end, weight) row ranges; an epoch takes each range `weight` times
+    (whole copies, then a seeded random subset for the fraction). None: every row once.
+    """
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int = 2000,
                  batch_size: int = 0, pool_batches: int = 100, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1,
+                 corpora: Sequence[tuple[int, int, float]] | None = None) -> None:
         if not batch_tokens and not batch_size:
             raise ValueError("one of batch_tokens and batch_size must be positive")
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         self.longest = np.maximum(self.src_lengths, self.tgt_lengths)       # padded size counts the longer side
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
-        per_batch = batch_tokens / max(float(self.longest.mean()), 1.0) if batch_tokens else batch_size
+        per_batch = batch_tokens / max(float(self.longest.mean()), 1.0) if len(self.longest) and batch_tokens \
+            else batch_size or 1
         self.pool_size = max(1, int(pool_batches * per_batch))
         self.seed, self.shuffle = seed, shuffle
         self.rank, self.world_size = rank, world_size
+        self.corpora = list(corpora) if corpora is not None else None
+
+    def epoch_rows(self, rng: np.random.Generator) -> np.ndarray:
+        """The rows of one epoch, corpora repeated or subsampled by weight, in corpus order."""
+        n = len(self.src_lengths)
+        if self.corpora is None or all(weight == 1 for _, _, weight in self.corpora):
+            return np.arange(n)
+        parts = []
+        for start, end, weight in self.corpora:
+            size = end - start
+            whole, extra = divmod(round(weight * size), size) if size else (0, 0)
+            parts.append(np.tile(np.arange(start, end), whole))
+            if extra:
+                parts.append(start + np.sort(rng.permutation(size)[:extra]))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def _sort_key(self, rows: np.ndarray, pools: np.ndarray | None) -> np.ndarray:
+        """One int64 key per row: (pool, longer side, target, source) lengths, most significant first."""
+        scale = int(self.longest.max(initial=0)) + 1
+        if scale**3 * (int(pools[-1]) + 1 if pools is not None and len(pools) else 1) >= 2**62:
+            raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
+        key = self.longest[rows].astype(np.int64) * scale + self.tgt_lengths[rows]
+        key = key * scale + self.src_lengths[rows]
+        if pools is not None:
+            key += pools * scale**3
+        return key
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for `epoch`, as arrays of sentence positions."""
-        n = len(self.src_lengths)
         rng = np.random.default_rng([self.seed, epoch])
+        rows = self.epoch_rows(rng)
         if not self.shuffle:
-            order = np.lexsort((self.src_lengths, self.tgt_lengths))
-            return cut_by_budget(order, self.longest, self.batch_tokens, self.batch_size)
-        perm = rng.permutation(n)
-        batches: list[np.ndarray] = []
-        for start in range(0, n, self.pool_size):
-            pool = perm[start : start + self.pool_size]
-            pool = pool[np.lexsort((self.src_lengths[pool], self.tgt_lengths[pool]))]
-            batches.extend(cut_by_budget(pool, self.longest, self.batch_tokens, self.batch_size))
-        order = rng.permutation(len(batches))
-        batches = [batches[i] for i in order]
+            order = rows[np.argsort(self._sort_key(rows, None), kind="stable")]
+            pool_starts, pool_ends = np.zeros(1, np.int64), np.array([len(order)])
+        else:
+            rows = rows[rng.permutation(len(rows))]
+            pools = np.arange(len(rows)) // self.pool_size
+            order = rows[np.argsort(self._sort_key(rows, pools), kind="stable")]
+            pool_starts = np.arange(0, len(order), self.pool_size)
+            pool_ends = np.minimum(pool_starts + self.pool_size, len(order))
+        starts, ends = batch_bounds(self.longest[order], pool_starts, pool_ends, self.batch_tokens, self.batch_size)
+        picked = rng.permutation(len(starts)) if self.shuffle else np.arange(len(starts))
         if self.world_size > 1:   # every rank must run the same number of steps
-            usable = len(batches) // self.world_size * self.world_size
-            batches = batches[self.rank : usable : self.world_size]
-        return batches
+            usable = len(picked) // self.world_size * self.world_size
+            picked = picked[self.rank : usable : self.world_size]
+        return [order[starts[i] : ends[i]] for i in picked.tolist()]
 
     def padding_fraction(self, batches: Sequence[np.ndarray]) -> float:
         """Fraction of pad tokens over both sides of the padded batches."""
         real = padded = 0
         for rows in batches:
-            src, tgt = self.src_lengths[rows], self.tgt_lengths[rows]
+            src, tgt = self.src_lengths[rows].astype(np.int64), self.tgt_lengths[rows].astype(np.int64)
             real += int(src.sum() + tgt.sum())
             padded += len(rows) * int(src.max() + tgt.max())
         return 1.0 - real / padded if padded else 0.0

@@ -1,17 +1,23 @@
-"""Reading parallel text with checks, the length filter, and the binary id files.
+"""Streaming read of parallel text with checks, the length filter, and the binary id files.
 
+Text is read in bounded chunks (`parallel_chunks`), so memory does not grow with the corpus.
 Id files: one split and side is two files, `{split}.{lang}.ids` (every sentence's ids back to
 back, uint16 when the vocabulary fits, else int32) and `{split}.{lang}.offsets` (int64, n+1
-entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are memory-mappable with numpy.
+entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are written by appending chunks
+(`IdWriter`) and read memory-mapped (`IdFile`).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -29,42 +35,116 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
     raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
 
 
-def read_lines(path: Path) -> list[str]:
-    """All lines of a UTF-8 text file (plain or gzip), without line endings.
+def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream, read in 1 MiB blocks.
 
-    Invalid UTF-8 raises `DataError` naming the file and the line number.
+    Only `\\n` ends a line; one `\\r` right before it (a CRLF ending) is stripped; a last line
+    without `\\n` still counts. Invalid UTF-8 raises `DataError` naming `name` and the line.
+    (The one line reader of the data stage: `nmt.textio.iter_lines` has the same contract.)
     """
-    opener = gzip.open if path.suffix == ".gz" else open
-    lines = []
+    number, rest = 0, b""
+    while True:
+        block = stream.read(1 << 20)
+        if not block:
+            break
+        block = rest + block
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            rest = block
+            continue
+        rest = block[cut + 1 :]
+        lines = _decode_lines(block[:cut], name, number)
+        number += len(lines)
+        yield from lines
+    if rest:
+        yield from _decode_lines(rest, name, number)
+
+
+def _decode_lines(raw: bytes, name: str, lines_before: int) -> list[str]:
+    """`raw` (no trailing newline) split at `\\n` and decoded; one trailing `\\r` per line stripped."""
     try:
-        with opener(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError as exc:
-                    raise DataError(
-                        f"{path} line {number}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
-                    ) from None
-    except (OSError, EOFError) as exc:
-        if isinstance(exc, DataError):
-            raise
-        raise DataError(f"{path}: cannot be read ({exc})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        for number, line in enumerate(raw.split(b"\n"), start=lines_before + 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{name} line {number}: invalid UTF-8 "
+                                f"(byte {line[exc.start]:#04x} at column {exc.start + 1})") from None
+        raise
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
     return lines
 
 
-def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
-    """Both sides of a parallel corpus; their line counts must agree."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; parallel files must align line by line"
-        )
-    return src, tgt
+@contextmanager
+def open_lines(path: Path) -> Iterator[Iterator[str]]:
+    """The lines of a text file, plain or gzip; unreadable files become `DataError`."""
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as handle:
+        yield _readable(iter_lines(handle, str(path)), path)
 
 
-def empty_lines(src: Sequence[str], tgt: Sequence[str]) -> list[int]:
-    """1-based numbers of the lines where either side is empty or whitespace."""
-    return [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not s.strip() or not t.strip()]
+def _readable(lines: Iterator[str], path: Path) -> Iterator[str]:
+    try:
+        yield from lines
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot be read ({exc})") from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a UTF-8 text file (plain or gzip), without line endings."""
+    with open_lines(path) as lines:
+        return list(lines)
+
+
+def parallel_chunks(src_path: Path, tgt_path: Path, chunk_pairs: int) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned chunks of at most `chunk_pairs` lines from both sides; their line counts must agree."""
+    with open_lines(src_path) as src, open_lines(tgt_path) as tgt:
+        pairs = 0
+        while True:
+            src_chunk, tgt_chunk = list(islice(src, chunk_pairs)), list(islice(tgt, chunk_pairs))
+            if len(src_chunk) != len(tgt_chunk):
+                n_src = pairs + len(src_chunk) + sum(1 for _ in src)
+                n_tgt = pairs + len(tgt_chunk) + sum(1 for _ in tgt)
+                raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+                                "parallel files must align line by line")
+            if not src_chunk:
+                return
+            pairs += len(src_chunk)
+            yield src_chunk, tgt_chunk
+
+
+class ReservoirSample:
+    """A seeded uniform sample of at most `size` items from a stream, in one pass.
+
+    Every item gets a random key; the `size` smallest keys win (the sample is uniform because
+    keys are i.i.d.). Chunks are added whole, so no Python loop runs over the items.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.rng = np.random.default_rng(seed)
+        self.keys = np.zeros(0)
+        self.items = np.zeros(0, dtype=object)
+
+    def add(self, items: list[str]) -> None:
+        chunk = np.empty(len(items), dtype=object)
+        chunk[:] = items
+        self.keys = np.concatenate([self.keys, self.rng.random(len(items))])
+        self.items = np.concatenate([self.items, chunk])
+        if len(self.keys) >= 2 * self.size:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        if len(self.keys) > self.size:
+            keep = np.argpartition(self.keys, self.size)[: self.size]
+            self.keys, self.items = self.keys[keep], self.items[keep]
+
+    def sample(self) -> list[str]:
+        """The sample, in key order (a random order fixed by the seed)."""
+        self._shrink()
+        return self.items[np.argsort(self.keys, kind="stable")].tolist()
 
 
 def file_digest(path: Path) -> dict[str, int | str]:
@@ -79,6 +159,11 @@ def file_digest(path: Path) -> dict[str, int | str]:
 class FilterStats:
     kept: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: {"too_short": 0, "too_long": 0, "ratio": 0})
+
+    def add(self, other: FilterStats) -> None:
+        self.kept += other.kept
+        for reason, count in other.dropped.items():
+            self.dropped[reason] += count
 
 
 def length_filter(
@@ -100,28 +185,69 @@ def id_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
-def write_ids(stem: Path, sequences: Sequence[np.ndarray], dtype: np.dtype) -> int:
-    """Write `stem.ids` and `stem.offsets`; returns the number of tokens written."""
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(sequences).astype(dtype) if len(sequences) else np.zeros(0, dtype=dtype)
-    flat.tofile(Path(f"{stem}.ids"))
-    offsets.tofile(Path(f"{stem}.offsets"))
-    return int(offsets[-1])
+def select_rows(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sentences of a flat (ids, lengths) chunk where `keep` is true, still flat."""
+    return flat[np.repeat(keep, lengths)], lengths[keep]
+
+
+class IdWriter:
+    """Appends chunks of sentences to `stem.ids` and `stem.offsets`, keeping nothing in memory."""
+
+    def __init__(self, stem: Path, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.ids = open(f"{stem}.ids", "wb")            # noqa: SIM115 (closed by close / the with block)
+        self.offsets = open(f"{stem}.offsets", "wb")    # noqa: SIM115
+        self.tokens = self.sentences = 0
+        np.zeros(1, dtype=np.int64).tofile(self.offsets)
+
+    def append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """flat: (tokens,) ids of the sentences back to back; lengths: (sentences,)."""
+        flat.astype(self.dtype, copy=False).tofile(self.ids)
+        (self.tokens + np.cumsum(lengths, dtype=np.int64)).tofile(self.offsets)
+        self.tokens += len(flat)
+        self.sentences += len(lengths)
+
+    def close(self) -> None:
+        for handle in (self.ids, self.offsets):
+            handle.flush()
+            handle.close()
+
+    def __enter__(self) -> IdWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def map_ids_in_place(stem: Path, dtype: np.dtype, table: np.ndarray, chunk_tokens: int = 1 << 24) -> None:
+    """Replace every id x in `stem.ids` by table[x], chunk by chunk."""
+    path = Path(f"{stem}.ids")
+    if path.stat().st_size == 0:
+        return
+    ids = np.memmap(path, dtype=dtype, mode="r+")
+    for start in range(0, len(ids), chunk_tokens):
+        ids[start : start + chunk_tokens] = table[ids[start : start + chunk_tokens]]
+    ids.flush()
+    del ids
+
+
+def compact_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Sentence lengths in the smallest integer type that also holds length + 1."""
+    longest = int(lengths.max(initial=0)) + 1
+    return lengths.astype(np.uint16 if longest <= np.iinfo(np.uint16).max else np.int32)
 
 
 class IdFile:
-    """Read-only view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i."""
+    """Read-only, memory-mapped view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i."""
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         offsets_path, ids_path = Path(f"{stem}.offsets"), Path(f"{stem}.ids")
-        self.offsets = np.fromfile(offsets_path, dtype=np.int64)
-        size = ids_path.stat().st_size
+        offsets_size, size = offsets_path.stat().st_size, ids_path.stat().st_size
+        self.offsets = np.memmap(offsets_path, dtype=np.int64, mode="r") if offsets_size else np.zeros(0, np.int64)
         self.ids = np.memmap(ids_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
         if len(self.offsets) == 0 or self.offsets[-1] * dtype.itemsize != size:
             raise DataError(f"{ids_path}: size does not match {offsets_path}; rerun `nmt preprocess`")
-        self.lengths = np.diff(self.offsets)
+        self.lengths = compact_lengths(np.diff(self.offsets))     # (sentences,)
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -24,19 +24,23 @@ from nmt import __version__
 from nmt.config import Config, ConfigError, DataConfig, dump_config
 from nmt.data.corpus import (
     DataError,
+    FilterStats,
     IdFile,
-    empty_lines,
+    IdWriter,
+    ReservoirSample,
     file_digest,
     id_dtype,
     length_filter,
-    read_parallel,
+    map_ids_in_place,
+    parallel_chunks,
     resolve_text_file,
-    write_ids,
+    select_rows,
 )
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")
+CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
 
 
 def log(message: str) -> None:
@@ -81,18 +85,29 @@ class DataFolder:
         return self.root / f"{split}.ref.{self.manifest['langs']['tgt']}"
 
 
+def _train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
+    """(name, prefix, weight) of each training corpus: `train` for one prefix, `train[i]` in a list."""
+    if data.train is None:
+        raise ConfigError("`data.train` is required: the prefix of the training files")
+    if isinstance(data.train, str):
+        return [("train", data.train, 1.0)]
+    if not data.train:
+        raise ConfigError("`data.train` is an empty list; give at least one corpus prefix")
+    return [(f"train[{i}]", *((c, 1.0) if isinstance(c, str) else (c.prefix, c.weight)))
+            for i, c in enumerate(data.train)]
+
+
 def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
+    """(source, target) file of every input: the training corpora (see `_train_corpora`), dev, test."""
     files = {}
-    for split in SPLITS:
+    for name, prefix, _ in _train_corpora(data):
+        files[name] = (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
+                       resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
+    for split in SPLITS[1:]:
         prefix = getattr(data, split)
-        if prefix is None:
-            if split == "train":
-                raise ConfigError("`data.train` is required: the prefix of the training files")
-            continue
-        files[split] = (
-            resolve_text_file(prefix, data.src_lang, f"data.{split}"),
-            resolve_text_file(prefix, data.tgt_lang, f"data.{split}"),
-        )
+        if prefix is not None:
+            files[split] = (resolve_text_file(prefix, data.src_lang, f"data.{split}"),
+                            resolve_text_file(prefix, data.tgt_lang, f"data.{split}"))
     for key in ("src_spm_model", "tgt_spm_model"):
         path = getattr(data, key)
         if path is not None and not Path(path).is_file():
@@ -108,31 +123,50 @@ def _fingerprint(data: DataConfig, digests: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _build_vocabs(
-    data: DataConfig, texts: dict[str, tuple[list[str], list[str]]], out: Path
-) -> tuple[Path, Path]:
+def _sample_for_sentencepiece(data: DataConfig, train_files: list[tuple[Path, Path]],
+                              sides: tuple[str, ...]) -> dict[str, list[str]]:
+    """One streaming pass over the training corpora: a seeded uniform sample of at most
+    `data.spm_sample_sentences` non-blank sentences per model to train ("joint", or "src"/"tgt")."""
+    samples = {side: ReservoirSample(data.spm_sample_sentences, [data.spm_sample_seed, i])
+               for i, side in enumerate(sides)}
+    with tqdm(desc="sampling", unit="pairs", unit_scale=True, file=sys.stderr, leave=False) as bar:
+        for src_path, tgt_path in train_files:
+            for src, tgt in parallel_chunks(src_path, tgt_path, CHUNK_PAIRS):
+                if "joint" in samples:
+                    samples["joint"].add(src + tgt)
+                for side, lines in (("src", src), ("tgt", tgt)):
+                    if side in samples:
+                        samples[side].add(lines)
+                bar.update(len(src))
+    return {side: [line for line in sample.sample() if line.strip()] for side, sample in samples.items()}
+
+
+def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: Path) -> tuple[Path, Path]:
     """Train (or copy) the SentencePiece model(s) into `out`; returns (src model, tgt model)."""
-    train_src, train_tgt = texts["train"]
     if data.joint_vocab:
         target = out / "spm.model"
         if data.src_spm_model:
             shutil.copyfile(data.src_spm_model, target)
             return target, target
-        log(f"training joint SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}")
-        model = train_sentencepiece(
-            (line for line in train_src + train_tgt if line.strip()), out / "spm", data.vocab_size,
-            data.spm_model_type, data.character_coverage, data.spm_train_sentences,
-        )
+        sample = _sample_for_sentencepiece(data, train_files, ("joint",))["joint"]
+        log(f"training joint SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
+            f"on {len(sample)} sampled sentences")
+        model = train_sentencepiece(sample, out / "spm", data.vocab_size, data.spm_model_type,
+                                    data.character_coverage)
         return model, model
+    given = {"src": data.src_spm_model, "tgt": data.tgt_spm_model}
+    to_train = tuple(side for side, path in given.items() if not path)
+    samples = _sample_for_sentencepiece(data, train_files, to_train) if to_train else {}
     models = []
-    for side, given, lines in (("src", data.src_spm_model, train_src), ("tgt", data.tgt_spm_model, train_tgt)):
+    for side, path in given.items():
         target = out / f"{side}.model"
-        if given:
-            shutil.copyfile(given, target)
+        if path:
+            shutil.copyfile(path, target)
         else:
-            log(f"training {side} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}")
-            train_sentencepiece((line for line in lines if line.strip()), out / side, data.vocab_size,
-                                data.spm_model_type, data.character_coverage, data.spm_train_sentences)
+            log(f"training {side} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
+                f"on {len(samples[side])} sampled sentences")
+            train_sentencepiece(samples.pop(side), out / side, data.vocab_size, data.spm_model_type,
+                                data.character_coverage)
         models.append(target)
     return models[0], models[1]
 
@@ -169,16 +203,12 @@ def preprocess(config: Config, force: bool = False) -> Path:
             log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
             return out_dir
 
-    texts = {}
-    for split, (src_path, tgt_path) in tqdm(files.items(), desc="reading", file=sys.stderr, leave=False):
-        texts[split] = read_parallel(src_path, tgt_path)
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        manifest = _write_folder(config, files, texts, digests, fingerprint, tmp)
+        manifest = _write_folder(config, files, digests, fingerprint, tmp)
         _replace_folder(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -187,59 +217,116 @@ def preprocess(config: Config, force: bool = False) -> Path:
     return out_dir
 
 
-def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], texts: dict[str, tuple[list[str], list[str]]],
-                  digests: dict[str, Any], fingerprint: str, out: Path) -> dict[str, Any]:
+@dataclass
+class _Writers:
+    """The id files of one split, both sides, and the reference text of a dev/test split."""
+
+    src: IdWriter
+    tgt: IdWriter
+    tgt_table: np.ndarray | None = None   # SentencePiece id -> target side id; None: write SentencePiece ids
+    reference: TextIO | None = None
+
+
+def _stream_corpus(data: DataConfig, paths: tuple[Path, Path], src_vocab: Vocab, tgt_vocab: Vocab,
+                   writers: _Writers, filter_lengths: bool, seen_tgt: np.ndarray | None) -> dict[str, Any]:
+    """Read, check, encode, (filter) and append one parallel corpus chunk by chunk; returns its counts.
+
+    `seen_tgt` (one flag per target SentencePiece id) is set for every target piece written.
+    """
+    counts: dict[str, Any] = {"input_pairs": 0, "pairs": 0, "src_tokens": 0, "tgt_tokens": 0,
+                              "src_unk": 0, "tgt_unk": 0, "empty_lines": 0}
+    stats, first_empty = FilterStats(), []
+    with tqdm(desc=f"encoding {paths[0].name}", unit="pairs", unit_scale=True, file=sys.stderr, leave=False) as bar:
+        for src_lines, tgt_lines in parallel_chunks(*paths, CHUNK_PAIRS):
+            src, src_lens = src_vocab.encode_flat(src_lines)             # (tokens,), (pairs,)
+            tgt, tgt_lens = tgt_vocab.encode_flat(tgt_lines)
+            empty = np.flatnonzero((src_lens == 0) | (tgt_lens == 0))    # blank or whitespace-only sides
+            first_empty.extend((counts["input_pairs"] + empty[: 5 - len(first_empty)] + 1).tolist())
+            counts["empty_lines"] += len(empty)
+            counts["input_pairs"] += len(src_lens)
+            if writers.reference is not None:
+                writers.reference.write("\n".join(tgt_lines) + "\n")
+            if filter_lengths:
+                keep, chunk_stats = length_filter(src_lens, tgt_lens, data.min_len, data.max_len, data.max_len_ratio)
+                stats.add(chunk_stats)
+                (src, src_lens), (tgt, tgt_lens) = select_rows(src, src_lens, keep), select_rows(tgt, tgt_lens, keep)
+            if seen_tgt is not None:
+                seen_tgt[tgt] = True
+            if writers.tgt_table is not None:
+                tgt = writers.tgt_table[tgt]
+            writers.src.append(src, src_lens)
+            writers.tgt.append(tgt, tgt_lens)
+            counts["pairs"] += len(src_lens)
+            counts["src_tokens"] += len(src)
+            counts["tgt_tokens"] += len(tgt)
+            counts["src_unk"] += int(np.count_nonzero(src == UNK))
+            counts["tgt_unk"] += int(np.count_nonzero(tgt == UNK))
+            bar.update(len(src_lines))
+    if filter_lengths:
+        counts["dropped"] = stats.dropped
+    if first_empty:
+        shown = ", ".join(map(str, first_empty)) + (" ..." if counts["empty_lines"] > 5 else "")
+        log(f"warning: {paths[0]} / {paths[1]}: {counts['empty_lines']} empty line(s), lines {shown}")
+    return counts
+
+
+def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_vocab: Vocab, tgt_vocab: Vocab,
+                 dtypes: dict[str, np.dtype], seen_tgt: np.ndarray, out: Path) -> dict[str, Any]:
+    """All training corpora, one after the other, into one split; the entry lists each corpus's rows."""
+    entry: dict[str, Any] = {"pairs": 0, "input_pairs": 0, "src_tokens": 0, "tgt_tokens": 0, "src_unk": 0,
+                             "tgt_unk": 0, "empty_lines": 0, "dropped": dict.fromkeys(FilterStats().dropped, 0),
+                             "corpora": []}
+    with (IdWriter(out / f"train.{data.src_lang}", dtypes["src"]) as src_writer,
+          IdWriter(out / f"train.{data.tgt_lang}", dtypes["tgt"]) as tgt_writer):
+        for name, prefix, weight in _train_corpora(data):
+            start = src_writer.sentences
+            counts = _stream_corpus(data, files[name], src_vocab, tgt_vocab, _Writers(src_writer, tgt_writer),
+                                    filter_lengths=True, seen_tgt=seen_tgt)
+            for key, value in counts.items():
+                if key == "dropped":
+                    for reason, n in value.items():
+                        entry["dropped"][reason] += n
+                else:
+                    entry[key] += value
+            entry["corpora"].append({"name": name, "prefix": prefix, "weight": weight, "start": start,
+                                     "end": src_writer.sentences, "pairs": counts["pairs"],
+                                     "input_pairs": counts["input_pairs"], "dropped": counts["dropped"]})
+    return entry
+
+
+def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: dict[str, Any], fingerprint: str,
+                  out: Path) -> dict[str, Any]:
     data = config.data
-    src_model, tgt_model = _build_vocabs(data, texts, out)
+    train_files = [files[name] for name, _, _ in _train_corpora(data)]
+    src_model, tgt_model = _build_vocabs(data, train_files, out)
     for model in {src_model, tgt_model}:
         _check_specials(model)
     src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
+    dtypes = {"src": id_dtype(len(src_vocab)), "tgt": id_dtype(len(tgt_vocab))}
 
-    # Encode everything with the full models first (SentencePiece ids), then pick the target vocabulary.
-    encoded: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-    for split, (src, tgt) in tqdm(texts.items(), desc="encoding", file=sys.stderr, leave=False):
-        encoded[split] = (src_vocab.encode(src), tgt_vocab.encode(tgt))
-
-    splits: dict[str, Any] = {}
-    train_src, train_tgt = encoded["train"]
-    src_lens = np.array([len(s) for s in train_src])
-    tgt_lens = np.array([len(t) for t in train_tgt])
-    keep, stats = length_filter(src_lens, tgt_lens, data.min_len, data.max_len, data.max_len_ratio)
-    kept_idx = np.flatnonzero(keep)
-    encoded["train"] = ([train_src[i] for i in kept_idx], [train_tgt[i] for i in kept_idx])
-
+    # Training ids are written as SentencePiece ids while the target pieces in use are gathered ...
+    seen_tgt = np.zeros(len(tgt_vocab), dtype=bool)
+    splits: dict[str, Any] = {"train": _write_train(data, files, src_vocab, tgt_vocab, dtypes, seen_tgt, out)}
     vocab_entries: dict[str, Any] = {"src": {"model": src_model.name, "pieces": None},
                                      "tgt": {"model": tgt_model.name, "pieces": None}}
     if data.target_vocab_from_train:
-        seen = np.unique(np.concatenate(encoded["train"][1])) if kept_idx.size else np.zeros(0, np.int64)
-        pieces = np.union1d(np.array([PAD, UNK, BOS, EOS]), seen)
-        tgt_vocab = Vocab(tgt_model, pieces)
+        # ... then the target side's vocabulary is those pieces, and its ids are mapped in place.
+        seen_tgt[[PAD, UNK, BOS, EOS]] = True
+        tgt_vocab = Vocab(tgt_model, np.flatnonzero(seen_tgt))
         tgt_vocab.save_pieces(out / "tgt.pieces")
         vocab_entries["tgt"]["pieces"] = "tgt.pieces"
-        # Target ids so far are SentencePiece ids; map them to the side's vocabulary.
-        for split, (src, tgt) in encoded.items():
-            encoded[split] = (src, [tgt_vocab.to_side[t] for t in tgt])
+        map_ids_in_place(out / f"train.{data.tgt_lang}", dtypes["tgt"], tgt_vocab.to_side)
 
-    dtypes = {"src": id_dtype(len(src_vocab)), "tgt": id_dtype(len(tgt_vocab))}
-    for split, (src, tgt) in encoded.items():
-        src_tokens = write_ids(out / f"{split}.{data.src_lang}", src, dtypes["src"])
-        tgt_tokens = write_ids(out / f"{split}.{data.tgt_lang}", tgt, dtypes["tgt"])
-        raw_src, raw_tgt = texts[split]
-        empties = empty_lines(raw_src, raw_tgt)
-        entry: dict[str, Any] = {
-            "pairs": len(src), "src_tokens": src_tokens, "tgt_tokens": tgt_tokens,
-            "src_unk": int(sum((s == UNK).sum() for s in src)), "tgt_unk": int(sum((t == UNK).sum() for t in tgt)),
-            "empty_lines": len(empties),
-        }
-        if split == "train":
-            entry["input_pairs"] = len(raw_src)
-            entry["dropped"] = stats.dropped
-        else:
-            (out / f"{split}.ref.{data.tgt_lang}").write_text("".join(f"{t}\n" for t in raw_tgt), encoding="utf-8")
-        splits[split] = entry
-        if empties:
-            shown = ", ".join(map(str, empties[:5])) + (" ..." if len(empties) > 5 else "")
-            log(f"warning: {files[split][0]} / {files[split][1]}: {len(empties)} empty line(s), lines {shown}")
+    for split in SPLITS[1:]:
+        if split not in files:
+            continue
+        with (IdWriter(out / f"{split}.{data.src_lang}", dtypes["src"]) as src_writer,
+              IdWriter(out / f"{split}.{data.tgt_lang}", dtypes["tgt"]) as tgt_writer,
+              open(out / f"{split}.ref.{data.tgt_lang}", "w", encoding="utf-8", newline="\n") as reference):
+            writers = _Writers(src_writer, tgt_writer, tgt_vocab.to_side, reference)
+            splits[split] = _stream_corpus(data, files[split], src_vocab, tgt_vocab, writers,
+                                           filter_lengths=False, seen_tgt=None)
+            del splits[split]["input_pairs"]
 
     vocab_entries["src"]["size"] = len(src_vocab)
     vocab_entries["tgt"]["size"] = len(tgt_vocab)

@@ -11,7 +11,9 @@ in training (`Vocab.pieces`), which shrinks the target output layer to the piece
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +23,19 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
 
 
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def train_sentencepiece(
     sentences: Iterable[str],
     model_prefix: Path,
     vocab_size: int,
     model_type: str,
     character_coverage: float,
-    seed_sentences: int = 0,
 ) -> Path:
-    """Train a SentencePiece model on an iterator of sentences; returns the `.model` path."""
+    """Train a SentencePiece model on all of `sentences` (pass a sample); returns the `.model` path."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
@@ -38,10 +44,8 @@ def train_sentencepiece(
         model_type=model_type,
         character_coverage=character_coverage,
         pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-        input_sentence_size=seed_sentences,
-        shuffle_input_sentence=True,
         hard_vocab_limit=False,       # small corpora may not support the full size
-        num_threads=2,
+        num_threads=cpu_count(),
         minloglevel=2,
     )
     path = model_prefix.with_suffix(".model")
@@ -73,8 +77,18 @@ class Vocab:
 
     def encode(self, lines: Sequence[str]) -> list[np.ndarray]:
         """Sentences -> side ids (no BOS/EOS); pieces outside this side's vocabulary become UNK."""
-        encoded = self.sp.encode(list(lines), out_type=int, num_threads=2)
+        encoded = self.sp.encode(list(lines), out_type=int, num_threads=cpu_count())
         return [self.to_side[np.asarray(ids, dtype=np.int64)] for ids in encoded]
+
+    def encode_flat(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Sentences -> (SentencePiece ids back to back (tokens,) int32, lengths (sentences,) int64).
+
+        Every core encodes; this side's piece subset is not applied (see `to_side`).
+        """
+        encoded = self.sp.encode(lines, out_type=int, num_threads=cpu_count())
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        flat = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
+        return flat, lengths
 
     def decode(self, sequences: Iterable[Sequence[int]]) -> list[str]:
         """Side ids -> detokenised sentences; stops at nothing, so strip EOS/PAD before calling."""

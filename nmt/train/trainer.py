@@ -109,8 +109,10 @@ class Trainer:
 
         train = ParallelIds(self.data.ids("train", "src"), self.data.ids("train", "tgt"))
         self.train_ids = train
+        corpora = [(c["start"], c["end"], c["weight"]) for c in self.data.manifest["splits"]["train"]["corpora"]]
         self.sampler = BucketBatchSampler(train.src_lengths, train.tgt_lengths, t.batch_tokens, t.batch_size,
-                                          t.bucket_pool, seed=t.seed, rank=self.rank, world_size=self.world_size)
+                                          t.bucket_pool, seed=t.seed, rank=self.rank, world_size=self.world_size,
+                                          corpora=corpora)
         self.dev_ids = (ParallelIds(self.data.ids("dev", "src"), self.data.ids("dev", "tgt"))
                         if self.data.has_split("dev") else None)
         self.stop_signal: int | None = None
