@@ -5,8 +5,10 @@ lines lightly varied so they are not all duplicates), then for each size runs, e
 process under `/usr/bin/time -v`:
 
 * `nmt preprocess` with the reference config: wall time and peak RSS;
-* `nmt train` for a few updates: start-up (launch until the first update is logged, that update
-  included) and peak RSS.
+* `nmt train` for a few updates: start-up (launch until the training loop starts: imports, data
+  folder, model, optimiser) and peak RSS;
+* in this process: the time to build one epoch's batches (`BucketBatchSampler.batches`, which the
+  training loop runs at the start of every epoch) with the reference batch settings.
 
 The real Multi30k (29k pairs) is measured the same way first, as the baseline.
 
@@ -89,10 +91,28 @@ def measure(name: str, train_prefix: Path, work: Path, multi30k: Path, updates: 
     wall, rss, code = timed(train_cmd, work / f"train_{name}.log")
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = next(e for e in events if e.get("event") == "train")
-    row.update(startup_s=round(first["time"] - launched, 1), train_s=round(wall, 1), train_rss_mb=round(rss),
-               train_exit=code)
+    loop_started = first["time"] - first["wall_time"]           # wall_time counts from the loop's start
+    row.update(startup_s=round(loop_started - launched, 1), train_s=round(wall, 1), train_rss_mb=round(rss),
+               train_exit=code, epoch_batches_s=round(epoch_batching_seconds(data_dir), 2))
     print(json.dumps(row), flush=True)
     return row
+
+
+def epoch_batching_seconds(data_dir: Path) -> float:
+    """Seconds to build epoch 0's batches of the training split, as the trainer does."""
+    from nmt.config import load_config
+    from nmt.data.batching import BucketBatchSampler, ParallelIds
+    from nmt.data.preprocess import DataFolder
+
+    t = load_config(CONFIG).training
+    folder = DataFolder.open(data_dir)
+    train = ParallelIds(folder.ids("train", "src"), folder.ids("train", "tgt"))
+    corpora = [(c["start"], c["end"], c["weight"]) for c in folder.manifest["splits"]["train"]["corpora"]]
+    sampler = BucketBatchSampler(train.src_lengths, train.tgt_lengths, t.batch_tokens, t.batch_size, t.bucket_pool,
+                                 seed=t.seed, corpora=corpora)
+    start = time.monotonic()
+    sampler.batches(0)
+    return time.monotonic() - start
 
 
 def machine() -> str:
@@ -129,11 +149,11 @@ def main() -> None:
         rows.append(measure(str(size), prefix, args.work, args.multi30k, args.updates))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
-    print("| pairs | preprocess | preprocess peak RSS | train start-up | train peak RSS |")
-    print("|---|---|---|---|---|")
+    print("| pairs | preprocess | preprocess peak RSS | train start-up | epoch batches | train peak RSS |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['pairs']:,} | {row['preprocess_s']:.0f} s | {row['preprocess_rss_mb']:,} MB "
-              f"| {row['startup_s']:.1f} s | {row['train_rss_mb']:,} MB |")
+              f"| {row['startup_s']:.1f} s | {row['epoch_batches_s']:.2f} s | {row['train_rss_mb']:,} MB |")
 
 
 if __name__ == "__main__":
