@@ -54,7 +54,7 @@ class DataConfig:
     vocab_size: int = _bounded(8000, ge=16)
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = _bounded(1.0, gt=0.0, le=1.0)
-    spm_sample_sentences: int = _bounded(1_000_000, ge=1)  # SentencePiece trains on a uniform sample this big
+    spm_sample_sentences: int = _bounded(500_000, ge=1)  # SentencePiece trains on a seeded uniform sample this big
     spm_sample_seed: int = 42
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
     tgt_spm_model: str | None = _path()
@@ -169,8 +169,13 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
         return _build(tp, value, f"{key}.", base_dir)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
-        if isinstance(value, dict):          # a mapping can only be a section: report its own error
+        # A mapping can only be a section and a list only a list: let their own errors through.
+        if isinstance(value, dict):
             options = tuple(o for o in options if dataclasses.is_dataclass(o)) or options
+        elif isinstance(value, list):
+            options = tuple(o for o in options if typing.get_origin(o) is list) or options
+        if len(options) == 1:
+            return _coerce(value, options[0], key, base_dir)
         for option in options:
             try:
                 return _coerce(value, option, key, base_dir)

@@ -86,7 +86,8 @@ def measure(name: str, train_prefix: Path, work: Path, multi30k: Path, updates: 
     row["pairs"] = manifest["splits"]["train"]["input_pairs"]
     train_cmd = [*nmt, "train", *common, "--overwrite", "--set", f"training.run_dir={run_dir}",
                  "--set", f"training.max_updates={updates}", "--set", "training.log_every=1",
-                 "--set", "training.validate_every=1000000", "--set", "training.device=cpu"]
+                 "--set", "training.validate_every=1000000", "--set", "training.val_max_sentences=1",
+                 "--set", "training.device=cpu"]
     launched = time.time()
     wall, rss, code = timed(train_cmd, work / f"train_{name}.log")
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

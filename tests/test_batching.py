@@ -98,3 +98,37 @@ def test_padding_under_ten_percent_on_multi30k(tmp_path):
     sampler = BucketBatchSampler(ids.src_lengths, ids.tgt_lengths, batch_tokens=2000, seed=42)
     for epoch in range(2):
         assert sampler.padding_fraction(sampler.batches(epoch)) < 0.10
+
+
+def test_batch_bounds_match_the_greedy_cut_on_sorted_pools():
+    from nmt.data.batching import batch_bounds
+
+    rng = np.random.default_rng(0)
+    for _trial in range(20):
+        lengths = rng.integers(1, 60, size=int(rng.integers(1, 400)))
+        pool_size = int(rng.integers(1, 120))
+        starts_p = np.arange(0, len(lengths), pool_size)
+        ends_p = np.minimum(starts_p + pool_size, len(lengths))
+        for s, e in zip(starts_p, ends_p, strict=True):
+            lengths[s:e] = np.sort(lengths[s:e])
+        for budget, size in ((int(rng.integers(1, 500)), 0), (0, int(rng.integers(1, 30)))):
+            expected = [b for s, e in zip(starts_p, ends_p, strict=True)
+                        for b in cut_by_budget(np.arange(s, e), lengths, budget, size)]
+            starts, ends = batch_bounds(lengths, starts_p, ends_p, budget, size)
+            assert [list(range(s, e)) for s, e in zip(starts, ends, strict=True)] == [b.tolist() for b in expected]
+
+
+def test_corpus_weights_repeat_and_subsample_per_epoch():
+    lengths = np.full(100, 5)
+    corpora = [(0, 60, 2.0), (60, 100, 0.5)]
+    sampler = BucketBatchSampler(lengths, lengths, batch_tokens=60, seed=4, corpora=corpora)
+    seen = []
+    for epoch in range(2):
+        rows = np.concatenate(sampler.batches(epoch))
+        counts = np.bincount(rows, minlength=100)
+        assert (counts[:60] == 2).all()                              # weight 2: every pair twice
+        assert sorted(set(counts[60:].tolist())) == [0, 1] and counts[60:].sum() == 20   # 0.5: a random half
+        seen.append(frozenset(np.flatnonzero(counts[60:])))
+    assert seen[0] != seen[1]                                        # a different half each epoch
+    again = BucketBatchSampler(lengths, lengths, batch_tokens=60, seed=4, corpora=corpora).batches(1)
+    assert all(np.array_equal(a, b) for a, b in zip(again, sampler.batches(1), strict=True))

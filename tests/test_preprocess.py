@@ -151,3 +151,120 @@ def test_target_vocab_holds_only_target_pieces(prepared):
     assert len(tgt) < len(src)
     seen = np.unique(folder.ids("train", "tgt").ids)
     assert set(range(4, len(tgt))) <= set(seen.tolist())   # every non-special target piece was seen
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: line reading, chunks, the SentencePiece sample, several corpora
+
+
+def test_iter_lines_splits_only_at_newline_across_blocks():
+    import io
+
+    from nmt.data.corpus import iter_lines
+
+    raw = "eins\r\nzwei\rdrei\nvier\u2028fünf\n\n\u00e4\u00f6\u00fc sechs\r".encode()
+    expected = ["eins", "zwei\rdrei", "vier\u2028fünf", "", "\u00e4\u00f6\u00fc sechs"]
+    for block in (1, 2, 3, 5, 64):
+        assert list(iter_lines(io.BytesIO(raw), "x", block_size=block)) == expected
+    assert list(iter_lines(io.BytesIO(b""), "x")) == []
+    assert list(iter_lines(io.BytesIO(b"a\n"), "x")) == ["a"]
+
+
+def test_iter_lines_names_the_line_of_invalid_utf8_in_a_later_block():
+    import io
+
+    from nmt.data.corpus import iter_lines
+
+    raw = b"".join(f"line {i}\n".encode() for i in range(1, 40)) + b"bad \xc3\x28 here\nok\n"
+    with pytest.raises(DataError, match=r"^f\.txt line 40: invalid UTF-8 \(byte 0xc3 at column 5\)$"):
+        list(iter_lines(io.BytesIO(raw), "f.txt", block_size=16))
+
+
+def test_reservoir_sample_is_seeded_bounded_and_uniform():
+    from nmt.data.corpus import ReservoirSample
+
+    def draw(seed: int) -> list[str]:
+        sample = ReservoirSample(10, seed)
+        for start in range(0, 100, 7):                       # chunks of 7 items
+            sample.add([str(i) for i in range(start, min(start + 7, 100))])
+        return sample.sample()
+
+    assert draw(1) == draw(1) and draw(1) != draw(2)
+    counts = np.zeros(100)
+    for seed in range(300):
+        picked = draw(seed)
+        assert len(picked) == len(set(picked)) == 10
+        counts[[int(x) for x in picked]] += 1
+    assert counts.min() > 10 and counts.max() < 55             # each item expected 30 times
+
+
+def test_chunked_output_equals_one_chunk(tmp_path, corpus_dir, monkeypatch):
+    """Chunk boundaries change nothing: ids, offsets, counts and references are the same."""
+    built = {}
+    for chunk in (7, 100_000):
+        monkeypatch.setattr(preprocess_module, "CHUNK_PAIRS", chunk)
+        work = tmp_path / str(chunk)
+        work.mkdir()
+        out = preprocess(load_config(make_config(work, corpus_dir, data={"vocab_size": 300})))
+        built[chunk] = out
+    small, large = built.values()
+    for name in sorted(p.name for p in large.iterdir() if p.name not in ("manifest.json", "config.yaml")):
+        assert (small / name).read_bytes() == (large / name).read_bytes(), name
+    manifests = [json.loads((out / "manifest.json").read_text()) for out in (small, large)]
+    assert manifests[0]["splits"] == manifests[1]["splits"]
+
+
+def test_sentencepiece_trains_on_a_seeded_sample(tmp_path, corpus_dir, capsys):
+    models = []
+    for name, seed in (("a", 5), ("b", 5), ("c", 6)):
+        work = tmp_path / name
+        work.mkdir()
+        config = load_config(make_config(work, corpus_dir, data={"vocab_size": 300, "spm_sample_sentences": 500,
+                                                                 "spm_sample_seed": seed}))
+        models.append((preprocess(config) / "spm.model").read_bytes())
+        assert "on 500 sampled sentences" in capsys.readouterr().err
+    assert models[0] == models[1] and models[0] != models[2]
+
+
+def test_several_training_corpora_with_weights(tmp_path):
+    corpus = tmp_path / "corpus"
+    write_slice(corpus / "a", "train", 300)
+    write_slice(corpus / "b", "train", 200, gz=True)
+    (tmp_path / "cfg").mkdir()
+    config_path = make_config(tmp_path / "cfg", corpus, data={
+        "train": ["../corpus/a/train", {"prefix": str(corpus / "b" / "train"), "weight": 0.5}],
+        "dev": None, "test": None, "vocab_size": 300})
+    config = load_config(config_path)
+    assert config.data.train[0] == str(corpus / "a" / "train")      # relative to the config file
+    folder = DataFolder.open(preprocess(config))
+    train = folder.manifest["splits"]["train"]
+    first, second = train["corpora"]
+    assert (first["name"], first["weight"], first["input_pairs"], first["start"]) == ("train[0]", 1.0, 300, 0)
+    assert (second["name"], second["weight"], second["input_pairs"]) == ("train[1]", 0.5, 200)
+    assert first["end"] == second["start"] == first["pairs"] and second["end"] == train["pairs"]
+    assert first["pairs"] + second["pairs"] == train["pairs"] == len(folder.ids("train", "src"))
+    assert set(folder.manifest["inputs"]) == {"train[0].src", "train[0].tgt", "train[1].src", "train[1].tgt"}
+    # The second corpus's first pair is the row right after the first corpus.
+    raw_b = read_lines(corpus / "b" / "train.en.gz")
+    assert folder.vocab("tgt").decode([folder.ids("train", "tgt")[second["start"]]])[0] == raw_b[0]
+
+
+def test_corpus_entry_errors_name_the_key(tmp_path, corpus_dir):
+    from nmt.config import ConfigError
+
+    for entry, message in (({"prefix": "x", "wieght": 2}, r"unknown key `data.train\[1\].wieght`; did you mean "
+                                                          r"`data.train\[1\].weight`\?"),
+                           ({"prefix": "x", "weight": 0}, r"`data.train\[1\].weight` must be > 0.0, got 0")):
+        path = make_config(tmp_path, corpus_dir, data={"train": ["a", entry]})
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
+
+
+def test_old_data_format_is_refused(prepared):
+    folder = DataFolder.open(load_config(prepared).data.out_dir)
+    manifest = dict(folder.manifest, format=1)
+    old = folder.root.parent / "old_format"
+    old.mkdir(exist_ok=True)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=r"data format 1 is not 2; rerun `nmt preprocess`"):
+        DataFolder.open(old)

@@ -35,8 +35,8 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
     raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
 
 
-def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
-    """The lines of a UTF-8 byte stream, read in 1 MiB blocks.
+def iter_lines(stream: BinaryIO, name: str, block_size: int = 1 << 20) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream, read in blocks of `block_size` bytes.
 
     Only `\\n` ends a line; one `\\r` right before it (a CRLF ending) is stripped; a last line
     without `\\n` still counts. Invalid UTF-8 raises `DataError` naming `name` and the line.
@@ -44,7 +44,7 @@ def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
     """
     number, rest = 0, b""
     while True:
-        block = stream.read(1 << 20)
+        block = stream.read(block_size)
         if not block:
             break
         block = rest + block
@@ -122,24 +122,28 @@ class ReservoirSample:
     keys are i.i.d.). Chunks are added whole, so no Python loop runs over the items.
     """
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int | list[int]) -> None:
         self.size = size
         self.rng = np.random.default_rng(seed)
         self.keys = np.zeros(0)
         self.items = np.zeros(0, dtype=object)
+        self.threshold = np.inf          # once full: the largest key kept; larger keys cannot win
 
     def add(self, items: list[str]) -> None:
+        keys = self.rng.random(len(items))
         chunk = np.empty(len(items), dtype=object)
         chunk[:] = items
-        self.keys = np.concatenate([self.keys, self.rng.random(len(items))])
-        self.items = np.concatenate([self.items, chunk])
+        candidates = keys < self.threshold
+        self.keys = np.concatenate([self.keys, keys[candidates]])
+        self.items = np.concatenate([self.items, chunk[candidates]])
         if len(self.keys) >= 2 * self.size:
             self._shrink()
 
     def _shrink(self) -> None:
         if len(self.keys) > self.size:
-            keep = np.argpartition(self.keys, self.size)[: self.size]
+            keep = np.argpartition(self.keys, self.size - 1)[: self.size]
             self.keys, self.items = self.keys[keep], self.items[keep]
+            self.threshold = float(self.keys.max())
 
     def sample(self) -> list[str]:
         """The sample, in key order (a random order fixed by the seed)."""
