@@ -167,26 +167,33 @@ class BucketBatchSampler:
     def epoch_rows(self, rng: np.random.Generator) -> np.ndarray:
         """The rows of one epoch, corpora repeated or subsampled by weight, in corpus order."""
         n = len(self.src_lengths)
+        index = np.int32 if n < 2**31 else np.int64                    # row numbers: half the memory
         if self.corpora is None or all(weight == 1 for _, _, weight in self.corpora):
-            return np.arange(n)
+            return np.arange(n, dtype=index)
         parts = []
         for start, end, weight in self.corpora:
             size = end - start
             whole, extra = divmod(round(weight * size), size) if size else (0, 0)
-            parts.append(np.tile(np.arange(start, end), whole))
+            parts.append(np.tile(np.arange(start, end, dtype=index), whole))
             if extra:
-                parts.append(start + np.sort(rng.permutation(size)[:extra]))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+                parts.append((start + np.sort(rng.permutation(size)[:extra])).astype(index))
+        return np.concatenate(parts) if parts else np.zeros(0, index)
 
-    def _sort_key(self, rows: np.ndarray, pools: np.ndarray | None) -> np.ndarray:
-        """One int64 key per row: (pool, longer side, target, source) lengths, most significant first."""
+    def _sort_key(self, rows: np.ndarray, pool_size: int | None) -> np.ndarray:
+        """One integer key per row: (pool, longer side, target, source) lengths, most significant
+        first; pools are consecutive runs of `pool_size` positions (None: one pool)."""
         scale = int(self.longest.max(initial=0)) + 1
-        if scale**3 * (int(pools[-1]) + 1 if pools is not None and len(pools) else 1) >= 2**62:
+        pools = -(-len(rows) // pool_size) if pool_size else 1
+        if scale**3 * pools >= 2**62:
             raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
-        key = self.longest[rows].astype(np.int64) * scale + self.tgt_lengths[rows]
-        key = key * scale + self.src_lengths[rows]
-        if pools is not None:
-            key += pools * scale**3
+        key = self.longest[rows].astype(np.int32 if scale**3 * pools < 2**31 else np.int64)
+        key *= scale
+        key += self.tgt_lengths[rows]
+        key *= scale
+        key += self.src_lengths[rows]
+        if pool_size:
+            for pool, start in enumerate(range(0, len(rows), pool_size)):   # one slice per pool
+                key[start : start + pool_size] += pool * scale**3
         return key
 
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -198,8 +205,7 @@ class BucketBatchSampler:
             pool_starts, pool_ends = np.zeros(1, np.int64), np.array([len(order)])
         else:
             rows = rows[rng.permutation(len(rows))]
-            pools = np.arange(len(rows)) // self.pool_size
-            order = rows[np.argsort(self._sort_key(rows, pools), kind="stable")]
+            order = rows[np.argsort(self._sort_key(rows, self.pool_size), kind="stable")]
             pool_starts = np.arange(0, len(order), self.pool_size)
             pool_ends = np.minimum(pool_starts + self.pool_size, len(order))
         starts, ends = batch_bounds(self.longest[order], pool_starts, pool_ends, self.batch_tokens, self.batch_size)

@@ -241,6 +241,19 @@ def compact_lengths(lengths: np.ndarray) -> np.ndarray:
     return lengths.astype(np.uint16 if longest <= np.iinfo(np.uint16).max else np.int32)
 
 
+def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 22) -> np.ndarray:
+    """Sentence lengths from an offsets file, read in chunks: the memory map stays untouched, so
+    only the offsets a batch needs ever become resident."""
+    lengths = np.empty(max(count, 0), dtype=np.int32 if count < 2**31 else np.int64)
+    with open(offsets_path, "rb") as handle:
+        previous = np.fromfile(handle, dtype=np.int64, count=1)
+        for start in range(0, count, chunk):
+            block = np.fromfile(handle, dtype=np.int64, count=min(chunk, count - start))
+            lengths[start : start + len(block)] = np.diff(np.concatenate([previous, block]))
+            previous = block[-1:]
+    return lengths
+
+
 class IdFile:
     """Read-only, memory-mapped view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i."""
 
@@ -251,7 +264,7 @@ class IdFile:
         self.ids = np.memmap(ids_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
         if len(self.offsets) == 0 or self.offsets[-1] * dtype.itemsize != size:
             raise DataError(f"{ids_path}: size does not match {offsets_path}; rerun `nmt preprocess`")
-        self.lengths = compact_lengths(np.diff(self.offsets))     # (sentences,)
+        self.lengths = compact_lengths(_read_lengths(offsets_path, len(self.offsets) - 1))   # (sentences,)
 
     def __len__(self) -> int:
         return len(self.lengths)
