@@ -1,5 +1,10 @@
 """`nmt preprocess`: raw parallel text -> SentencePiece models + binary id files + manifest.
 
+Everything streams, so memory does not grow with the corpus: one pass over the training corpora
+draws the seeded SentencePiece sample; a second reads, checks, encodes (every core), filters and
+appends `CHUNK_PAIRS` pairs at a time, gathering the target pieces in use; the training target
+ids are then mapped to the target vocabulary in place. Several training corpora are written one
+after the other into one `train` split; the manifest gives each its rows and weight.
 The output folder is built under a temporary name and renamed into place at the end, so an
 interrupted run never leaves a half-written data folder. A fingerprint of the settings and the
 input files' hashes makes re-runs with unchanged inputs a no-op.
