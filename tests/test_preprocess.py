@@ -268,3 +268,20 @@ def test_old_data_format_is_refused(prepared):
     (old / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=r"data format 1 is not 2; rerun `nmt preprocess`"):
         DataFolder.open(old)
+
+
+def test_trainer_takes_corpus_weights_from_the_manifest(tmp_path):
+    from nmt.train.trainer import Trainer
+
+    corpus = tmp_path / "corpus"
+    write_slice(corpus / "a", "train", 120)
+    write_slice(corpus / "b", "train", 80)
+    config = load_config(make_config(tmp_path, corpus, data={
+        "train": [{"prefix": str(corpus / "a" / "train"), "weight": 2},
+                  {"prefix": str(corpus / "b" / "train"), "weight": 0.25}], "dev": None, "test": None,
+        "vocab_size": 200}))
+    preprocess(config)
+    first, second = DataFolder.open(config.data.out_dir).manifest["splits"]["train"]["corpora"]
+    rows = np.concatenate(Trainer(config).sampler.batches(0))
+    assert len(rows) == 2 * first["pairs"] + round(0.25 * second["pairs"])
+    assert np.bincount(rows, minlength=second["end"])[: first["end"]].tolist() == [2] * first["pairs"]
