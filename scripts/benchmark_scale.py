@@ -73,15 +73,16 @@ def timed(cmd: list[str], log: Path) -> tuple[float, float, int]:
     return wall, int(peak.group(1)) / 1024 if peak else float("nan"), code
 
 
-def measure(name: str, train_prefix: Path, work: Path, multi30k: Path, updates: int) -> dict:
+def measure(name: str, train_prefix: Path, work: Path, multi30k: Path, updates: int, train_only: bool) -> dict:
     nmt = [sys.executable, "-m", "nmt"]
     data_dir, run_dir = work / f"data_{name}", work / f"run_{name}"
     common = ["--config", str(CONFIG), "--set", f"data.train={train_prefix}",
               "--set", f"data.dev={multi30k / 'val'}", "--set", f"data.test={multi30k / 'test_2016_flickr'}",
               "--set", f"data.out_dir={data_dir}"]
     row: dict = {"corpus": name}
-    wall, rss, code = timed([*nmt, "preprocess", *common, "--force"], work / f"preprocess_{name}.log")
-    row.update(preprocess_s=round(wall, 1), preprocess_rss_mb=round(rss), preprocess_exit=code)
+    if not train_only:
+        wall, rss, code = timed([*nmt, "preprocess", *common, "--force"], work / f"preprocess_{name}.log")
+        row.update(preprocess_s=round(wall, 1), preprocess_rss_mb=round(rss), preprocess_exit=code)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     row["pairs"] = manifest["splits"]["train"]["input_pairs"]
     train_cmd = [*nmt, "train", *common, "--overwrite", "--set", f"training.run_dir={run_dir}",
@@ -140,19 +141,22 @@ def main() -> None:
     parser.add_argument("--sizes", default="300000,1000000,3000000,10000000", help="comma-separated pair counts")
     parser.add_argument("--updates", type=int, default=5, help="training updates per size")
     parser.add_argument("--json", type=Path, help="write all rows here")
+    parser.add_argument("--train-only", action="store_true", help="reuse the data folders of an earlier run")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"# {machine()}", flush=True)
-    rows = [measure("multi30k", args.multi30k / "train", args.work, args.multi30k, args.updates)]
+    rows = [measure("multi30k", args.multi30k / "train", args.work, args.multi30k, args.updates, args.train_only)]
     for size in (int(s) for s in args.sizes.split(",")):
         prefix = args.work / "corpora" / f"train_{size}"
         build_corpus(args.multi30k, size, prefix)
-        rows.append(measure(str(size), prefix, args.work, args.multi30k, args.updates))
+        rows.append(measure(str(size), prefix, args.work, args.multi30k, args.updates, args.train_only))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
     print("| pairs | preprocess | preprocess peak RSS | train start-up | epoch batches | train peak RSS |")
     print("|---|---|---|---|---|---|")
     for row in rows:
+        if args.train_only:
+            row.update(preprocess_s=float("nan"), preprocess_rss_mb=0)
         print(f"| {row['pairs']:,} | {row['preprocess_s']:.0f} s | {row['preprocess_rss_mb']:,} MB "
               f"| {row['startup_s']:.1f} s | {row['epoch_batches_s']:.2f} s | {row['train_rss_mb']:,} MB |")
 

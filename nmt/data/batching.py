@@ -179,41 +179,40 @@ class BucketBatchSampler:
                 parts.append((start + np.sort(rng.permutation(size)[:extra])).astype(index))
         return np.concatenate(parts) if parts else np.zeros(0, index)
 
-    def _sort_key(self, rows: np.ndarray, pool_size: int | None) -> np.ndarray:
-        """One integer key per row: (pool, longer side, target, source) lengths, most significant
-        first; pools are consecutive runs of `pool_size` positions (None: one pool)."""
+    def _length_key(self, rows: np.ndarray) -> np.ndarray:
+        """One integer key per row: (longer side, target, source) length, most significant first."""
         scale = int(self.longest.max(initial=0)) + 1
-        pools = -(-len(rows) // pool_size) if pool_size else 1
-        if scale**3 * pools >= 2**62:
+        if scale**3 >= 2**62:
             raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
-        key = self.longest[rows].astype(np.int32 if scale**3 * pools < 2**31 else np.int64)
+        key = self.longest[rows].astype(np.int32 if scale**3 < 2**31 else np.int64)
         key *= scale
         key += self.tgt_lengths[rows]
         key *= scale
         key += self.src_lengths[rows]
-        if pool_size:
-            for pool, start in enumerate(range(0, len(rows), pool_size)):   # one slice per pool
-                key[start : start + pool_size] += pool * scale**3
         return key
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for `epoch`, as arrays of sentence positions."""
         rng = np.random.default_rng([self.seed, epoch])
         rows = self.epoch_rows(rng)
-        if not self.shuffle:
-            order = rows[np.argsort(self._sort_key(rows, None), kind="stable")]
-            pool_starts, pool_ends = np.zeros(1, np.int64), np.array([len(order)])
+        if self.shuffle:
+            rng.shuffle(rows)                                            # in place: no second array
+            key = self._length_key(rows)
+            for start in range(0, len(rows), self.pool_size):         # a loop over pools, not sentences
+                pool = slice(start, start + self.pool_size)
+                rows[pool] = rows[pool][np.argsort(key[pool], kind="stable")]
+            del key
+            pool_starts = np.arange(0, len(rows), self.pool_size)
+            pool_ends = np.minimum(pool_starts + self.pool_size, len(rows))
         else:
-            rows = rows[rng.permutation(len(rows))]
-            order = rows[np.argsort(self._sort_key(rows, self.pool_size), kind="stable")]
-            pool_starts = np.arange(0, len(order), self.pool_size)
-            pool_ends = np.minimum(pool_starts + self.pool_size, len(order))
-        starts, ends = batch_bounds(self.longest[order], pool_starts, pool_ends, self.batch_tokens, self.batch_size)
+            rows = rows[np.argsort(self._length_key(rows), kind="stable")]
+            pool_starts, pool_ends = np.zeros(1, np.int64), np.array([len(rows)])
+        starts, ends = batch_bounds(self.longest[rows], pool_starts, pool_ends, self.batch_tokens, self.batch_size)
         picked = rng.permutation(len(starts)) if self.shuffle else np.arange(len(starts))
         if self.world_size > 1:   # every rank must run the same number of steps
             usable = len(picked) // self.world_size * self.world_size
             picked = picked[self.rank : usable : self.world_size]
-        return [order[starts[i] : ends[i]] for i in picked.tolist()]
+        return [rows[starts[i] : ends[i]] for i in picked.tolist()]
 
     def padding_fraction(self, batches: Sequence[np.ndarray]) -> float:
         """Fraction of pad tokens over both sides of the padded batches."""
