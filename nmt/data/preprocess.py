@@ -371,3 +371,7 @@ def _print_summary(manifest: dict[str, Any], out_dir: Path) -> None:
             line += (f"; dropped {sum(dropped.values())} of {entry['input_pairs']} "
                      f"(too short {dropped['too_short']}, too long {dropped['too_long']}, ratio {dropped['ratio']})")
         log(line)
+        corpora = entry.get("corpora", [])
+        for corpus in corpora if len(corpora) > 1 else []:
+            log(f"    {corpus['prefix']}: {corpus['pairs']} of {corpus['input_pairs']} pairs, "
+                f"weight {corpus['weight']:g}")
