@@ -7,13 +7,14 @@ entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are memory-mappable w
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from nmt import textio
 
 
 class DataError(ValueError):
@@ -30,26 +31,14 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
 
 
 def read_lines(path: Path) -> list[str]:
-    """All lines of a UTF-8 text file (plain or gzip), without line endings.
+    """All lines of a UTF-8 text file (plain or gzip), without line endings (see `nmt.textio`).
 
     Invalid UTF-8 raises `DataError` naming the file and the line number.
     """
-    opener = gzip.open if path.suffix == ".gz" else open
-    lines = []
     try:
-        with opener(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError as exc:
-                    raise DataError(
-                        f"{path} line {number}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
-                    ) from None
-    except (OSError, EOFError) as exc:
-        if isinstance(exc, DataError):
-            raise
-        raise DataError(f"{path}: cannot be read ({exc})") from None
-    return lines
+        return textio.read_lines(path)
+    except textio.TextInputError as exc:
+        raise DataError(str(exc)) from None
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
