@@ -14,7 +14,7 @@ import typer
 from nmt import __version__
 from nmt.config import ConfigError, load_config
 from nmt.data.corpus import DataError
-from nmt.folders import FolderError, PendingFile, check_output_path, remove_leftovers
+from nmt.folders import FolderError, PendingFile, check_output_path, register_file, remove_leftovers
 from nmt.textio import TextInputError, iter_lines, open_text
 
 app = typer.Typer(
@@ -295,6 +295,7 @@ def average(
     except CheckpointError as exc:
         fail(str(exc))
     save_checkpoint(output, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
+    register_file(output)                   # `train --overwrite` may delete it with the rest of the run
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 

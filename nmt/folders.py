@@ -183,11 +183,18 @@ def write_marker(folder: str | Path, kind: str, files: Iterable[str] | None = No
     atomic_write(Path(folder) / MARKER, lambda h: h.write(json.dumps(marker, indent=1) + "\n"), mode="w")
 
 
+def register_file(path: str | Path) -> None:
+    """Record in a run folder's marker that nmt wrote `path` there (e.g. `nmt average -o RUN/avg.pt`)."""
+    path = Path(path)
+    marker = read_marker(path.parent)
+    if marker is not None and marker.get("kind") == "run" and not _is_nmt_file(path.name, marker):
+        write_marker(path.parent, "run", [*marker.get("files", []), path.name])
+
+
 def _is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
-    if name in (MARKER, LOCK) or _temp_owner(name) is not None:
+    """Data folders list their files in the marker; run folders have fixed names plus registered ones."""
+    if name in (MARKER, LOCK) or _temp_owner(name) is not None or name in marker.get("files", ()):
         return True
-    if "files" in marker:
-        return name in marker["files"]
     patterns = RUN_FILES if marker.get("kind") == "run" else ()
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
