@@ -97,10 +97,10 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     pending = PendingFile(path, mode)
     try:
         write(pending.handle)
+        pending.commit()
     except BaseException:
         pending.discard()
         raise
-    pending.commit()
 
 
 def fsync_folder(folder: Path) -> None:

@@ -105,7 +105,8 @@ def events(run: Path, kind: str) -> list[int]:
 
 
 def train_args(prepared: Path, run: Path, **training) -> list[str]:
-    args = ["train", "--config", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.log_every=1"]
+    args = ["train", "--config", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.log_every=1",
+            "--set", "training.threads=1"]      # threads busy-wait when other processes load the CPU
     for key, value in training.items():
         args += ["--set", f"training.{key}={value}"]
     return args
@@ -161,7 +162,7 @@ def test_signal_during_a_checkpoint_write_lets_it_finish(prepared, tmp_path, sig
     proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2), slow_save(1))
     read_until(proc, "SAVING")
     code, seconds, err = stop(proc, sig)
-    assert code == 128 + sig and seconds < STOP_WITHIN + 3, (code, seconds, err)   # 3 s: the slowed write
+    assert code == 128 + sig and seconds < STOP_WITHIN, (code, seconds, err)
     state = load_checkpoint(run / "last.pt")                  # complete, and at the update it stopped at
     assert state["step"] == max(events(run, "train"))
     assert temporaries(run) == []
@@ -250,7 +251,7 @@ def test_sigint_in_translate_writes_no_output(trained_run, tmp_path):
     source = tmp_path / "in.de"
     source.write_text("ein Hund\n" * 50)
     proc = start(["translate", "--checkpoint", str(trained_run / "best.pt"), "-i", str(source), "-o", str(out),
-                  "-q", "--beam-size", "1"], SLOW_TRANSLATE)
+                  "-q", "--beam-size", "1", "--threads", "1"], SLOW_TRANSLATE)
     read_until(proc, "TRANSLATED")
     code, seconds, err = stop(proc, signal.SIGINT)
     assert code == 130 and seconds < STOP_WITHIN, (code, seconds, err)

@@ -444,8 +444,9 @@ class Trainer:
                                 stop = stop or "early_stopping"
                         self._save("last.pt")
                         window_start = time.monotonic()
-                    elif (t.save_every and p.step % t.save_every == 0) or self._save_due():
+                    elif (t.save_every and p.step % t.save_every == 0) or self._from_rank0(self._save_due()):
                         self._save("last.pt")
+                        stop = self._stop_reason()     # a signal during the save: last.pt is current, stop now
                     if stop:
                         reason = stop
                         return last_metrics
