@@ -310,3 +310,30 @@ def test_a_locked_run_folder_names_the_holder(world, tmp_path):
 
 def test_config_yaml_still_parses(world):
     assert yaml.safe_load(world["config"].read_text())["data"]["out_dir"].endswith("data")
+
+
+def test_disk_full_while_saving_a_checkpoint(prepared, tmp_path):
+    """fsync reports ENOSPC on the second write of last.pt: one error line, the first last.pt intact."""
+    run = tmp_path / "run"
+    patch = textwrap.dedent("""
+        import errno, os, sys
+        import nmt.folders as f
+        _commit, _count = f.PendingFile.commit, [0]
+        def commit(self):
+            if self.path.name == "last.pt":
+                _count[0] += 1
+                if _count[0] == 2:
+                    os.fsync = lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+            _commit(self)
+        f.PendingFile.commit = commit
+    """)
+    args = ["train", "-c", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.save_every=1",
+            "--set", "training.validate_every=1000", "--set", "training.max_updates=5", "--set", "training.threads=1"]
+    code = f"{patch}\nfrom nmt.cli import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=REPO, timeout=300)
+    line = assert_one_error(result)
+    assert f"cannot write checkpoint {run}/last.pt (No space left on device)" in line
+    from nmt.train.checkpoint import load_checkpoint
+
+    assert load_checkpoint(run / "last.pt")["step"] == 1
+    assert [p.name for p in run.iterdir() if p.name.endswith(".nmt-tmp")] == []

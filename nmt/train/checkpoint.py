@@ -27,7 +27,14 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     payload = {"format": FORMAT_VERSION, "nmt_version": __version__, **state}
-    atomic_write(path, lambda handle: torch.save(payload, handle))
+    try:
+        atomic_write(path, lambda handle: torch.save(payload, handle))
+    except RuntimeError as exc:         # torch's zip writer reports a failed write (e.g. a full disk) this way
+        reason = " ".join(str(exc).split())[:200]
+        raise CheckpointError(f"cannot write checkpoint {path} ({reason}); the previous one is unchanged") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path} ({exc.strerror or exc}); "
+                              "the previous one is unchanged") from None
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
