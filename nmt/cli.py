@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -13,6 +14,8 @@ import typer
 from nmt import __version__
 from nmt.config import ConfigError, load_config
 from nmt.data.corpus import DataError
+from nmt.folders import FolderError, PendingFile, check_output_path, register_file, remove_leftovers
+from nmt.textio import TextInputError, iter_lines, open_text
 
 app = typer.Typer(
     help="RNN-attention neural machine translation: preprocess, train, translate, evaluate.",
@@ -25,8 +28,26 @@ ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file.", exi
 SetOption = typer.Option(None, "--set", help="Override a config key: --set training.lr=3e-4 (repeatable).")
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwind (temporary files are removed on the way) and exit 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):     # a second signal must not interrupt the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
 def fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {one_line(message)}", err=True)
     raise typer.Exit(code=2)
 
 
@@ -53,8 +74,8 @@ def preprocess(
     from nmt.data.preprocess import preprocess as run_preprocess
 
     try:
-        run_preprocess(load_config(config, overrides or []), force=force)
-    except (ConfigError, DataError) as exc:
+        run_preprocess(load_config(config, overrides or []), force=force, config_path=config)
+    except (ConfigError, DataError, FolderError) as exc:
         fail(str(exc))
 
 
@@ -63,38 +84,51 @@ def train(
     config: Path = ConfigOption,
     overrides: list[str] | None = SetOption,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in training.run_dir from last.pt."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete a non-empty run folder and start over."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Delete what nmt wrote in the run folder and start over (never other files)."),
 ) -> None:
-    """Train a seq2seq model; checkpoints and metrics go to training.run_dir."""
+    """Train a seq2seq model; checkpoints and metrics go to training.run_dir.
+
+    SIGINT/SIGTERM save last.pt at the current update and exit 130/143; --resume continues.
+    """
     from nmt.train.checkpoint import CheckpointError
     from nmt.train.trainer import RunDirError, Trainer
 
     if resume and overwrite:
         fail("--resume and --overwrite exclude each other")
     try:
-        trainer = Trainer(load_config(config, overrides or []), resume=resume, overwrite=overwrite)
+        trainer = Trainer(load_config(config, overrides or []), resume=resume, overwrite=overwrite,
+                          config_path=config)
         trainer.train()
-    except (ConfigError, DataError, CheckpointError, RunDirError) as exc:
+    except (ConfigError, DataError, CheckpointError, RunDirError, FolderError) as exc:
         fail(str(exc))
+    if trainer.stop_signal is not None:
+        raise typer.Exit(code=128 + trainer.stop_signal)
 
 
-def _open_output(path: Path | None):
-    """stdout, or a temporary file beside `path` that `_finish_output` renames into place."""
+def _check_outputs(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
+    """Every output file's folder exists, no output is a folder, and none is an input or another output."""
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        check_output_path(path, option)
+        for other, earlier in [*inputs.items(), *((o, p) for p, o in seen.items())]:
+            if earlier is not None and (Path(earlier).resolve() == path.resolve()
+                                        or (Path(earlier).exists() and path.exists()
+                                            and Path(earlier).samefile(path))):
+                fail(f"{option} {path} is also {other}; write the output to another file")
+        seen[path.resolve()] = option
+
+
+def _pending(path: Path | None, stack: ExitStack) -> PendingFile | None:
+    """A temporary file beside `path` (leftovers of killed runs removed first), discarded unless committed."""
     if path is None:
-        return sys.stdout, None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    return open(tmp, "w", encoding="utf-8"), tmp
-
-
-def _finish_output(handle, tmp: Path | None, path: Path | None, ok: bool) -> None:
-    if tmp is None:
-        handle.flush()
-        return
-    handle.close()
-    if ok:
-        os.replace(tmp, path)
-    else:
-        tmp.unlink(missing_ok=True)
+        return None
+    remove_leftovers(path.parent, path.name)
+    pending = PendingFile(path, "w")
+    stack.callback(pending.discard)
+    return pending
 
 
 @app.command()
@@ -105,9 +139,12 @@ def translate(
     beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="1 = greedy; default from config."),
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
     batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
-    n_best: int = typer.Option(1, "--n-best", min=1, help="Write the K best as 'line ||| text ||| score'."),
+    n_best: int = typer.Option(1, "--n-best", min=1,
+                               help="Write the K best of each input line (K <= beam size) as K lines "
+                                    "'N ||| text ||| score' (N = 0-based input line, score = length-normalised "
+                                    "log-probability); an empty input line gives K lines with empty text."),
     no_repeat_ngram: int | None = typer.Option(None, "--no-repeat-ngram", min=0, help="Block repeated n-grams."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (cuda:N)."),
     precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
     alignments: Path | None = typer.Option(None, "--alignments", help="Write Pharaoh word alignments (i-j)."),
@@ -115,14 +152,24 @@ def translate(
     plot_attention: Path | None = typer.Option(None, "--plot-attention", help="Write heatmap PNGs into this folder."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Translate text, one line out per line in, in input order."""
+    """Translate text, one line out per line in, in input order.
+
+    Only "\\n" ends an input line (a "\\r" before it belongs to a CRLF ending); invalid UTF-8 stops
+    with an error naming the line: with --output nothing is written, on stdout nothing after it.
+    """
     from tqdm import tqdm
 
     from nmt.decode.translator import OutputFiles, Translator
     from nmt.train.checkpoint import CheckpointError
 
-    if input is not None and not input.is_file():
-        fail(f"input file {input} does not exist")
+    try:
+        source_file = open_text(input) if input is not None else None
+    except TextInputError as exc:
+        fail(str(exc))
+    _check_outputs({"--input": input}, {"--output": output, "--alignments": alignments,
+                                        "--attention-out": attention_out})
+    if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
+        fail(f"--plot-attention: {plot_attention} is a file, not a folder")
     if threads:
         import torch
 
@@ -133,6 +180,9 @@ def translate(
                                                 precision=precision)
     except (ConfigError, CheckpointError) as exc:
         fail(str(exc))
+    if n_best > translator.decoding.beam_size:
+        fail(f"--n-best {n_best} is larger than the beam size {translator.decoding.beam_size}; "
+             f"raise --beam-size to at least {n_best}")
     plotter = None
     if plot_attention is not None:
         from nmt.plot import AttentionPlotter, PlotUnavailable
@@ -142,23 +192,27 @@ def translate(
         except PlotUnavailable as exc:
             fail(str(exc))
     with ExitStack() as stack:
-        source = stack.enter_context(open(input, encoding="utf-8")) if input else sys.stdin
-        out, tmp = _open_output(output)
+        if source_file is not None:
+            stack.enter_context(source_file)
+        source = iter_lines(source_file if source_file is not None else sys.stdin.buffer, str(input or "stdin"))
+        pending = {name: _pending(path, stack) for name, path in
+                   (("text", output), ("alignments", alignments), ("attention", attention_out))}
         files = OutputFiles(
-            out,
-            stack.enter_context(open(alignments, "w", encoding="utf-8")) if alignments else None,
-            stack.enter_context(open(attention_out, "w", encoding="utf-8")) if attention_out else None,
+            pending["text"].handle if pending["text"] else sys.stdout,
+            pending["alignments"].handle if pending["alignments"] else None,
+            pending["attention"].handle if pending["attention"] else None,
             plotter,
         )
-        ok = False
         try:
             with tqdm(desc="translate", unit="sent", file=sys.stderr, disable=quiet) as bar:
                 translator.write_translations(source, files, n_best=n_best, progress=bar)
-            ok = True
-        except UnicodeDecodeError as exc:
-            fail(f"{input or 'stdin'}: invalid UTF-8 in the input ({exc.reason})")
-        finally:
-            _finish_output(out, tmp, output, ok)
+        except TextInputError as exc:
+            sys.stdout.flush()
+            fail(str(exc))
+        sys.stdout.flush()
+        for item in pending.values():
+            if item is not None:
+                item.commit()
 
 
 @app.command()
@@ -174,11 +228,16 @@ def evaluate(
     device: str = typer.Option("auto", "--device"),
     bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10),
 ) -> None:
-    """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF."""
+    """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF.
+
+    Only "\\n" ends a line (a "\\r" before it belongs to a CRLF ending).
+    """
     import json
 
     from nmt import evaluate as ev
 
+    if json_out is not None and str(json_out) != "-":
+        _check_outputs({"--ref": ref, "--hyp": hyp, "--src": src, "--compare": compare}, {"--json": json_out})
     try:
         refs = ev.read_text(ref)
         if checkpoint is not None:
@@ -210,7 +269,10 @@ def evaluate(
         typer.echo(payload)
         return
     if json_out is not None:
-        json_out.write_text(payload + "\n", encoding="utf-8")
+        from nmt.folders import atomic_write
+
+        remove_leftovers(json_out.parent, json_out.name)
+        atomic_write(json_out, lambda handle: handle.write(payload + "\n"), mode="w")
     typer.echo(ev.format_report(results, hyp_name, str(ref)))
 
 
@@ -225,10 +287,15 @@ def average(
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
     try:
+        check_output_path(output, "--output")
+    except FolderError as exc:
+        fail(str(exc))
+    try:
         state = average_checkpoints(checkpoints)
     except CheckpointError as exc:
         fail(str(exc))
     save_checkpoint(output, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
+    register_file(output)                   # `train --overwrite` may delete it with the rest of the run
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 
@@ -268,17 +335,56 @@ def plot_curves_command(
     from nmt.plot import PlotUnavailable, plot_curves
 
     try:
+        check_output_path(out, "--out")
         plot_curves(run_dirs, out)
-    except (PlotUnavailable, FileNotFoundError) as exc:
+    except (PlotUnavailable, FileNotFoundError, FolderError) as exc:
         fail(str(exc))
     typer.echo(f"wrote {out}", err=True)
 
 
+def _is_user_error(exc: BaseException) -> bool:
+    """nmt's own exception classes (ConfigError, DataError, CheckpointError, ...) describe user errors."""
+    return isinstance(exc, ValueError) and type(exc).__module__.startswith("nmt.")
+
+
 def main() -> None:
+    """Run a command; every failure is one `error:` line (exit 2), a signal exits 128 + its number."""
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    code = 0
     try:
-        app()
+        code = app(standalone_mode=False) or 0
+    except NoArgsIsHelpError as exc:
+        exc.show()
+        code = 2
+    except ClickException as exc:
+        typer.echo(f"error: {one_line(exc.format_message())} (see --help)", err=True)
+        code = 2
+    except Interrupted as exc:
+        print(f"interrupted ({exc})", file=sys.stderr)
+        code = exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    except BrokenPipeError:                      # the reader went away (`nmt translate | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.echo(f"error: {where}{exc.strerror or one_line(str(exc))}", err=True)
+        code = 2
+    except typer.Abort:
+        code = 1
+    except Exception as exc:
+        if _is_user_error(exc):
+            typer.echo(f"error: {one_line(str(exc))}", err=True)
+            code = 2
+        else:
+            typer.echo(f"error: internal error ({type(exc).__name__}: {one_line(str(exc))[:300]}); "
+                       "please report it", err=True)
+            code = 1
     finally:
         gc.freeze()   # exit without a last garbage-collector walk over torch's objects: 0.3 s of every command
+    sys.exit(code)

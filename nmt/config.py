@@ -116,6 +116,7 @@ class TrainingConfig:
     log_every: int = _bounded(100, ge=1)
     validate_every: int = _bounded(1000, ge=1)
     save_every: int = _bounded(0, ge=0)                  # extra last.pt saves between validations; 0 = none
+    save_every_minutes: float = _bounded(10.0, ge=0.0)   # also save last.pt after this much training; 0 = never
     early_stopping_metric: Literal["bleu", "loss", "ppl"] = "bleu"
     patience: int = _bounded(0, ge=0)                    # validations without improvement; 0 = never stop
     keep_best: int = _bounded(3, ge=0)
@@ -275,7 +276,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw_value) if raw_value.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override `{text}`: value is not valid YAML ({exc.problem})") from None
+        reason = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ConfigError(f"override `{text}`: value is not valid YAML ({reason})") from None
     return parts, value
 
 
@@ -300,10 +302,17 @@ def config_from_dict(raw: Any, base_dir: Path | None = None) -> Config:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML config, apply `--set` overrides, validate, resolve relative paths."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

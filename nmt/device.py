@@ -10,6 +10,8 @@ from nmt.config import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:
+    if name not in ("auto", "cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise ConfigError(f"unknown device {name!r} (training.device or --device); choose auto, cpu or cuda")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda was asked for (training.device or --device) but no CUDA device is available")
     if name == "auto":

@@ -8,23 +8,24 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
 
+from nmt.textio import TextInputError, read_lines
+
 
 class EvaluationError(ValueError):
     """Inputs that cannot be scored together (e.g. different line counts)."""
 
 
 def read_text(path: str | Path) -> list[str]:
-    path = Path(path)
-    if not path.is_file():
-        raise EvaluationError(f"{path} does not exist")
+    """The lines of a text file: only "\\n" ends a line (see nmt.textio)."""
     try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise EvaluationError(f"{path} line {line}: invalid UTF-8") from None
+        return read_lines(path)
+    except TextInputError as exc:
+        raise EvaluationError(str(exc)) from None
 
 
 def check_lengths(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> None:
+    if not refs:
+        raise EvaluationError(f"{ref_name} is empty; there is nothing to score")
     if len(hyps) != len(refs):
         raise EvaluationError(
             f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(refs)}; hypotheses and references must align"

@@ -160,10 +160,10 @@ def test_target_vocab_holds_only_target_pieces(prepared):
 def test_iter_lines_splits_only_at_newline_across_blocks():
     import io
 
-    from nmt.data.corpus import iter_lines
+    from nmt.textio import iter_lines
 
     raw = "eins\r\nzwei\rdrei\nvier\u2028fünf\n\n\u00e4\u00f6\u00fc sechs\r".encode()
-    expected = ["eins", "zwei\rdrei", "vier\u2028fünf", "", "\u00e4\u00f6\u00fc sechs"]
+    expected = ["eins", "zwei\rdrei", "vier\u2028fünf", "", "\u00e4\u00f6\u00fc sechs\r"]  # no "\n": "\r" is content
     for block in (1, 2, 3, 5, 64):
         assert list(iter_lines(io.BytesIO(raw), "x", block_size=block)) == expected
     assert list(iter_lines(io.BytesIO(b""), "x")) == []
@@ -173,11 +173,14 @@ def test_iter_lines_splits_only_at_newline_across_blocks():
 def test_iter_lines_names_the_line_of_invalid_utf8_in_a_later_block():
     import io
 
-    from nmt.data.corpus import iter_lines
+    from nmt.textio import TextInputError, iter_lines
 
     raw = b"".join(f"line {i}\n".encode() for i in range(1, 40)) + b"bad \xc3\x28 here\nok\n"
-    with pytest.raises(DataError, match=r"^f\.txt line 40: invalid UTF-8 \(byte 0xc3 at column 5\)$"):
-        list(iter_lines(io.BytesIO(raw), "f.txt", block_size=16))
+    read = []
+    with pytest.raises(TextInputError, match=r"^f\.txt line 40: invalid UTF-8 \(byte 0xc3 at column 5\)$"):
+        for line in iter_lines(io.BytesIO(raw), "f.txt", block_size=16):
+            read.append(line)
+    assert read == [f"line {i}" for i in range(1, 40)]      # every line before the bad one
 
 
 def test_reservoir_sample_is_seeded_bounded_and_uniform():

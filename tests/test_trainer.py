@@ -100,7 +100,7 @@ def test_corrupt_and_incompatible_checkpoints_are_refused(prepared, tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
 
 
-def test_sigterm_saves_last_checkpoint_and_exits_cleanly(prepared, tmp_path):
+def test_sigterm_saves_last_checkpoint_and_exits_143(prepared, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "nmt", "train", "--config", str(prepared), "--set", f"training.run_dir={run}",
@@ -112,7 +112,7 @@ def test_sigterm_saves_last_checkpoint_and_exits_cleanly(prepared, tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 143, err
     assert "SIGTERM" in err
     state = load_checkpoint(run / "last.pt")
     assert 0 < state["step"] < 100000

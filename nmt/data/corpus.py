@@ -9,17 +9,16 @@ entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are written by append
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
+
+from nmt import textio
 
 
 class DataError(ValueError):
@@ -35,61 +34,22 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
     raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
 
 
-def iter_lines(stream: BinaryIO, name: str, block_size: int = 1 << 20) -> Iterator[str]:
-    """The lines of a UTF-8 byte stream, read in blocks of `block_size` bytes.
-
-    Only `\\n` ends a line; one `\\r` right before it (a CRLF ending) is stripped; a last line
-    without `\\n` still counts. Invalid UTF-8 raises `DataError` naming `name` and the line.
-    (The one line reader of the data stage: `nmt.textio.iter_lines` has the same contract.)
-    """
-    number, rest = 0, b""
-    while True:
-        block = stream.read(block_size)
-        if not block:
-            break
-        block = rest + block
-        cut = block.rfind(b"\n")
-        if cut < 0:
-            rest = block
-            continue
-        rest = block[cut + 1 :]
-        lines = _decode_lines(block[:cut], name, number)
-        number += len(lines)
-        yield from lines
-    if rest:
-        yield from _decode_lines(rest, name, number)
-
-
-def _decode_lines(raw: bytes, name: str, lines_before: int) -> list[str]:
-    """`raw` (no trailing newline) split at `\\n` and decoded; one trailing `\\r` per line stripped."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        for number, line in enumerate(raw.split(b"\n"), start=lines_before + 1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{name} line {number}: invalid UTF-8 "
-                                f"(byte {line[exc.start]:#04x} at column {exc.start + 1})") from None
-        raise
-    lines = text.split("\n")
-    if "\r" in text:
-        lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    return lines
-
-
 @contextmanager
 def open_lines(path: Path) -> Iterator[Iterator[str]]:
-    """The lines of a text file, plain or gzip; unreadable files become `DataError`."""
-    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as handle:
-        yield _readable(iter_lines(handle, str(path)), path)
+    """The lines of a text file, plain or gzip, read by `nmt.textio`; its errors become `DataError`."""
+    try:
+        handle = textio.open_text(path)
+    except textio.TextInputError as exc:
+        raise DataError(str(exc)) from None
+    with handle:
+        yield _as_data_errors(textio.iter_lines(handle, str(path)))
 
 
-def _readable(lines: Iterator[str], path: Path) -> Iterator[str]:
+def _as_data_errors(lines: Iterator[str]) -> Iterator[str]:
     try:
         yield from lines
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: cannot be read ({exc})") from None
+    except textio.TextInputError as exc:
+        raise DataError(str(exc)) from None
 
 
 def read_lines(path: Path) -> list[str]:

@@ -5,7 +5,8 @@ draws the seeded SentencePiece sample; a second reads, checks, encodes (every co
 appends `CHUNK_PAIRS` pairs at a time, gathering the target pieces in use; the training target
 ids are then mapped to the target vocabulary in place. Several training corpora are written one
 after the other into one `train` split; the manifest gives each its rows and weight.
-The output folder is built under a temporary name and renamed into place at the end, so an
+The output folder carries nmt's marker and is locked while a run works in it; the files are
+built in a temporary folder and moved into place at the end, the manifest last, so an
 interrupted run never leaves a half-written data folder. A fingerprint of the settings and the
 input files' hashes makes re-runs with unchanged inputs a no-op.
 """
@@ -18,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,6 +44,7 @@ from nmt.data.corpus import (
     select_rows,
 )
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
+from nmt.folders import TEMP_SUFFIX, check_overlap, fsync_folder, open_work_folder, read_marker, write_marker
 
 FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")
@@ -90,7 +93,7 @@ class DataFolder:
         return self.root / f"{split}.ref.{self.manifest['langs']['tgt']}"
 
 
-def _train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
+def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
     """(name, prefix, weight) of each training corpus: `train` for one prefix, `train[i]` in a list."""
     if data.train is None:
         raise ConfigError("`data.train` is required: the prefix of the training files")
@@ -103,9 +106,9 @@ def _train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
 
 
 def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
-    """(source, target) file of every input: the training corpora (see `_train_corpora`), dev, test."""
+    """(source, target) file of every input: the training corpora (see `train_corpora`), dev, test."""
     files = {}
-    for name, prefix, _ in _train_corpora(data):
+    for name, prefix, _ in train_corpora(data):
         files[name] = (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
                        resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
     for split in SPLITS[1:]:
@@ -184,13 +187,31 @@ def _check_specials(model: Path) -> None:
         raise DataError(f"{model}: special ids pad/unk/bos/eos are {got}, expected {expected}")
 
 
-def preprocess(config: Config, force: bool = False) -> Path:
-    """Run the whole preprocessing stage; returns the output folder."""
+def preprocess(config: Config, force: bool = False, config_path: str | Path | None = None) -> Path:
+    """Run the whole preprocessing stage; returns the output folder.
+
+    The output folder is nmt's (marked) and locked for the whole run; new files are built in a
+    temporary folder inside it and moved in at the end, the manifest last.
+    """
     data = config.data
     if data.out_dir is None:
         raise ConfigError("`data.out_dir` is required: the folder to write the preprocessed data to")
     out_dir = Path(data.out_dir)
     files = _input_files(data)
+    inputs = [path for pair in files.values() for path in pair]
+    inputs += [Path(p) for p in (data.src_spm_model, data.tgt_spm_model) if p]
+    check_overlap(out_dir, "data.out_dir", inputs, config_path)
+    created, _ = open_work_folder(out_dir, "data", "data.out_dir", "preprocess", "remove them yourself")
+    try:
+        return _preprocess_locked(config, files, out_dir, force)
+    except BaseException:
+        if created:                     # holds only our marker, lock and temporary folder
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_dir: Path, force: bool) -> Path:
+    data = config.data
     digests = {f"{split}.{side}": file_digest(path) | {"path": str(path)}
                for split, pair in files.items() for side, path in zip(("src", "tgt"), pair, strict=True)}
     for model_key in ("src_spm_model", "tgt_spm_model"):
@@ -202,22 +223,18 @@ def preprocess(config: Config, force: bool = False) -> Path:
     if not force and manifest_path.is_file():
         try:
             previous = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             previous = {}
-        if previous.get("fingerprint") == fingerprint:
+        if isinstance(previous, dict) and previous.get("fingerprint") == fingerprint:
             log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
             return out_dir
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".build.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=out_dir))
     try:
         manifest = _write_folder(config, files, digests, fingerprint, tmp)
         _replace_folder(tmp, out_dir)
-    except BaseException:
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
     _print_summary(manifest, out_dir)
     return out_dir
 
@@ -283,7 +300,7 @@ def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_voca
                              "corpora": []}
     with (IdWriter(out / f"train.{data.src_lang}", dtypes["src"]) as src_writer,
           IdWriter(out / f"train.{data.tgt_lang}", dtypes["tgt"]) as tgt_writer):
-        for name, prefix, weight in _train_corpora(data):
+        for name, prefix, weight in train_corpora(data):
             start = src_writer.sentences
             counts = _stream_corpus(data, files[name], src_vocab, tgt_vocab, _Writers(src_writer, tgt_writer),
                                     filter_lengths=True, seen_tgt=seen_tgt)
@@ -302,7 +319,7 @@ def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_voca
 def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: dict[str, Any], fingerprint: str,
                   out: Path) -> dict[str, Any]:
     data = config.data
-    train_files = [files[name] for name, _, _ in _train_corpora(data)]
+    train_files = [files[name] for name, _, _ in train_corpora(data)]
     src_model, tgt_model = _build_vocabs(data, train_files, out)
     for model in {src_model, tgt_model}:
         _check_specials(model)
@@ -353,12 +370,33 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
 
 
 def _replace_folder(tmp: Path, out_dir: Path) -> None:
-    """Move the finished folder into place; an existing one is moved aside first, then deleted."""
-    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    """Move the finished files from `tmp` into the locked `out_dir`, replacing nmt's old ones.
+
+    The old manifest goes first and the new one last, so a crash in between leaves a folder
+    without a manifest (rebuilt by the next run), never a mix that looks complete. The marker
+    lists every file nmt may later delete, old and new, at each moment.
+    """
+    new = sorted(entry.name for entry in tmp.iterdir())
+    old = (read_marker(out_dir) or {}).get("files", [])
+    for name in new:                    # data on disk before the names point at it
+        if (tmp / name).is_file():
+            with open(tmp / name, "rb+") as handle:
+                os.fsync(handle.fileno())
+    (out_dir / "manifest.json").unlink(missing_ok=True)
+    write_marker(out_dir, "data", [*old, *new])
+    for name in old:
+        target = out_dir / name
+        if name not in new or target.is_dir():
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+    for name in new:
+        if name != "manifest.json":
+            os.replace(tmp / name, out_dir / name)
+    write_marker(out_dir, "data", new)
+    os.replace(tmp / "manifest.json", out_dir / "manifest.json")
+    fsync_folder(out_dir)
 
 
 def _print_summary(manifest: dict[str, Any], out_dir: Path) -> None:

@@ -26,7 +26,7 @@ from nmt.data.tokenizer import EOS, Vocab
 from nmt.decode.search import Hypothesis, beam_search, greedy_search
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.checkpoint import load_checkpoint, load_vocabs
+from nmt.train.checkpoint import CheckpointError, load_checkpoint, load_vocabs
 
 
 @dataclass
@@ -53,11 +53,17 @@ class Translator:
         checkpoint = Path(checkpoint)
         state = load_checkpoint(checkpoint, mmap=True)
         raw = state["config"]
-        raw["decoding"].update({k: v for k, v in decoding_overrides.items() if v is not None})
+        if not isinstance(raw, dict) or not isinstance(raw.get("decoding", {}), dict):
+            raise CheckpointError(f"checkpoint {checkpoint} holds no valid config")
+        raw.setdefault("decoding", {}).update({k: v for k, v in decoding_overrides.items() if v is not None})
         config = config_from_dict(raw)                  # overrides are checked like the YAML file
         src_vocab, tgt_vocab = load_vocabs(checkpoint.parent, state["vocab"])
         model = Seq2Seq.from_config(config.model, len(src_vocab), len(tgt_vocab))
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            reason = " ".join(str(exc).split())[:200]
+            raise CheckpointError(f"checkpoint {checkpoint}: its weights do not fit its config ({reason})") from None
         return cls(model, src_vocab, tgt_vocab, config.decoding, resolve_device(device))
 
     # ------------------------------------------------------------------ public API
@@ -103,14 +109,17 @@ class Translator:
 
     def write_translations(self, lines: Iterable[str], files: OutputFiles, n_best: int = 1,
                            progress=None) -> None:
-        """Translate `lines` into `files`: one line per input line, or `n_best` lines 'i ||| text ||| score'."""
+        """Translate `lines` into `files`: one line per input line, or exactly `n_best` lines 'i ||| text ||| score'
+        (i 0-based; an empty input line, or a beam with fewer distinct hypotheses, is padded with empty text)."""
         results = self.translate_stream(lines, n_best=n_best, return_attention=files.wants_attention,
                                         progress=progress)
         for number, result in enumerate(results):
             if n_best > 1:
-                texts = self.tgt_vocab.decode([h.tokens for h in result.hypotheses])
-                for hyp, text in zip(result.hypotheses, texts, strict=True):
-                    files.text.write(f"{number} ||| {text} ||| {hyp.score:.4f}\n")
+                hyps = result.hypotheses[:n_best]
+                texts = self.tgt_vocab.decode([h.tokens for h in hyps])
+                rows = [f"{number} ||| {text} ||| {hyp.score:.4f}\n" for hyp, text in zip(hyps, texts, strict=True)]
+                padding = f"{number} |||  ||| {0.0 if not hyps else float('-inf'):.4f}\n"
+                files.text.write("".join(rows) + padding * (n_best - len(rows)))
             else:
                 files.text.write(result.text + "\n")
             if files.wants_attention:

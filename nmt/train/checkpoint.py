@@ -7,9 +7,7 @@ leaves a half-written checkpoint under a real name.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import torch
 
 from nmt import __version__
 from nmt.data.tokenizer import Vocab
+from nmt.folders import atomic_write
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
@@ -26,29 +25,16 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, truncated, corrupt or from an incompatible format."""
 
 
-def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Call `write(handle)` on a temporary file beside `path`, fsync, rename over `path`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     payload = {"format": FORMAT_VERSION, "nmt_version": __version__, **state}
-    atomic_write(path, lambda handle: torch.save(payload, handle))
+    try:
+        atomic_write(path, lambda handle: torch.save(payload, handle))
+    except RuntimeError as exc:         # torch's zip writer reports a failed write (e.g. a full disk) this way
+        reason = " ".join(str(exc).split())[:200]
+        raise CheckpointError(f"cannot write checkpoint {path} ({reason}); the previous one is unchanged") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path} ({exc.strerror or exc}); "
+                              "the previous one is unchanged") from None
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
@@ -103,3 +89,6 @@ def load_vocabs(run_dir: Path, vocab_entries: dict[str, Any]) -> tuple[Vocab, Vo
         return Vocab.from_entry(run_dir, vocab_entries["src"]), Vocab.from_entry(run_dir, vocab_entries["tgt"])
     except FileNotFoundError as exc:
         raise CheckpointError(f"{exc}; a checkpoint needs the files of its run folder") from None
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise CheckpointError(f"the SentencePiece model(s) in {run_dir} cannot be loaded ({reason})") from None

@@ -8,6 +8,7 @@ resumed run ends with bitwise the same parameters as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -35,17 +36,38 @@ from tqdm import tqdm
 
 from nmt.config import Config, ConfigError, config_from_dict, dump_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
-from nmt.data.preprocess import DataFolder
+from nmt.data.preprocess import DataFolder, train_corpora
 from nmt.decode.search import greedy_search
 from nmt.device import autocast, autocast_dtype, grad_scaler, make_optimizer, resolve_device
+from nmt.folders import (
+    LOCK,
+    MARKER,
+    atomic_write,
+    check_overlap,
+    lock_folder,
+    open_work_folder,
+    read_marker,
+    release_folder,
+    remove_leftovers,
+    remove_nmt_files,
+    write_marker,
+)
 from nmt.model.seq2seq import Seq2Seq
-from nmt.train.checkpoint import CheckpointError, atomic_write, load_checkpoint, save_checkpoint
+from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.train.loss import output_cross_entropy
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
 
 class RunDirError(ValueError):
     """The run folder cannot be used as asked (not empty without --resume/--overwrite, nothing to resume)."""
+
+
+class ValidationAbandoned(Exception):
+    """A stop signal arrived during validation: the loop saves last.pt and exits instead of finishing it."""
+
+
+# Keys whose change would move the data stream that a checkpoint's cursor points into.
+DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
 
 
 @dataclass
@@ -74,7 +96,8 @@ def _higher_is_better(metric: str) -> bool:
 class Trainer:
     """Owns the model, optimiser and run folder of one training run."""
 
-    def __init__(self, config: Config, resume: bool = False, overwrite: bool = False) -> None:
+    def __init__(self, config: Config, resume: bool = False, overwrite: bool = False,
+                 config_path: str | Path | None = None) -> None:
         self.config = config
         t = config.training
         if t.run_dir is None:
@@ -90,7 +113,7 @@ class Trainer:
             torch.set_num_threads(t.threads)
         self.data = DataFolder.open(config.data.out_dir)
         self.src_vocab, self.tgt_vocab = self.data.vocab("src"), self.data.vocab("tgt")
-        self._prepare_run_dir(resume, overwrite)
+        self._prepare_run_dir(resume, overwrite, config_path)
 
         torch.manual_seed(t.seed)
         random.seed(t.seed)
@@ -117,27 +140,56 @@ class Trainer:
                         if self.data.has_split("dev") else None)
         self.stop_signal: int | None = None
         if resume:
-            self._restore(load_checkpoint(self.run_dir / "last.pt"))
+            try:
+                self._restore(load_checkpoint(self.run_dir / "last.pt"))
+            except BaseException:
+                self.close()
+                raise
             if self.rank > 0:                          # last.pt holds rank 0's RNG state
                 torch.manual_seed(t.seed + self.rank * 1_000_003 + self.progress.step)
+            if self.is_main:
+                self._trim_metrics()
+
+    def close(self) -> None:
+        """Let go of the run folder's lock (a process that ends lets go anyway)."""
+        if self.is_main:
+            release_folder(self.run_dir)
 
     # ------------------------------------------------------------------ run folder
 
-    def _prepare_run_dir(self, resume: bool, overwrite: bool) -> None:
+    def _prepare_run_dir(self, resume: bool, overwrite: bool, config_path: str | Path | None) -> None:
+        """Check, lock and (for a new run) fill the run folder; only rank 0 touches it."""
         if not self.is_main:
             return
-        exists = self.run_dir.exists() and any(self.run_dir.iterdir())
+        d = self.config.data
+        inputs = [Path(prefix) for _, prefix, _ in train_corpora(d)] if d.train else []
+        inputs += [Path(p) for p in (d.dev, d.test, d.src_spm_model, d.tgt_spm_model) if p]
+        check_overlap(self.run_dir, "training.run_dir", inputs, config_path)
+        data_root = self.data.root.resolve()
+        run = self.run_dir.resolve()
+        if run == data_root or data_root in run.parents or run in data_root.parents:
+            raise RunDirError(f"`training.run_dir` {self.run_dir} overlaps the data folder {self.data.root}; "
+                              "choose a folder outside it")
         if resume:
             if not (self.run_dir / "last.pt").is_file():
                 raise RunDirError(f"cannot resume: {self.run_dir / 'last.pt'} does not exist")
+            marker = read_marker(self.run_dir)
+            if marker is not None and marker.get("kind") != "run":
+                raise RunDirError(f"cannot resume: {self.run_dir} is an nmt {marker.get('kind')} folder")
+            lock_folder(self.run_dir, "train")
+            remove_leftovers(self.run_dir)
+            if marker is None:                         # a run folder from before markers: adopt it
+                write_marker(self.run_dir, "run")
             return
+        ours = {MARKER, LOCK}
+        exists = self.run_dir.is_dir() and any(p.name not in ours for p in self.run_dir.iterdir())
         if exists and not overwrite:
             raise RunDirError(
                 f"run folder {self.run_dir} is not empty; pass --resume to continue it or --overwrite to start over"
             )
-        if exists:
-            shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _, marker = open_work_folder(self.run_dir, "run", "training.run_dir", "train", "remove them yourself")
+        if marker is not None:
+            remove_nmt_files(self.run_dir, marker)
         atomic_write(self.run_dir / "config.yaml", lambda h: h.write(dump_config(self.config)), mode="w")
         for side in ("src", "tgt"):
             entry = self.data.manifest["vocab"][side]
@@ -145,6 +197,51 @@ class Trainer:
                 if name and not (self.run_dir / name).exists():
                     shutil.copyfile(self.data.root / name, self.run_dir / name)
         shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
+
+    def _check_resume_config(self, saved: Config) -> None:
+        """Refuse changes that move the data stream; apply, log and record the others."""
+        old, new = _flatten(saved.to_dict()), _flatten(self.config.to_dict())
+        changed = {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+                   if old.get(k) != new.get(k) and k not in ("training.run_dir", "data.out_dir")}
+        for key, (before, after) in changed.items():
+            if key.startswith("data.") or key in DATA_STREAM_KEYS:
+                raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): it changes the data "
+                                  f"stream the checkpoint continues; keep it or start a new run")
+        recorded = self.run_dir / "data_manifest.json"
+        if recorded.is_file():
+            try:
+                fingerprint = json.loads(recorded.read_text(encoding="utf-8")).get("fingerprint")
+            except (ValueError, AttributeError):
+                fingerprint = None
+            if fingerprint and fingerprint != self.data.manifest.get("fingerprint"):
+                raise RunDirError(f"--resume: the data folder {self.data.root} holds other data than this run was "
+                                  f"trained on ({recorded}); keep the data or start a new run")
+        if not self.is_main:
+            return
+        for key, (before, after) in changed.items():
+            tqdm.write(f"resume: {key} {before!r} -> {after!r}", file=sys.stderr)
+        if changed:
+            atomic_write(self.run_dir / "config.yaml", lambda h: h.write(dump_config(self.config)), mode="w")
+
+    def _trim_metrics(self) -> None:
+        """Drop events after the restored step (logged, then lost to a kill) and any torn last line."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        kept, dropped = [], 0
+        for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if not isinstance(event, dict) or event.get("step", 0) > self.progress.step:
+                dropped += 1
+                continue
+            kept.append(line + "\n")
+        if dropped:
+            atomic_write(path, lambda h: h.write("".join(kept)), mode="w")
 
     def _setup_distributed(self) -> None:
         import torch.distributed as dist
@@ -185,6 +282,7 @@ class Trainer:
         saved = config_from_dict(state["config"])
         if saved.model != self.config.model:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} was trained with a different `model` section")
+        self._check_resume_config(saved)
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as exc:
@@ -205,6 +303,13 @@ class Trainer:
     def _save(self, name: str) -> None:
         if self.is_main:
             save_checkpoint(self.run_dir / name, self._state())
+        if name == "last.pt":
+            self.last_saved = time.monotonic()
+
+    def _save_due(self) -> bool:
+        """`training.save_every_minutes` of training have passed since last.pt was written."""
+        minutes = self.config.training.save_every_minutes
+        return bool(minutes) and time.monotonic() - self.last_saved >= minutes * 60
 
     def _session_time(self) -> float:
         return time.monotonic() - self.started if hasattr(self, "started") else 0.0
@@ -249,20 +354,55 @@ class Trainer:
         self.scaler.update()
         return float(total), tokens
 
-    def _install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            if self.stop_signal is not None:       # second Ctrl-C: give up at once
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGINT/SIGTERM ask the loop to stop after this update; a second one gives up at once."""
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.stop_signal is not None:       # second signal: give up at once (temporaries are removed)
+                before = previous.get(signum)
+                if callable(before):
+                    before(signum, frame)
                 raise KeyboardInterrupt
             self.stop_signal = signum
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in previous:
             signal.signal(sig, handler)
+        return previous
+
+    def finished_reason(self) -> str | None:
+        """Why a resumed run has nothing left to do (its budget is spent or it stopped early), if it has not."""
+        t, p = self.config.training, self.progress
+        if t.max_updates and p.step >= t.max_updates:
+            return f"max_updates {t.max_updates}"
+        if p.cursor.epoch >= t.max_epochs:
+            return f"max_epochs {t.max_epochs}"
+        if t.max_minutes and p.elapsed / 60 >= t.max_minutes:
+            return f"max_minutes {t.max_minutes}"
+        if t.patience and p.bad_validations >= t.patience:
+            return f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"
+        return None
 
     def train(self) -> dict[str, Any]:
-        """Run until max_updates / max_epochs / max_minutes / early stopping / a signal; returns the last metrics."""
+        """Run until max_updates / max_epochs / max_minutes / early stopping / a signal; returns the last metrics.
+
+        The run folder's lock is released at the end.
+        """
+        try:
+            return self._train()
+        finally:
+            self.close()
+
+    def _train(self) -> dict[str, Any]:
         t = self.config.training
-        self.started = time.monotonic()
-        self._install_signal_handlers()
         p = self.progress
+        finished = self.finished_reason()
+        if finished:
+            if self.is_main:
+                tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
+                           "Raise that limit with --set to train on.", file=sys.stderr)
+            return {}
+        self.started = self.last_saved = time.monotonic()
+        previous_handlers = self._install_signal_handlers()
         bar = tqdm(total=t.max_updates or None, initial=p.step, desc="train", unit="upd", file=sys.stderr,
                    disable=not self.is_main, dynamic_ncols=True)
         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
@@ -296,15 +436,20 @@ class Trainer:
                         window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
                     stop = self._stop_reason()
                     if p.step % t.validate_every == 0 or stop:
-                        # Validate on schedule, and once more when a budget ends (not on a signal: exit fast).
-                        if p.step % t.validate_every == 0 or stop in ("max_updates", "max_minutes"):
-                            last_metrics = self.validate()
+                        # Validate on schedule, and once more when a budget ends (not on a signal: exit fast;
+                        # a signal during validation abandons it).
+                        if (p.step % t.validate_every == 0 or stop in ("max_updates", "max_minutes")) and not (
+                                stop and stop.startswith("SIG")):
+                            with contextlib.suppress(ValidationAbandoned):
+                                last_metrics = self.validate()
+                            stop = stop or self._stop_reason()
                             if t.patience and self._from_rank0(p.bad_validations >= t.patience):
                                 stop = stop or "early_stopping"
                         self._save("last.pt")
                         window_start = time.monotonic()
-                    elif t.save_every and p.step % t.save_every == 0:
+                    elif (t.save_every and p.step % t.save_every == 0) or self._from_rank0(self._save_due()):
                         self._save("last.pt")
+                        stop = self._stop_reason()     # a signal during the save: last.pt is current, stop now
                     if stop:
                         reason = stop
                         return last_metrics
@@ -313,6 +458,8 @@ class Trainer:
             return last_metrics
         finally:
             bar.close()
+            for sig, before in previous_handlers.items():
+                signal.signal(sig, before)
             if self.is_main:
                 tqdm.write(f"training stopped at update {p.step} ({reason}); checkpoints in {self.run_dir}",
                            file=sys.stderr)
@@ -395,6 +542,8 @@ class Trainer:
         loss_sum, tokens = 0.0, 0
         hyps: dict[int, list[int]] = {}
         for batch_rows in sampler.batches(0):
+            if self.stop_signal is not None:
+                raise ValidationAbandoned
             batch = dev.collate(rows[batch_rows]).to(self.device)
             with autocast(self.device, self.amp_dtype):
                 features, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
@@ -424,6 +573,17 @@ def peak_rss_mb() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"training": {"lr": 1}} -> {"training.lr": 1}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _as_tuple(value: Any) -> Any:

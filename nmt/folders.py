@@ -1,0 +1,312 @@
+"""What nmt may delete and when: folder markers, locks, leftovers, path overlaps, atomic writes.
+
+A run folder or data folder carries a marker file, `.nmt-folder.json`, that nmt writes when it
+creates or adopts the folder. Only a marked folder is ever cleared, and only of the files nmt
+writes there; anything else in it is foreign and makes nmt refuse. One process works in a
+folder at a time: it holds an exclusive `flock` on the folder's `.nmt.lock` for its whole
+life (the kernel lets go when it dies). Every file is written atomically: to an unpredictable
+temporary name beside it (`.NAME.PID-RANDOM.nmt-tmp`, created with O_EXCL), fsynced, then
+renamed into place with the mode the umask gives a new file; temporaries of dead processes are
+removed the next time a command opens the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import fnmatch
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+MARKER = ".nmt-folder.json"
+LOCK = ".nmt.lock"
+TEMP_SUFFIX = ".nmt-tmp"
+_TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
+
+# The files nmt writes into a run folder (a data folder lists its own files in its marker).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.pt", "spm.model", "src.model",
+             "tgt.model", "tgt.pieces", "data_manifest.json")
+
+_held_locks: dict[Path, int] = {}      # folder -> fd of its lock file, held until the process ends
+
+
+class FolderError(ValueError):
+    """A folder nmt may not use as asked: foreign files, locked by another process, overlapping inputs."""
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def new_file_mode() -> int:
+    """The mode `open()` would give a new file under the current umask (0o644 under umask 022)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+class PendingFile:
+    """A file being written under a temporary name beside `path`; `commit` renames it into place."""
+
+    def __init__(self, path: str | Path, mode: str = "wb") -> None:
+        self.path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}-", suffix=TEMP_SUFFIX,
+                                   dir=self.path.parent)
+        self.tmp = Path(tmp)
+        try:
+            os.fchmod(fd, new_file_mode())
+            text = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+            self.handle: IO[Any] = os.fdopen(fd, mode, **text)
+        except BaseException:
+            os.close(fd)
+            self.tmp.unlink(missing_ok=True)
+            raise
+
+    def commit(self) -> None:
+        try:
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self.handle.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+        fsync_folder(self.path.parent)
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.handle.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb") -> None:
+    """Call `write(handle)` on an unpredictably named temporary file beside `path`, fsync, rename over `path`."""
+    pending = PendingFile(path, mode)
+    try:
+        write(pending.handle)
+        pending.commit()
+    except BaseException:
+        pending.discard()
+        raise
+
+
+def fsync_folder(folder: Path) -> None:
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def check_output_path(path: str | Path, option: str) -> None:
+    """A file nmt is about to write: its folder must exist and it must not be a folder itself."""
+    path = Path(path)
+    if path.is_dir():
+        raise FolderError(f"{option}: {path} is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise FolderError(f"{option}: folder {path.parent} does not exist; create it first")
+    if not os.access(path.parent, os.W_OK):
+        raise FolderError(f"{option}: folder {path.parent} is not writable")
+
+
+def _temp_owner(name: str) -> int | None:
+    match = _TEMP_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]:
+    """Remove temporaries that killed nmt processes left in `folder` (only for `target` if given).
+
+    A temporary is a leftover when its process is gone, or when it carries this process's id
+    (call this before writing anything: under a lock, a container's PID 1 is its own leftover).
+    """
+    folder = Path(folder)
+    removed = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        owner = _temp_owner(entry.name)
+        if owner is None or (target is not None and not entry.name.startswith(f".{target}.")):
+            continue
+        if owner == os.getpid() or not _alive(owner):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------- markers
+
+
+def read_marker(folder: str | Path) -> dict[str, Any] | None:
+    path = Path(folder) / MARKER
+    try:
+        marker = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and "kind" in marker else None
+
+
+def write_marker(folder: str | Path, kind: str, files: Iterable[str] | None = None) -> None:
+    from nmt import __version__
+
+    marker: dict[str, Any] = {"kind": kind, "nmt_version": __version__}
+    if files is not None:
+        marker["files"] = sorted(set(files))
+    atomic_write(Path(folder) / MARKER, lambda h: h.write(json.dumps(marker, indent=1) + "\n"), mode="w")
+
+
+def register_file(path: str | Path) -> None:
+    """Record in a run folder's marker that nmt wrote `path` there (e.g. `nmt average -o RUN/avg.pt`)."""
+    path = Path(path)
+    marker = read_marker(path.parent)
+    if marker is not None and marker.get("kind") == "run" and not _is_nmt_file(path.name, marker):
+        write_marker(path.parent, "run", [*marker.get("files", []), path.name])
+
+
+def _is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
+    """Data folders list their files in the marker; run folders have fixed names plus registered ones."""
+    if name in (MARKER, LOCK) or _temp_owner(name) is not None or name in marker.get("files", ()):
+        return True
+    patterns = RUN_FILES if marker.get("kind") == "run" else ()
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str]:
+    """Names in `folder` that nmt did not write (everything, when the folder has no marker)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    names = sorted(entry.name for entry in folder.iterdir())
+    return [name for name in names if not _is_nmt_file(name, marker or {"kind": None, "files": []})]
+
+
+def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, Any] | None:
+    """The folder's marker; a `FolderError` when it holds files nmt did not write or is another kind."""
+    if folder.exists() and not folder.is_dir():
+        raise FolderError(f"`{key}`: {folder} is a file, not a folder")
+    marker = read_marker(folder)
+    if marker is not None and marker.get("kind") != kind:
+        raise FolderError(f"`{key}`: {folder} is an nmt {marker.get('kind')} folder, not a {kind} folder; "
+                          f"choose another {key}")
+    foreign = foreign_files(folder, marker)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise FolderError(f"{folder} holds files nmt did not write ({shown}); choose another {key} "
+                          f"or {what}")
+    return marker
+
+
+def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
+    """Delete what nmt wrote in `folder` (not the marker, not the lock); nothing else is touched."""
+    folder = Path(folder)
+    for entry in sorted(folder.iterdir()):
+        if entry.name in (MARKER, LOCK) or not _is_nmt_file(entry.name, marker):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+# ---------------------------------------------------------------------------------------------- locks
+
+
+def lock_folder(folder: str | Path, command: str) -> None:
+    """Hold an exclusive lock on `folder` until this process ends; `FolderError` names the holder's PID.
+
+    Locking a folder this process already holds is a no-op.
+    """
+    folder = Path(folder).resolve()
+    if folder in _held_locks:
+        return
+    path = folder / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, new_file_mode())
+    except OSError as exc:
+        raise FolderError(f"cannot lock {folder}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise FolderError(f"cannot lock {folder}: {exc.strerror}") from None
+        who = f"process {holder[0]} ({' '.join(holder[1:])})" if holder else "another process"
+        raise FolderError(f"{folder} is in use by {who}; wait for it or stop it first") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} nmt {command}\n".encode(), 0)
+    _held_locks[folder] = fd
+
+
+def release_folder(folder: str | Path) -> None:
+    """Let go of a lock taken by `lock_folder` (tests; a process otherwise holds it until it ends)."""
+    fd = _held_locks.pop(Path(folder).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def open_work_folder(folder: str | Path, kind: str, key: str, command: str, what: str) -> tuple[bool, dict | None]:
+    """Refuse a foreign folder, create it if missing, lock it, clean leftovers, re-check under the lock.
+
+    Returns (created, marker before this call). The marker is written for new and empty folders.
+    """
+    folder = Path(folder)
+    refuse_foreign(folder, kind, key, what)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock_folder(folder, command)
+    remove_leftovers(folder)
+    marker = refuse_foreign(folder, kind, key, what)   # again, now that no other nmt process can change it
+    if marker is None:
+        write_marker(folder, kind, [] if kind == "data" else None)
+    return created, marker
+
+
+# ---------------------------------------------------------------------------------------------- overlaps
+
+
+def _inside(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_overlap(folder: str | Path, key: str, inputs: Iterable[Path], config_path: str | Path | None) -> None:
+    """`folder` may not be, contain, or lie inside a folder of the raw inputs; nor be or contain the config's folder."""
+    target = Path(folder).resolve()
+    for path in inputs:
+        source = Path(path).resolve().parent
+        if _inside(target, source) or _inside(source, target):
+            raise FolderError(f"`{key}`: {target} overlaps {source}, the folder of the input {path}; "
+                              f"choose a folder outside the raw data")
+    if config_path is not None:
+        home = Path(config_path).resolve().parent
+        if _inside(home, target):
+            raise FolderError(f"`{key}`: {target} is or contains {home}, the folder of the config file; "
+                              f"choose another folder")

@@ -1,0 +1,339 @@
+"""The error matrix: bad invocations as a user would type them.
+
+Each one must exit 2 with exactly one `error:` line on stderr, no traceback, and leave every
+file that existed before (inputs, outputs, run and data folders) byte-identical, with no new
+file anywhere in them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from nmt.folders import LOCK
+
+from .conftest import make_config, write_slice
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """Every file and folder under `roots`, with a hash of each file's bytes (lock files hold a PID: skipped)."""
+    seen = {}
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.name == LOCK:
+                continue
+            seen[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+    return seen
+
+
+def run_cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path]:
+    """A user's folder: corpus, configs, a finished run (copy), outputs that must survive, odd files."""
+    root = tmp_path_factory.mktemp("world")
+    corpus = root / "corpus"
+    write_slice(corpus, "train", 30)
+    write_slice(corpus, "val", 5)
+    conf = root / "conf"
+    conf.mkdir()
+    config = make_config(conf, corpus, data={"test": None, "out_dir": str(root / "data")},
+                         training={"run_dir": str(root / "runs" / "a")})
+    run = root / "run_copy"
+    shutil.copytree(trained_run, run)
+    (root / "runs").mkdir()
+    user = root / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("my own notes\n")
+    files = {
+        "root": root, "corpus": corpus, "config": config, "prepared": prepared, "run": run, "user": user,
+        "ckpt": run / "best.pt",
+    }
+    (root / "out.txt").write_text("previous output\n")
+    (root / "scores.json").write_text('{"old": true}\n')
+    (root / "good.de").write_text("ein Hund\nzwei Katzen\n")
+    (root / "bad.de").write_bytes(b"ein Hund\n" * 3 + b"kaputt \xff\n" + b"ein Hund\n")
+    (root / "ref.en").write_text("a dog\ntwo cats\n")
+    (root / "empty.txt").write_bytes(b"")
+    (root / "latin1.yaml").write_bytes("data:\n  src_lang: d\xe9\n".encode("latin-1"))
+    (root / "broken.yaml").write_text("data: [unclosed\n")
+    (root / "list.yaml").write_text("- 1\n- 2\n")
+    (root / "typo.yaml").write_text("trainig:\n  lr: 0.1\n")
+    (root / "garbage.pt").write_bytes(b"PK\x03\x04 definitely not a checkpoint")
+    (root / "notgz.de.gz").write_bytes(b"plain text pretending to be gzip\n")
+    (root / "adir").mkdir()
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["config"]["model"]["decoder_hidden"] = 7                    # weights no longer fit the config
+    torch.save(state, run / "mismatch.pt")
+    bad_corpus = root / "badcorpus"
+    write_slice(bad_corpus, "train", 20)
+    raw = (bad_corpus / "train.de").read_bytes().split(b"\n")
+    raw[4] += b"\xc3\x28"
+    (bad_corpus / "train.de").write_bytes(b"\n".join(raw))
+    gz_corpus = root / "gzcorpus"
+    write_slice(gz_corpus, "train", 20)
+    (gz_corpus / "train.de").rename(gz_corpus / "train.de.gz")                  # not gzip inside
+    short = root / "short"
+    write_slice(short, "train", 20)
+    (short / "train.en").write_text("".join((short / "train.en").read_text().splitlines(True)[:-1]))
+    with gzip.open(root / "hyp.gz", "wb") as handle:
+        handle.write(b"a dog\n\xfe\n")
+    (root / "afile").write_text("I am a file\n")
+    files["data_cfg"] = {"data": {"out_dir": str(root / "data")}}
+    return files
+
+
+def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
+    """The arguments (and stdin) of one bad invocation."""
+    r, cfg, prep, run, ckpt = w["root"], str(w["config"]), str(w["prepared"]), w["run"], str(w["ckpt"])
+    resume = ["train", "-c", prep, "--set", f"training.run_dir={run}", "--resume"]
+    translate = ["translate", "--checkpoint", ckpt, "-q"]
+    cases: dict[str, tuple[list[str], bytes | None]] = {
+        # configuration files and overrides
+        "config missing": (["preprocess", "-c", str(r / "nope.yaml")], None),
+        "config is a folder": (["preprocess", "-c", str(r / "adir")], None),
+        "config not UTF-8": (["preprocess", "-c", str(r / "latin1.yaml")], None),
+        "config not YAML": (["train", "-c", str(r / "broken.yaml")], None),
+        "config not a mapping": (["preprocess", "-c", str(r / "list.yaml")], None),
+        "config unknown section": (["train", "-c", str(r / "typo.yaml")], None),
+        "set without =": (["train", "-c", cfg, "--set", "training.lr"], None),
+        "set without section": (["train", "-c", cfg, "--set", "lr=0.1"], None),
+        "set wrong type": (["train", "-c", cfg, "--set", "training.lr=fast"], None),
+        "set out of range": (["train", "-c", cfg, "--set", "training.max_updates=-5"], None),
+        "set into a value": (["train", "-c", cfg, "--set", "data.train.x=1"], None),
+        "set bad YAML": (["train", "-c", cfg, "--set", "training.lr=[1"], None),
+        "set control character": (["train", "-c", cfg, "--set", "training.lr=\x07"], None),
+        "set unknown choice": (["train", "-c", cfg, "--set", "training.device=tpu"], None),
+        "set unknown key": (["preprocess", "-c", cfg, "--set", "data.vocab=100"], None),
+        "resume and overwrite": (["train", "-c", cfg, "--resume", "--overwrite"], None),
+        "unknown option": (["train", "-c", cfg, "--frobnicate"], None),
+        "unknown command": (["frobnicate"], None),
+        # preprocess: folders and inputs
+        "out_dir is the corpus": (["preprocess", "-c", cfg, "--set", f"data.out_dir={w['corpus']}"], None),
+        "out_dir inside the corpus": (["preprocess", "-c", cfg, "--set", f"data.out_dir={w['corpus']}/spm"], None),
+        "out_dir contains the corpus": (["preprocess", "-c", cfg, "--set", f"data.out_dir={r}"], None),
+        "out_dir is the config folder": (["preprocess", "-c", cfg, "--set", "data.out_dir=."], None),
+        "out_dir holds user files": (["preprocess", "-c", cfg, "--set", f"data.out_dir={w['user']}"], None),
+        "out_dir is a file": (["preprocess", "-c", cfg, "--set", f"data.out_dir={r / 'afile'}"], None),
+        "out_dir is a run folder": (["preprocess", "-c", cfg, "--set", f"data.out_dir={run}"], None),
+        "train file missing": (["preprocess", "-c", cfg, "--set", f"data.train={r}/nowhere/train"], None),
+        "corpus invalid UTF-8": (["preprocess", "-c", cfg, "--set", f"data.train={r}/badcorpus/train"], None),
+        "corpus gzip garbage": (["preprocess", "-c", cfg, "--set", f"data.train={r}/gzcorpus/train"], None),
+        "corpus misaligned": (["preprocess", "-c", cfg, "--set", f"data.train={r}/short/train"], None),
+        # train: run folders and resume
+        "overwrite a user folder": (["train", "-c", prep, "--set", f"training.run_dir={w['user']}", "--overwrite"],
+                                    None),
+        "run folder not empty": (["train", "-c", prep, "--set", f"training.run_dir={w['user']}"], None),
+        "run_dir is the corpus": (["train", "-c", cfg, "--set", f"training.run_dir={w['corpus']}",
+                                   "--set", f"data.out_dir={Path(prep).parent / 'data'}"], None),
+        "run_dir is the config folder": (["train", "-c", prep, "--set", "training.run_dir=.", "--overwrite"], None),
+        "run_dir is a data folder": (["train", "-c", prep, "--set", f"training.run_dir={Path(prep).parent / 'data'}",
+                                      "--overwrite"], None),
+        "resume without last.pt": (["train", "-c", prep, "--set", f"training.run_dir={r / 'runs' / 'none'}",
+                                    "--resume"], None),
+        "resume changes seed": ([*resume, "--set", "training.seed=7"], None),
+        "resume changes batch_tokens": ([*resume, "--set", "training.batch_tokens=999"], None),
+        "resume changes data": ([*resume, "--set", "data.max_len=20"], None),
+        "resume changes model": ([*resume, "--set", "model.decoder_hidden=8"], None),
+        "train without data folder": (["train", "-c", cfg], None),
+        "train on a tpu": (["train", "-c", prep, "--set", f"training.run_dir={r / 'runs' / 'tpu'}",
+                            "--set", "training.device=tpu"], None),
+        # translate
+        "checkpoint missing": (["translate", "--checkpoint", str(r / "nope.pt")], b"x\n"),
+        "checkpoint garbage": (["translate", "--checkpoint", str(r / "garbage.pt")], b"x\n"),
+        "checkpoint is a folder": (["translate", "--checkpoint", str(r / "adir")], b"x\n"),
+        "weights do not fit config": (["translate", "--checkpoint", str(run / "mismatch.pt")], b"x\n"),
+        "device tpu": ([*translate, "--device", "tpu"], b"x\n"),
+        "output into missing folder": ([*translate, "-o", str(r / "nowhere" / "out.txt")], b"ein Hund\n"),
+        "output onto a folder": ([*translate, "-o", str(r / "adir")], b"ein Hund\n"),
+        "alignments into missing folder": ([*translate, "--alignments", str(r / "no" / "al.txt")], b"ein Hund\n"),
+        "attention onto a folder": ([*translate, "--attention-out", str(r / "adir")], b"ein Hund\n"),
+        "input missing": ([*translate, "-i", str(r / "nope.de")], None),
+        "input is a folder": ([*translate, "-i", str(r / "adir")], None),
+        "input gzip garbage": ([*translate, "-i", str(r / "notgz.de.gz"), "-o", str(r / "out.txt")], None),
+        "input invalid UTF-8 to file": ([*translate, "-i", str(r / "bad.de"), "-o", str(r / "out.txt")], None),
+        "stdin invalid UTF-8 to file": ([*translate, "-o", str(r / "out.txt")], b"gut\n\xff\xfe\n"),
+        "input is the output": ([*translate, "-i", str(r / "good.de"), "-o", str(r / "good.de")], None),
+        "n-best above beam": ([*translate, "--n-best", "4", "--beam-size", "2"], b"ein Hund\n"),
+        "threads negative": ([*translate, "--threads", "-1"], b"x\n"),
+        "beam size zero": ([*translate, "--beam-size", "0"], b"x\n"),
+        "batch tokens not a number": ([*translate, "--batch-tokens", "many"], b"x\n"),
+        "precision fp8": ([*translate, "--precision", "fp8"], b"x\n"),
+        "translate without checkpoint": (["translate"], b"x\n"),
+        # evaluate
+        "evaluate empty files": (["evaluate", "--hyp", str(r / "empty.txt"), "--ref", str(r / "empty.txt")], None),
+        "evaluate hyp missing": (["evaluate", "--hyp", str(r / "nope.en"), "--ref", str(r / "ref.en")], None),
+        "evaluate line counts differ": (["evaluate", "--hyp", str(r / "good.de"), "--ref", str(r / "out.txt")], None),
+        "evaluate invalid UTF-8": (["evaluate", "--hyp", str(r / "bad.de"), "--ref", str(r / "bad.de")], None),
+        "evaluate gzip hyp invalid": (["evaluate", "--hyp", str(r / "hyp.gz"), "--ref", str(r / "ref.en")], None),
+        "evaluate json into missing folder": (["evaluate", "--hyp", str(r / "ref.en"), "--ref", str(r / "ref.en"),
+                                               "--json", str(r / "no" / "s.json")], None),
+        "evaluate json onto a folder": (["evaluate", "--hyp", str(r / "ref.en"), "--ref", str(r / "ref.en"),
+                                         "--json", str(r / "adir")], None),
+        "evaluate json over the hyp": (["evaluate", "--hyp", str(r / "ref.en"), "--ref", str(r / "good.de"),
+                                        "--json", str(r / "ref.en")], None),
+        "evaluate nothing to score": (["evaluate", "--ref", str(r / "ref.en")], None),
+        "evaluate checkpoint without src": (["evaluate", "--ref", str(r / "ref.en"), "--checkpoint", ckpt], None),
+        "evaluate compare missing": (["evaluate", "--hyp", str(r / "ref.en"), "--ref", str(r / "ref.en"),
+                                      "--compare", str(r / "nope")], None),
+        "evaluate device tpu": (["evaluate", "--ref", str(r / "ref.en"), "--checkpoint", ckpt,
+                                 "--src", str(r / "good.de"), "--device", "tpu"], None),
+        # average and plot
+        "average into missing folder": (["average", ckpt, ckpt, "-o", str(r / "no" / "avg.pt")], None),
+        "average onto a folder": (["average", ckpt, "-o", str(r / "adir")], None),
+        "average garbage": (["average", str(r / "garbage.pt"), ckpt, "-o", str(r / "avg.pt")], None),
+        "average missing checkpoint": (["average", str(r / "nope.pt"), "-o", str(r / "avg.pt")], None),
+        "plot curves missing run": (["plot", "curves", str(r / "nope"), "-o", str(r / "c.png")], None),
+    }
+    return cases[name]
+
+
+CASES = [
+    "config missing", "config is a folder", "config not UTF-8", "config not YAML", "config not a mapping",
+    "config unknown section", "set without =", "set without section", "set wrong type", "set out of range",
+    "set into a value", "set bad YAML", "set control character", "set unknown choice", "set unknown key",
+    "resume and overwrite", "unknown option", "unknown command",
+    "out_dir is the corpus", "out_dir inside the corpus", "out_dir contains the corpus",
+    "out_dir is the config folder", "out_dir holds user files", "out_dir is a file", "out_dir is a run folder",
+    "train file missing", "corpus invalid UTF-8", "corpus gzip garbage", "corpus misaligned",
+    "overwrite a user folder", "run folder not empty", "run_dir is the corpus", "run_dir is the config folder",
+    "run_dir is a data folder", "resume without last.pt", "resume changes seed", "resume changes batch_tokens",
+    "resume changes data", "resume changes model", "train without data folder", "train on a tpu",
+    "checkpoint missing", "checkpoint garbage", "checkpoint is a folder", "weights do not fit config", "device tpu",
+    "output into missing folder", "output onto a folder", "alignments into missing folder",
+    "attention onto a folder", "input missing", "input is a folder", "input gzip garbage",
+    "input invalid UTF-8 to file", "stdin invalid UTF-8 to file", "input is the output", "n-best above beam",
+    "threads negative", "beam size zero", "batch tokens not a number", "precision fp8",
+    "translate without checkpoint",
+    "evaluate empty files", "evaluate hyp missing", "evaluate line counts differ", "evaluate invalid UTF-8",
+    "evaluate gzip hyp invalid", "evaluate json into missing folder", "evaluate json onto a folder",
+    "evaluate json over the hyp", "evaluate nothing to score", "evaluate checkpoint without src",
+    "evaluate compare missing", "evaluate device tpu",
+    "average into missing folder", "average onto a folder", "average garbage", "average missing checkpoint",
+    "plot curves missing run",
+]
+
+
+def assert_one_error(result: subprocess.CompletedProcess) -> str:
+    err = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2, err
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+def test_the_matrix_is_large():
+    assert len(CASES) == len(set(CASES)) >= 40
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_invocation(world, name):
+    args, stdin = case_args(name, world)
+    watched = (world["root"], world["prepared"].parent)
+    before = snapshot(*watched)
+    result = run_cli(*args, stdin=stdin, cwd=world["config"].parent)
+    assert_one_error(result)
+    assert snapshot(*watched) == before
+    if name == "stdin invalid UTF-8 to file":
+        assert result.stdout == b""
+
+
+def test_messages_name_the_thing_to_fix(world):
+    r, run = world["root"], world["run"]
+    checks = {
+        "config not UTF-8": "latin1.yaml line 2: not UTF-8",
+        "out_dir holds user files": "holds files nmt did not write (notes.txt)",
+        "overwrite a user folder": "holds files nmt did not write (notes.txt)",
+        "out_dir is the corpus": f"overlaps {world['corpus']}",
+        "corpus invalid UTF-8": f"{r}/badcorpus/train.de line 5: invalid UTF-8",
+        "input invalid UTF-8 to file": f"{r}/bad.de line 4: invalid UTF-8 (byte 0xff at column 8)",
+        "stdin invalid UTF-8 to file": "stdin line 2: invalid UTF-8",
+        "resume changes seed": "--resume cannot change `training.seed` (1 -> 7)",
+        "device tpu": "unknown device 'tpu'",
+        "weights do not fit config": f"checkpoint {run}/mismatch.pt: its weights do not fit its config",
+        "n-best above beam": "--n-best 4 is larger than the beam size 2",
+        "threads negative": "--threads",
+        "evaluate empty files": "is empty",
+        "output into missing folder": f"--output: folder {r}/nowhere does not exist",
+    }
+    for name, expected in checks.items():
+        args, stdin = case_args(name, world)
+        line = assert_one_error(run_cli(*args, stdin=stdin, cwd=world["config"].parent))
+        assert expected in line, (name, line)
+
+
+def test_stdin_lines_before_a_bad_byte_stay_and_nothing_after(world):
+    result = run_cli("translate", "--checkpoint", str(world["ckpt"]), "-q", "--beam-size", "1",
+                     stdin=b"ein Hund\nzwei Katzen\n\xff\nein Hund\n")
+    assert_one_error(result)
+    out = result.stdout.decode().split("\n")
+    assert len(out) <= 3 and out[-1] == ""         # at most the two good lines, each complete
+
+
+def test_a_locked_run_folder_names_the_holder(world, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run, ignore=shutil.ignore_patterns("mismatch.pt"))
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from nmt.folders import lock_folder
+        lock_folder({str(run)!r}, "train")
+        print("locked", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(run)
+        for extra in (["--resume", "--set", "training.max_updates=1000"], ["--overwrite"]):
+            result = run_cli("train", "-c", str(world["prepared"]), "--set", f"training.run_dir={run}", *extra)
+            line = assert_one_error(result)
+            assert f"is in use by process {holder.pid} (nmt train)" in line
+        assert snapshot(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_config_yaml_still_parses(world):
+    assert yaml.safe_load(world["config"].read_text())["data"]["out_dir"].endswith("data")
+
+
+def test_disk_full_while_saving_a_checkpoint(prepared, tmp_path):
+    """fsync reports ENOSPC on the second write of last.pt: one error line, the first last.pt intact."""
+    run = tmp_path / "run"
+    patch = textwrap.dedent("""
+        import errno, os, sys
+        import nmt.folders as f
+        _commit, _count = f.PendingFile.commit, [0]
+        def commit(self):
+            if self.path.name == "last.pt":
+                _count[0] += 1
+                if _count[0] == 2:
+                    os.fsync = lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+            _commit(self)
+        f.PendingFile.commit = commit
+    """)
+    args = ["train", "-c", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.save_every=1",
+            "--set", "training.validate_every=1000", "--set", "training.max_updates=5", "--set", "training.threads=1"]
+    code = f"{patch}\nfrom nmt.cli import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=REPO, timeout=300)
+    line = assert_one_error(result)
+    assert f"cannot write checkpoint {run}/last.pt (No space left on device)" in line
+    from nmt.train.checkpoint import load_checkpoint
+
+    assert load_checkpoint(run / "last.pt")["step"] == 1
+    assert [p.name for p in run.iterdir() if p.name.endswith(".nmt-tmp")] == []

@@ -1,0 +1,197 @@
+"""Folder markers, locks, leftovers, overlap checks and atomic writes (nmt/folders.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nmt import folders
+from nmt.folders import (
+    LOCK,
+    MARKER,
+    FolderError,
+    PendingFile,
+    atomic_write,
+    check_output_path,
+    check_overlap,
+    foreign_files,
+    lock_folder,
+    open_work_folder,
+    read_marker,
+    release_folder,
+    remove_leftovers,
+    remove_nmt_files,
+    write_marker,
+)
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_atomic_write_gives_the_umask_mode_and_leaves_no_temporary(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "out.bin", lambda h: h.write(b"data"))
+        atomic_write(tmp_path / "out.txt", lambda h: h.write("ä\r\n"), mode="w")
+    finally:
+        os.umask(old)
+    assert mode_of(tmp_path / "out.bin") == mode_of(tmp_path / "out.txt") == 0o666 & ~umask
+    assert (tmp_path / "out.txt").read_bytes() == "ä\r\n".encode()     # no newline translation
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin", "out.txt"]
+
+
+def test_atomic_write_failure_keeps_the_old_file_and_removes_the_temporary(tmp_path):
+    target = tmp_path / "keep.txt"
+    target.write_text("old")
+
+    def explode(handle):
+        handle.write("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, explode, mode="w")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError):
+        atomic_write(tmp_path / "folder", lambda h: h.write(b"x"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "keep.txt"]
+
+
+def test_temporary_names_are_unpredictable_and_never_follow_a_planted_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    # The old predictable name, planted as a symlink, is not used.
+    (tmp_path / f".out.tmp-{os.getpid()}").symlink_to(victim)
+    names = set()
+    for _ in range(5):
+        pending = PendingFile(tmp_path / "out")
+        names.add(pending.tmp.name)
+        assert not pending.tmp.is_symlink()
+        pending.discard()
+    assert len(names) == 5
+    atomic_write(tmp_path / "out", lambda h: h.write(b"new"))
+    assert victim.read_text() == "precious" and (tmp_path / "out").read_bytes() == b"new"
+
+
+def test_check_output_path(tmp_path):
+    check_output_path(tmp_path / "new.txt", "--output")
+    with pytest.raises(FolderError, match=f"--output: folder {tmp_path}/missing does not exist"):
+        check_output_path(tmp_path / "missing" / "x.txt", "--output")
+    with pytest.raises(FolderError, match="is a folder"):
+        check_output_path(tmp_path, "--output")
+
+
+def test_leftovers_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / f".last.pt.{dead_pid}-abc123{folders.TEMP_SUFFIX}").write_bytes(b"x")
+        (tmp_path / f".build.{dead_pid}-q1{folders.TEMP_SUFFIX}").mkdir()
+        (tmp_path / f".out.txt.{os.getpid()}-zz{folders.TEMP_SUFFIX}").write_bytes(b"x")   # ours: a leftover too
+        (tmp_path / f".last.pt.{live.pid}-abc{folders.TEMP_SUFFIX}").write_bytes(b"x")
+        (tmp_path / ".hidden.1-user.txt").write_bytes(b"x")             # not an nmt temporary name
+        assert remove_leftovers(tmp_path, "out.txt") == [f".out.txt.{os.getpid()}-zz{folders.TEMP_SUFFIX}"]
+        removed = remove_leftovers(tmp_path)
+        assert len(removed) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f".last.pt.{live.pid}-abc{folders.TEMP_SUFFIX}", ".hidden.1-user.txt"])
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_markers_and_foreign_files(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    assert read_marker(run) is None
+    write_marker(run, "run")
+    for name in ("last.pt", "best.pt", "best-step40.pt", "config.yaml", "metrics.jsonl", "notes.txt", "best.pt.bak"):
+        (run / name).write_text("x")
+    (run / "mine").mkdir()
+    marker = read_marker(run)
+    assert marker["kind"] == "run"
+    assert foreign_files(run, marker) == ["best.pt.bak", "mine", "notes.txt"]
+    remove_nmt_files(run, marker)
+    assert sorted(p.name for p in run.iterdir()) == [MARKER, "best.pt.bak", "mine", "notes.txt"]
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_marker(data, "data", ["manifest.json", "train.de.ids"])
+    (data / "manifest.json").write_text("{}")
+    (data / "train.de.ids").write_text("")
+    (data / "train.de.ids.orig").write_text("")
+    assert foreign_files(data, read_marker(data)) == ["train.de.ids.orig"]
+    (data / MARKER).write_text("not json")
+    assert read_marker(data) is None
+
+
+def test_open_work_folder_refuses_foreign_folders_and_other_kinds(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    with pytest.raises(FolderError, match=r"holds files nmt did not write \(thesis.tex\)"):
+        open_work_folder(user, "run", "training.run_dir", "train", "remove them yourself")
+    assert [p.name for p in user.iterdir()] == ["thesis.tex"]          # no lock or marker left in it
+    data = tmp_path / "data"
+    created, marker = open_work_folder(data, "data", "data.out_dir", "preprocess", "remove them yourself")
+    assert created and marker is None and read_marker(data)["kind"] == "data"
+    release_folder(data)
+    with pytest.raises(FolderError, match="is an nmt data folder, not a run folder"):
+        open_work_folder(data, "run", "training.run_dir", "train", "remove them yourself")
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    with pytest.raises(FolderError, match="is a file, not a folder"):
+        open_work_folder(plain, "run", "training.run_dir", "train", "remove them yourself")
+
+
+def test_lock_is_exclusive_across_processes_and_names_the_holder(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from nmt.folders import lock_folder
+            lock_folder({str(folder)!r}, "train")
+            print("locked", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderError, match=rf"is in use by process {holder.pid} \(nmt train\)"):
+            lock_folder(folder, "train")
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_folder(folder, "train")           # the kernel released the dead holder's lock
+    lock_folder(folder, "train")           # re-entrant within one process
+    assert (folder / LOCK).read_text().split()[0] == str(os.getpid())
+    release_folder(folder)
+
+
+@pytest.mark.parametrize(("relative", "ok"), [
+    ("corpus", False),            # is the raw-input folder
+    ("corpus/out", False),        # lies inside it
+    (".", False),                 # contains it (and the config)
+    ("conf", False),              # is the config file's folder
+    ("elsewhere/out", True),
+    ("conf/run", True),           # beside the config file is allowed
+])
+def test_overlaps_with_inputs_and_config(tmp_path, relative, ok):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "conf").mkdir()
+    inputs = [tmp_path / "corpus" / "train.de", tmp_path / "corpus" / "train.en"]
+    target = tmp_path / relative
+    if ok:
+        check_overlap(target, "data.out_dir", inputs, tmp_path / "conf" / "c.yaml")
+    else:
+        with pytest.raises(FolderError, match="`data.out_dir`"):
+            check_overlap(target, "data.out_dir", inputs, tmp_path / "conf" / "c.yaml")

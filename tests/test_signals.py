@@ -1,0 +1,259 @@
+"""Kill/resume cycles: SIGINT/SIGTERM stop within 5 s with exit 130/143 and a usable last.pt; SIGKILL loses
+at most the time since the last save; resuming continues, cleans leftovers and logs every step once.
+
+Some runs go through a small wrapper that slows one function down (a checkpoint write, reading the
+corpus, a translation batch), so that a signal lands exactly there.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nmt.folders import TEMP_SUFFIX
+from nmt.train.checkpoint import load_checkpoint
+
+from .conftest import make_config
+
+REPO = Path(__file__).resolve().parents[1]
+STOP_WITHIN = 5.0
+
+
+
+def slow_save(at: int) -> str:
+    """A wrapper that makes the `at`-th write of last.pt take 3 s more, announced on stderr."""
+    return f"""
+import nmt.folders as f
+_commit, _count = f.PendingFile.commit, [0]
+def commit(self):
+    if self.path.name == "last.pt":
+        _count[0] += 1
+        if _count[0] == {at}:
+            print("SAVING", file=sys.stderr, flush=True)
+            time.sleep(3)
+    _commit(self)
+f.PendingFile.commit = commit
+"""
+
+
+SLOW_READ = """
+import nmt.textio as t
+_iter = t.iter_lines
+def iter_lines(stream, name):
+    print("READING", file=sys.stderr, flush=True)
+    time.sleep(3)
+    yield from _iter(stream, name)
+t.iter_lines = iter_lines
+"""
+
+SLOW_TRANSLATE = """
+import nmt.decode.translator as tr
+_translate = tr.Translator.translate
+def translate(self, lines, *args, **kwargs):
+    out = _translate(self, lines, *args, **kwargs)
+    print("TRANSLATED", file=sys.stderr, flush=True)
+    time.sleep(3)
+    return out
+tr.Translator.translate = translate
+"""
+
+
+def start(args: list[str], patch: str = "", stdin=None) -> subprocess.Popen:
+    code = f"import sys, time\n{patch}\nfrom nmt.cli import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=stdin, cwd=REPO)
+
+
+def wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def read_until(proc: subprocess.Popen, marker: str, timeout: float = 120.0) -> str:
+    """Read the child's stderr until a line containing `marker`."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline().decode("utf-8", "replace")
+        assert line, "process ended early:\n" + "".join(seen)
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError("timed out:\n" + "".join(seen))
+
+
+def stop(proc: subprocess.Popen, sig: int) -> tuple[int, float, str]:
+    """Send `sig`; returns (exit code, seconds until exit, rest of stderr)."""
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, time.monotonic() - sent, err.decode("utf-8", "replace")
+
+
+def events(run: Path, kind: str) -> list[int]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [e["step"] for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def train_args(prepared: Path, run: Path, **training) -> list[str]:
+    args = ["train", "--config", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.log_every=1",
+            "--set", "training.threads=1"]      # threads busy-wait when other processes load the CPU
+    for key, value in training.items():
+        args += ["--set", f"training.{key}={value}"]
+    return args
+
+
+def temporaries(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.endswith(TEMP_SUFFIX)]
+
+
+def assert_steps_once(run: Path) -> list[int]:
+    steps = events(run, "train")
+    assert len(steps) == len(set(steps)) and steps == sorted(steps), steps
+    validations = events(run, "validation")
+    assert len(validations) == len(set(validations)), validations
+    return steps
+
+
+def test_sigint_in_a_training_step_then_resume(prepared, tmp_path):
+    run = tmp_path / "run"
+    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000))
+    wait_for(lambda: (run / "metrics.jsonl").is_file() and len(events(run, "train")) >= 2)
+    code, seconds, err = stop(proc, signal.SIGINT)
+    assert code == 130 and seconds < STOP_WITHIN, (code, seconds, err)
+    assert "Traceback" not in err
+    step = load_checkpoint(run / "last.pt")["step"]
+    assert step == max(events(run, "train")) and step >= 2          # saved at the update it stopped at
+    assert temporaries(run) == []
+    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=step + 2,
+                                                                      validate_every=100000), "--resume"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert assert_steps_once(run) == list(range(1, step + 3))
+
+
+def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
+    run = tmp_path / "run"
+    # One sentence per validation batch and long greedy outputs: validation takes many seconds.
+    proc = start([*train_args(prepared, run, max_updates=100000, validate_every=3, val_max_sentences=100,
+                              val_batch_tokens=1),
+                  "--set", "decoding.max_len_ratio=6"])
+    wait_for(lambda: (run / "metrics.jsonl").is_file() and 3 in events(run, "train"))
+    time.sleep(0.3)                                         # inside validation at update 3
+    code, seconds, err = stop(proc, signal.SIGTERM)
+    assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
+    assert events(run, "validation") == []                   # abandoned, not finished
+    assert load_checkpoint(run / "last.pt")["step"] == 3
+    assert not (run / "best.pt").exists() and temporaries(run) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_a_checkpoint_write_lets_it_finish(prepared, tmp_path, sig):
+    run = tmp_path / "run"
+    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2), slow_save(1))
+    read_until(proc, "SAVING")
+    code, seconds, err = stop(proc, sig)
+    assert code == 128 + sig and seconds < STOP_WITHIN, (code, seconds, err)
+    state = load_checkpoint(run / "last.pt")                  # complete, and at the update it stopped at
+    assert state["step"] == max(events(run, "train"))
+    assert temporaries(run) == []
+
+
+def test_second_signal_during_a_write_gives_up_at_once(prepared, tmp_path):
+    run = tmp_path / "run"
+    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2), slow_save(1))
+    read_until(proc, "SAVING")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    code, seconds, err = stop(proc, signal.SIGTERM)
+    assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
+    assert "Traceback" not in err
+    assert temporaries(run) == [] and not (run / "last.pt").exists()     # the first save was abandoned
+
+
+def test_sigkill_during_a_save_then_resume_cleans_up(prepared, tmp_path):
+    run = tmp_path / "run"
+    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2), slow_save(2))
+    read_until(proc, "SAVING")                               # the second save: a first last.pt exists
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(temporaries(run)) == 1                        # the write the kill cut short
+    saved = load_checkpoint(run / "last.pt")["step"]
+    assert saved == 2
+    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=saved + 3,
+                                                                      validate_every=100000), "--resume"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert temporaries(run) == []
+    assert load_checkpoint(run / "last.pt")["step"] == saved + 3
+    assert assert_steps_once(run) == list(range(1, saved + 4))
+
+
+def test_sigkill_loses_at_most_save_every_minutes(prepared, tmp_path):
+    run = tmp_path / "run"
+    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every_minutes=0.005))
+    wait_for(lambda: (run / "last.pt").is_file() and len(events(run, "train")) >= 4)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    saved = load_checkpoint(run / "last.pt")["step"]
+    assert saved >= 1                         # written by the clock alone: no validation, no save_every
+    assert max(events(run, "train")) >= saved
+    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=saved + 2,
+                                                                      validate_every=100000), "--resume"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert assert_steps_once(run) == list(range(1, saved + 3))
+
+
+def test_finished_run_says_so_and_resume_applies_safe_changes(prepared, tmp_path):
+    run = tmp_path / "run"
+    args = train_args(prepared, run, max_updates=3, validate_every=3, val_max_sentences=5)
+    first = subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    before = (run / "last.pt").read_bytes(), (run / "metrics.jsonl").read_bytes()
+    again = subprocess.run([sys.executable, "-m", "nmt", *args, "--resume"], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "already finished at update 3" in again.stderr
+    assert ((run / "last.pt").read_bytes(), (run / "metrics.jsonl").read_bytes()) == before
+    more = subprocess.run([sys.executable, "-m", "nmt", *args, "--resume", "--set", "training.max_updates=5",
+                           "--set", "training.lr=0.0005"], capture_output=True, text=True)
+    assert more.returncode == 0, more.stderr
+    assert "training.lr 0.003 -> 0.0005" in more.stderr and "training.max_updates 3 -> 5" in more.stderr
+    saved = yaml.safe_load((run / "config.yaml").read_text())["training"]
+    assert saved["lr"] == 0.0005 and saved["max_updates"] == 5
+    assert load_checkpoint(run / "last.pt")["step"] == 5
+    assert assert_steps_once(run) == [1, 2, 3, 4, 5]
+
+
+def test_sigterm_in_preprocess_leaves_nothing(tmp_path, corpus_dir):
+    config = make_config(tmp_path, corpus_dir)
+    out = tmp_path / "data"
+    proc = start(["preprocess", "--config", str(config)], SLOW_READ)
+    read_until(proc, "READING")
+    code, seconds, err = stop(proc, signal.SIGTERM)
+    assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_sigint_in_translate_writes_no_output(trained_run, tmp_path):
+    out = tmp_path / "out.en"
+    out.write_text("previous\n")
+    source = tmp_path / "in.de"
+    source.write_text("ein Hund\n" * 50)
+    proc = start(["translate", "--checkpoint", str(trained_run / "best.pt"), "-i", str(source), "-o", str(out),
+                  "-q", "--beam-size", "1", "--threads", "1"], SLOW_TRANSLATE)
+    read_until(proc, "TRANSLATED")
+    code, seconds, err = stop(proc, signal.SIGINT)
+    assert code == 130 and seconds < STOP_WITHIN, (code, seconds, err)
+    assert out.read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de", "out.en"]
