@@ -1,12 +1,26 @@
-"""nmt: RNN-attention neural machine translation (Bahdanau and Luong seq2seq)."""
+"""nmt: RNN-attention neural machine translation (Bahdanau and Luong seq2seq).
 
-import os
+    from nmt import Translator
+    translator = Translator.load("model.nmt")
+    print(translator.translate(["Ein Hund läuft."], beam_size=5)[0].text)
 
-# bfloat16 matrix products on the CPU keep a compiled kernel, with its buffers, for every new
-# shape in ideep's LRU cache (PyTorch's oneDNN wrapper; 1024 entries by default). Training and
-# beam search meet a new row count every few batches: 16 entries keep the hot shapes at the same
-# speed, with training's peak RSS 1.35 -> 0.75 GB over 200 updates and beam search's 0.87 ->
-# 0.73 GB (docs/benchmarks.md). Read when oneDNN first runs; a value already set is kept.
-os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+Importing nmt changes no process state and imports no torch: `Translator` is loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["Translator", "__version__"]
+
+if TYPE_CHECKING:
+    from nmt.decode.translator import Translator
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Translator":
+        from nmt.decode.translator import Translator
+
+        return Translator
+    raise AttributeError(f"module 'nmt' has no attribute {name!r}")

@@ -25,6 +25,7 @@ app = typer.Typer(
 )
 
 ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file.", exists=False)
+MODEL_HELP = "A model file (nmt export) or a training checkpoint, e.g. model.nmt or RUN/best.pt."
 SetOption = typer.Option(None, "--set", help="Override a config key: --set training.lr=3e-4 (repeatable).")
 
 
@@ -133,7 +134,7 @@ def _pending(path: Path | None, stack: ExitStack) -> PendingFile | None:
 
 @app.command()
 def translate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint inside its run folder, e.g. RUN/best.pt."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", "--model", "-m", help=MODEL_HELP),
     input: Path | None = typer.Option(None, "--input", "-i", help="Source text; default stdin."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Translations; default stdout."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="1 = greedy; default from config."),
@@ -160,7 +161,7 @@ def translate(
     from tqdm import tqdm
 
     from nmt.decode.translator import OutputFiles, Translator
-    from nmt.train.checkpoint import CheckpointError
+    from nmt.model.modelfile import ModelFileError
 
     try:
         source_file = open_text(input) if input is not None else None
@@ -175,10 +176,9 @@ def translate(
 
         torch.set_num_threads(threads)
     try:
-        translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size, length_penalty=length_penalty,
-                                                batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram,
-                                                precision=precision)
-    except (ConfigError, CheckpointError) as exc:
+        translator = Translator.load(checkpoint, device, beam_size=beam_size, length_penalty=length_penalty,
+                                     batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram, precision=precision)
+    except (ConfigError, ModelFileError) as exc:
         fail(str(exc))
     if n_best > translator.decoding.beam_size:
         fail(f"--n-best {n_best} is larger than the beam size {translator.decoding.beam_size}; "
@@ -219,7 +219,8 @@ def translate(
 def evaluate(
     ref: Path = typer.Option(..., "--ref", "-r", help="Reference translations, raw text."),
     hyp: Path | None = typer.Option(None, "--hyp", help="Hypotheses to score."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Translate --src with this first."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", "--model", "-m",
+                                           help="Translate --src with this model file or checkpoint first."),
     src: Path | None = typer.Option(None, "--src", help="Source text (with --checkpoint)."),
     compare: Path | None = typer.Option(None, "--compare", help="Second system: paired bootstrap test."),
     ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
@@ -244,11 +245,11 @@ def evaluate(
             if src is None or hyp is not None:
                 fail("--checkpoint needs --src (and no --hyp)")
             from nmt.decode.translator import Translator
-            from nmt.train.checkpoint import CheckpointError
+            from nmt.model.modelfile import ModelFileError
 
             try:
-                translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size)
-            except (CheckpointError, ConfigError) as exc:
+                translator = Translator.load(checkpoint, device, beam_size=beam_size)
+            except (ModelFileError, ConfigError) as exc:
                 fail(str(exc))
             hyps = [t.text for t in translator.translate_stream(ev.read_text(src))]
             hyp_name = f"{checkpoint} on {src}"
@@ -299,6 +300,92 @@ def average(
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 
+@app.command()
+def export(
+    checkpoint: Path = typer.Argument(..., help="A training checkpoint (e.g. RUN/best.pt) or a model file."),
+    output: Path = typer.Option(..., "--output", "-o", help="The model file to write, e.g. model.nmt."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Weights stored as fp32, fp16 or bf16 (half the size)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing nmt model file at --output."),
+) -> None:
+    """Write one self-contained model file: weights (no optimiser state), config, tokenizer, card."""
+    from nmt.model.modelfile import DTYPES, ModelFileError, describe, export_model, format_card, load_model
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if output.is_dir():
+        fail(f"--output {output} is a folder; give a file name such as {output / 'model.nmt'}")
+    if not output.parent.is_dir():
+        fail(f"--output {output}: folder {output.parent} does not exist")
+    if output.exists():
+        if not force:
+            fail(f"{output} exists; choose a new name, or pass --force to replace an nmt model file")
+        try:
+            if load_model(output).kind != "model":
+                raise ModelFileError("a checkpoint")
+        except (ModelFileError, ConfigError):
+            fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
+    try:
+        export_model(checkpoint, output, dtype)
+        info = describe(load_model(output))
+    except (ModelFileError, ConfigError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
+    size = output.stat().st_size / 2**20
+    typer.echo(f"wrote {output} ({size:.1f} MB)\n\n{format_card(info)}", err=True)
+
+
+@app.command()
+def info(
+    model: Path = typer.Argument(..., help=MODEL_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the card as JSON instead of Markdown."),
+) -> None:
+    """Show the model card: languages, vocabulary, parameters, data, scores."""
+    import json
+
+    from nmt.model.modelfile import ModelFileError, describe, format_card, load_model
+
+    try:
+        card = describe(load_model(model))
+    except (ModelFileError, ConfigError) as exc:
+        fail(str(exc))
+    typer.echo(json.dumps(card, indent=2, ensure_ascii=False) if json_out else format_card(card))
+
+
+@app.command()
+def serve(
+    model: Path = typer.Option(..., "--model", "--checkpoint", "-m", help=MODEL_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port; 0 = any free port (logged)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
+    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
+    max_batch_sentences: int = typer.Option(64, "--max-batch-sentences", min=1,
+                                            help="Sentences of concurrent requests translated together."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0,
+                                      help="How long a batch waits for more requests once the model is free."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests waiting; more get 503 + Retry-After."),
+    max_sentences: int = typer.Option(100, "--max-sentences", min=1, help="Sentences per request (else 413)."),
+    max_body_kb: int = typer.Option(256, "--max-body-kb", min=1, help="Request body size in KiB (else 413)."),
+    max_beam: int = typer.Option(16, "--max-beam", min=1, help="Largest beam_size a request may ask for."),
+) -> None:
+    """Serve translations over HTTP: POST /translate, GET /health (needs the serve extra)."""
+    from nmt.model.modelfile import ModelFileError
+
+    try:
+        from nmt.serve import ServeSettings, run_server
+    except ImportError as exc:
+        fail(f"nmt serve needs the serve extra: pip install 'nmt[serve]' ({exc})")
+    settings = ServeSettings(host=host, port=port, max_batch_sentences=max_batch_sentences,
+                             max_wait=max_wait_ms / 1000, max_queue=max_queue, max_sentences=max_sentences,
+                             max_body_bytes=max_body_kb * 1024, max_beam=max_beam)
+    try:
+        code = run_server(model, settings, device=device, precision=precision, threads=threads)
+    except (ModelFileError, ConfigError, OSError) as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
 plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs the plot extra: matplotlib).",
                        no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
@@ -306,7 +393,7 @@ app.add_typer(plot_app, name="plot")
 
 @plot_app.command("attention")
 def plot_attention_command(
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A checkpoint inside its run folder."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", "--model", "-m", help=MODEL_HELP),
     src: list[str] = typer.Option(..., "--src", help="A source sentence (repeatable)."),
     out: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNG files."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
@@ -314,13 +401,13 @@ def plot_attention_command(
 ) -> None:
     """Translate sentences and draw each one's attention as a heatmap PNG."""
     from nmt.decode.translator import OutputFiles, Translator
+    from nmt.model.modelfile import ModelFileError
     from nmt.plot import AttentionPlotter, PlotUnavailable
-    from nmt.train.checkpoint import CheckpointError
 
     try:
         plotter = AttentionPlotter(out)
-        translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam_size)
-    except (PlotUnavailable, CheckpointError, ConfigError) as exc:
+        translator = Translator.load(checkpoint, device, beam_size=beam_size)
+    except (PlotUnavailable, ModelFileError, ConfigError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
     typer.echo(f"wrote {len(src)} heatmap(s) to {out}", err=True)
@@ -351,6 +438,9 @@ def main() -> None:
     """Run a command; every failure is one `error:` line (exit 2), a signal exits 128 + its number."""
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
+    # Cap ideep's kernel cache before torch's first oneDNN call (see nmt.device.limit_kernel_cache,
+    # which this mirrors without importing torch into `nmt --help`).
+    os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
     code = 0

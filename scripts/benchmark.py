@@ -31,8 +31,10 @@ def measure_training(args: argparse.Namespace) -> dict:
     import torch
 
     from nmt.config import load_config
+    from nmt.device import limit_kernel_cache
     from nmt.train.trainer import Trainer, peak_rss_mb
 
+    limit_kernel_cache()                      # as `nmt train` does
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [f"training.run_dir={run_dir}/run", f"training.device={args.device}",
@@ -68,8 +70,8 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     from nmt.decode.translator import Translator
 
     torch.set_num_threads(args.threads)
-    translator = Translator.from_checkpoint(args.checkpoint, args.device, beam_size=beam,
-                                            length_penalty=args.length_penalty, batch_tokens=args.batch_tokens)
+    translator = Translator.load(args.checkpoint, args.device, beam_size=beam,
+                                 length_penalty=args.length_penalty, batch_tokens=args.batch_tokens)
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)

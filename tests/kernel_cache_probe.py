@@ -8,6 +8,9 @@ import sys
 import torch
 
 importlib.import_module(sys.argv[1])   # nmt.train.trainer or nmt.decode.translator
+from nmt.device import limit_kernel_cache  # noqa: E402
+
+limit_kernel_cache()                   # as the entry points do: the nmt command, Translator.load, nmt serve
 
 
 class MallInfo2(ctypes.Structure):

@@ -1,7 +1,9 @@
 import json
 import random
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 import sacrebleu
@@ -174,3 +176,59 @@ def test_average_checkpoints(trained_run, tmp_path):
     assert again.returncode == 2 and "exists" in again.stderr
     assert Translator.from_checkpoint(out, device="cpu").translate(["ein Hund"])[0].text is not None
     out.unlink()
+
+
+# ---------------------------------------------------------------------- streaming
+
+
+def test_micro_batches_keep_order_and_close_at_the_size_limit():
+    from nmt.decode.translator import micro_batches
+
+    lines = [f"line {i}\n" for i in range(25)] + ["last, no line ending"]
+    batches = list(micro_batches(iter(lines), 10, 5.0))
+    assert [len(b) for b in batches] == [10, 10, 6]
+    assert [line for batch in batches for line in batch] == [f"line {i}" for i in range(25)] + ["last, no line ending"]
+
+
+def test_micro_batches_close_when_the_input_pauses():
+    from nmt.decode.translator import micro_batches
+
+    def slow():
+        yield "a\n"
+        yield "b\r\n"
+        time.sleep(1.5)
+        yield "c\n"
+
+    assert list(micro_batches(slow(), 100, 0.3)) == [["a", "b"], ["c"]]
+
+
+def test_stream_error_comes_after_every_earlier_translation(translator, sources):
+    def failing():
+        yield from (f"{s}\n" for s in sources[:3])
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    got = []
+    with pytest.raises(UnicodeDecodeError):
+        for result in translator.translate_stream(failing()):
+            got.append(result.text)
+    assert got == [t.text for t in translator.translate(sources[:3])]
+
+
+def test_cli_streams_each_translation_while_the_writer_is_slow(trained_run, sources):
+    # The writer sends the next line only after reading the previous translation: a translator
+    # that waited for more input (or for the end) would never answer, and the select times out.
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "translate", "--checkpoint", str(trained_run / "best.pt"),
+                             "--beam-size", "2", "-q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    expected = [t.text for t in Translator.load(trained_run / "best.pt", device="cpu", beam_size=2)
+                .translate(sources[:4])]
+    try:
+        for line, translation in zip(sources[:4], expected, strict=True):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, f"no translation of {line!r} while the input stayed open"
+            assert proc.stdout.readline() == translation + "\n"
+        proc.stdin.close()
+        assert proc.stdout.read() == "" and proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()

@@ -60,9 +60,14 @@ class Vocab:
     `pieces=None` the side uses every piece and side ids equal SentencePiece ids.
     """
 
-    def __init__(self, model_path: str | Path, pieces: Sequence[int] | None = None) -> None:
-        self.model_path = Path(model_path)
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+    def __init__(self, model: str | Path | bytes, pieces: Sequence[int] | None = None) -> None:
+        """`model`: a SentencePiece model file, or its bytes (as a model file embeds them)."""
+        if isinstance(model, bytes):
+            self.model_path = Path("<embedded SentencePiece model>")
+            self.sp = spm.SentencePieceProcessor(model_proto=model)
+        else:
+            self.model_path = Path(model)
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
         n = self.sp.get_piece_size()
         if pieces is None:
             pieces = range(n)

@@ -1,8 +1,11 @@
-"""Checkpoints: atomic save, checked load, best-k bookkeeping, parameter averaging.
+"""Training checkpoints: the model file's contents plus the training state, best-k averaging.
 
-A checkpoint is one `torch.save` file with a format number and the nmt version; it is written
-to a temporary file in the same folder, fsynced, then renamed over the target, so a crash never
-leaves a half-written checkpoint under a real name.
+A checkpoint is one `torch.save` dictionary: what a model file holds (config, weights, the
+tokenizer as bytes, a card with the data and dev scores; see nmt.model.modelfile) plus the
+optimiser, schedule, scaler, RNG states and data cursor. It is written to a temporary file in
+the same folder, fsynced, then renamed over the target, so a crash never leaves a half-written
+checkpoint under a real name. Because it embeds its tokenizer, a checkpoint moved out of its run
+folder still translates; `nmt export` drops the training state.
 """
 
 from __future__ import annotations
@@ -16,17 +19,34 @@ import torch
 from nmt import __version__
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write
+from nmt.model.modelfile import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_KEYS,
+    ModelFileError,
+    check_keys,
+    embed_tokenizer,
+    read_file,
+    run_folder_card,
+)
 
-FORMAT_VERSION = 1
-REQUIRED_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
+FORMAT_VERSION = CHECKPOINT_FORMAT
+REQUIRED_KEYS = CHECKPOINT_KEYS
+__all__ = ["CheckpointError", "atomic_write", "average_checkpoints", "load_checkpoint", "save_checkpoint"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ModelFileError):
     """A checkpoint that cannot be used: missing, truncated, corrupt or from an incompatible format."""
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write `state` with the format number, the nmt version, and (unless given) the tokenizer and card
+    that the run folder of `path` holds."""
+    path = Path(path)
     payload = {"format": FORMAT_VERSION, "nmt_version": __version__, **state}
+    if "tokenizer" not in payload:
+        payload["tokenizer"] = embedded_tokenizer(path.parent, state["vocab"])
+    if "card" not in payload:
+        payload["card"] = run_folder_card(path.parent, state["step"], state["config"]["training"]["val_max_sentences"])
     try:
         atomic_write(path, lambda handle: torch.save(payload, handle))
     except RuntimeError as exc:         # torch's zip writer reports a failed write (e.g. a full disk) this way
@@ -37,27 +57,22 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
                               "the previous one is unchanged") from None
 
 
-def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Load and check a checkpoint; any problem is a `CheckpointError` naming the file.
-
-    With `mmap`, tensors are read from the file only when used: translation never touches the
-    optimizer state, two thirds of a checkpoint.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+def embedded_tokenizer(run_dir: Path, vocab_entries: dict[str, Any]) -> dict[str, Any]:
+    """The SentencePiece models and piece lists of a run folder, as a checkpoint embeds them."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as exc:  # torch raises several types for truncated or garbled zip archives
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({reason[:200]})") from None
-    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
-        raise CheckpointError(f"checkpoint {path} is not an nmt checkpoint (missing keys)")
-    if state["format"] != FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format {state['format']} (written by nmt {state['nmt_version']}); "
-            f"this nmt {__version__} reads format {FORMAT_VERSION}"
-        )
+        return embed_tokenizer(*(Vocab.from_entry(run_dir, vocab_entries[side]) for side in ("src", "tgt")))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{exc}; a checkpoint embeds the tokenizer of its run folder") from None
+
+
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """Load and check a checkpoint; any problem is a `CheckpointError` naming the file."""
+    path = Path(path)
+    try:
+        state = read_file(path, "checkpoint", mmap=mmap)
+        check_keys(path, state, "checkpoint", REQUIRED_KEYS, FORMAT_VERSION)
+    except ModelFileError as exc:
+        raise CheckpointError(str(exc)) from None
     return state
 
 
@@ -77,18 +92,11 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
             averaged[key] = torch.stack([t.float() for t in tensors]).mean(0).to(tensors[0].dtype)
         else:
             averaged[key] = tensors[-1]
-    result = {k: v for k, v in states[-1].items() if k in REQUIRED_KEYS or k in ("metrics",)}
+    last = states[-1]
+    result = {k: v for k, v in last.items() if k in REQUIRED_KEYS or k in ("metrics",)}
     result["model"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
+    result["tokenizer"] = last.get("tokenizer") or embedded_tokenizer(Path(paths[-1]).parent, last["vocab"])
+    card = {k: v for k, v in (last.get("card") or {}).items() if k != "dev"}   # dev scores were of one checkpoint
+    result["card"] = {**card, "averaged_from": [Path(p).name for p in paths]}
     return result
-
-
-def load_vocabs(run_dir: Path, vocab_entries: dict[str, Any]) -> tuple[Vocab, Vocab]:
-    """The source and target vocabularies a checkpoint's run folder holds."""
-    try:
-        return Vocab.from_entry(run_dir, vocab_entries["src"]), Vocab.from_entry(run_dir, vocab_entries["tgt"])
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{exc}; a checkpoint needs the files of its run folder") from None
-    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:
-        reason = " ".join(str(exc).split())[:200]
-        raise CheckpointError(f"the SentencePiece model(s) in {run_dir} cannot be loaded ({reason})") from None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Below ideep's kernel cache (capped in nmt/__init__.py) oneDNN keeps its own primitive cache,
+# Below ideep's kernel cache (capped by nmt.device.limit_kernel_cache) oneDNN keeps its own primitive cache,
 # also one entry per shape of a bf16 matrix product; with training batches of varying shape its
 # default of 1024 entries grew a training process past 3 GB. 16 entries keep the hot per-step
 # shapes. (Decoding keeps the default: its weights are fixed, and the many row counts of a

@@ -1,0 +1,363 @@
+"""HTTP server over the translator (the `serve` extra: FastAPI on uvicorn).
+
+    nmt serve --model model.nmt --port 8000
+
+    POST /translate   ["Ein Hund läuft.", ...]                       -> {"translations": [...]}
+                      {"sentences": [...], "beam_size": 5, "n_best": 3} -> {"translations": [...],
+                                                                          "n_best": [[{"text", "score"}, ...], ...]}
+    GET  /health      {"status": "ok", "languages": {...}, "queued": N}
+
+Requests from concurrent clients are translated together: one model thread takes the first
+waiting request, then up to `max_wait` seconds more to collect others with the same search
+options, until `max_batch_sentences`; their sentences are decoded as one length-sorted batch and
+each request gets its own results, in its own order. A request that finds `max_queue` requests
+waiting is answered 503 with Retry-After instead of hanging. Bodies over `max_body_bytes` and
+requests over `max_sentences` get 413; anything malformed gets 400 with a message. On SIGTERM
+(or Ctrl-C) the server stops accepting connections, finishes the requests it has, and exits.
+One log line per request on stderr: method, path, status, sentences, latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from nmt.decode.translator import Translation, Translator
+
+log = logging.getLogger("nmt.serve")
+
+
+@dataclass
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch_sentences: int = 64      # sentences translated together (a larger single request is not split)
+    max_wait: float = 0.005            # seconds a batch waits for more requests once the model is free
+    max_queue: int = 256               # requests waiting for the model; more are refused with 503
+    max_sentences: int = 100           # sentences per request; more are refused with 413
+    max_body_bytes: int = 256 * 1024   # request body; larger is refused with 413
+    max_beam: int = 16                 # largest beam_size a request may ask for
+    retry_after: int = 1               # seconds, in the Retry-After header of a 503
+    shutdown_timeout: float = 60.0     # seconds to finish in-flight requests after SIGTERM
+
+
+class RequestError(Exception):
+    """A request the server refuses; `status` is the HTTP status, the message goes to the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Job:
+    """One request's sentences and search options, and where its results go."""
+
+    sentences: list[str]
+    beam_size: int
+    n_best: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future = field(repr=False)
+
+    @property
+    def options(self) -> tuple[int, int]:
+        return self.beam_size, self.n_best
+
+
+_STOP = object()
+
+
+class Batcher:
+    """The model thread: takes queued jobs, batches those with the same options, translates them together."""
+
+    def __init__(self, translator: Translator, settings: ServeSettings) -> None:
+        self.translator, self.settings = translator, settings
+        self.jobs: queue.Queue = queue.Queue(maxsize=settings.max_queue)
+        self.thread = threading.Thread(target=self._run, name="nmt-model", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Translate every job already queued, then end the thread."""
+        self.jobs.put(_STOP)
+        self.thread.join()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting."""
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued); "
+                                    "retry shortly") from None
+
+    def _run(self) -> None:
+        held: deque = deque()                 # jobs taken while batching other options: they go next
+        stopping = False
+        while held or not stopping:
+            first = held.popleft() if held else self.jobs.get()
+            if first is _STOP:
+                stopping = True
+                continue
+            batch, others = self._collect(first, held)
+            if _STOP in others:
+                stopping = True
+                others.remove(_STOP)
+            held.extend(others)
+            self._translate(batch)
+
+    def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
+        """`first` plus queued jobs with its options, waiting at most `max_wait` for more to arrive."""
+        batch, others = [first], []
+        size = len(first.sentences)
+        for job in list(held):                # jobs held back earlier come first, in arrival order
+            if size >= self.settings.max_batch_sentences:
+                break
+            if job.options == first.options:
+                held.remove(job)
+                batch.append(job)
+                size += len(job.sentences)
+        deadline = time.monotonic() + self.settings.max_wait
+        while size < self.settings.max_batch_sentences:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                try:
+                    job = self.jobs.get(timeout=wait)
+                except queue.Empty:
+                    break
+            if job is _STOP or job.options != first.options:
+                others.append(job)
+                if job is _STOP:
+                    break
+                continue
+            batch.append(job)
+            size += len(job.sentences)
+        return batch, others
+
+    def _translate(self, batch: list[Job]) -> None:
+        sentences = [s for job in batch for s in job.sentences]
+        beam_size, n_best = batch[0].options
+        try:
+            results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size)
+        except Exception as exc:              # the clients get a 500 with the reason; the server keeps running
+            log.exception("translation failed")
+            for job in batch:
+                job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+            return
+        start = 0
+        for job in batch:
+            part = results[start:start + len(job.sentences)]
+            start += len(job.sentences)
+            job.loop.call_soon_threadsafe(_set_result, job.future, part)
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():                     # a client that disconnected may have cancelled it
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def parse_request(body: bytes, settings: ServeSettings, default_beam: int) -> tuple[list[str], int, int]:
+    """A /translate body -> (sentences, beam_size, n_best); raises RequestError(400 or 413)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
+    options: dict[str, Any] = {}
+    if isinstance(payload, dict):
+        unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best"})
+        if unknown:
+            raise RequestError(400, f"unknown key {unknown[0]!r}; expected sentences, beam_size, n_best")
+        if "sentences" not in payload:
+            raise RequestError(400, "missing key 'sentences': a list of strings to translate")
+        options, payload = payload, payload["sentences"]
+    if not isinstance(payload, list):
+        raise RequestError(400, "expected a JSON list of sentences, or an object {\"sentences\": [...], "
+                                "\"beam_size\": k, \"n_best\": n}")
+    if len(payload) > settings.max_sentences:
+        raise RequestError(413, f"{len(payload)} sentences in one request; the limit is {settings.max_sentences}")
+    for i, sentence in enumerate(payload):
+        if not isinstance(sentence, str):
+            raise RequestError(400, f"sentences[{i}] is {type(sentence).__name__}, not a string")
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(400, f"sentences[{i}] is not valid Unicode (a lone surrogate)") from None
+    beam_size = _int_option(options, "beam_size", default_beam, 1, settings.max_beam)
+    n_best = _int_option(options, "n_best", 1, 1, beam_size)
+    return payload, beam_size, n_best
+
+
+def _int_option(options: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = options.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        limit = f"{low}..{high}" + (" (at most beam_size)" if key == "n_best" else "")
+        raise RequestError(400, f"{key} must be an integer in {limit}, got {json.dumps(value)}")
+    return value
+
+
+def format_response(results: list[Translation], n_best: int) -> dict[str, Any]:
+    response: dict[str, Any] = {"translations": [r.text for r in results]}
+    if n_best > 1:
+        response["n_best"] = [[{"text": text, "score": round(score, 4)} for text, score in r.nbest] for r in results]
+    return response
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request body over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---------------------------------------------------------------------------------------------
+# The application
+
+
+def create_app(translator: Translator, settings: ServeSettings, languages: dict[str, str] | None = None) -> FastAPI:
+    """The ASGI app; its model thread starts and stops with the app's lifespan."""
+    batcher = Batcher(translator, settings)
+    state = {"accepting": False}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        state["accepting"] = True
+        yield
+        state["accepting"] = False
+        await asyncio.to_thread(batcher.stop)          # finish what is queued
+
+    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def log_requests(request: Request, call_next: Any) -> Any:
+        start = time.perf_counter()
+        request.state.sentences = 0
+        response = await call_next(request)
+        log.info("%s %s %d %d sentences %.1f ms", request.method, request.url.path, response.status_code,
+                 request.state.sentences, (time.perf_counter() - start) * 1000)
+        return response
+
+    @app.exception_handler(RequestError)
+    async def refuse(_request: Request, exc: RequestError) -> JSONResponse:
+        headers = {"Retry-After": str(settings.retry_after)} if exc.status == 503 else None
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status = "ok" if state["accepting"] else "shutting down"
+        return JSONResponse({"status": status, "languages": languages or {}, "queued": batcher.jobs.qsize()},
+                            status_code=200 if state["accepting"] else 503)
+
+    @app.post("/translate")
+    async def translate(request: Request) -> JSONResponse:
+        if not state["accepting"]:
+            raise RequestError(503, "the server is shutting down")
+        body = await read_body(request, settings.max_body_bytes)
+        sentences, beam_size, n_best = parse_request(body, settings, translator.decoding.beam_size)
+        request.state.sentences = len(sentences)
+        if not sentences:
+            return JSONResponse(format_response([], n_best))
+        loop = asyncio.get_running_loop()
+        job = Job(sentences, beam_size, n_best, loop, loop.create_future())
+        batcher.submit(job)
+        try:
+            results = await job.future
+        except Exception as exc:
+            return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
+        return JSONResponse(format_response(results, n_best))
+
+    return app
+
+
+def run_server(model: str | Path, settings: ServeSettings, device: str = "auto", precision: str | None = None,
+               threads: int = 0) -> int:
+    """Load the model, listen on settings.host:port and serve until SIGTERM or Ctrl-C; returns the exit code.
+
+    The listening address is logged as "nmt serve: listening on http://HOST:PORT" (the real port
+    when `port` is 0). Raises ModelFileError/ConfigError for a model that cannot be loaded.
+    """
+    import torch
+
+    from nmt.model.modelfile import load_model
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if threads:
+        torch.set_num_threads(threads)
+    translator = Translator.load(model, device, precision=precision)
+    languages = dict(load_model(model).card.get("languages") or {})
+    app = create_app(translator, settings, languages)
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {settings.host}:{settings.port} ({exc.strerror})") from None
+    sock.listen(2048)                         # connections wait in the backlog until uvicorn accepts them
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=int(settings.shutdown_timeout))
+    server = uvicorn.Server(config)
+    log.info("nmt serve: listening on http://%s:%d", f"[{host}]" if family == socket.AF_INET6 else host, port)
+    received: list[int] = []
+    original = server.handle_exit
+
+    def handle_exit(sig: int, frame: Any) -> None:
+        received.append(sig)
+        original(sig, frame)
+
+    server.handle_exit = handle_exit          # type: ignore[method-assign]
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: None)   # uvicorn re-raises the signal after its graceful shutdown
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    log.info("nmt serve: stopped")
+    if signal.SIGINT in received:
+        return 130
+    return 143 if signal.SIGTERM in received else 0

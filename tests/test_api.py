@@ -1,0 +1,81 @@
+"""The Python API: `from nmt import Translator`, n-best with scores, attention, and the README example."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import Translator
+from nmt.model.modelfile import export_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model_path(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("api") / "model.nmt"
+    export_model(trained_run / "best.pt", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def translator(model_path: Path) -> Translator:
+    return Translator.load(model_path, device="cpu", precision="fp32")
+
+
+def test_translate_returns_one_translation_per_line(translator):
+    lines = ["Ein Hund läuft.", "", "Zwei Männer spielen Fußball im Park."]
+    results = translator.translate(lines, beam_size=5)
+    assert len(results) == 3 and results[1].text == "" and results[1].score is None
+    assert all(r.text and str(r) == r.text for r in (results[0], results[2]))
+    assert isinstance(results[0].score, float)
+
+
+def test_beam_size_per_call_matches_a_translator_built_with_it(translator, model_path):
+    lines = ["Ein Hund läuft über die Wiese.", "Eine Frau liest ein Buch."]
+    greedy = Translator.load(model_path, device="cpu", precision="fp32", beam_size=1)
+    assert [t.text for t in translator.translate(lines, beam_size=1)] == [t.text for t in greedy.translate(lines)]
+    assert translator.decoding.beam_size == 3                     # the call did not change the default
+
+
+def test_n_best_lists_with_scores(translator):
+    results = translator.translate(["Ein Hund läuft.", "Zwei Katzen schlafen."], beam_size=4, n_best=3)
+    for result in results:
+        assert len(result.nbest) == 3
+        scores = [score for _, score in result.nbest]
+        assert scores == sorted(scores, reverse=True) and scores[0] == result.score
+        assert result.nbest[0][0] == result.text
+        assert len({text for text, _ in result.nbest}) >= 2
+
+
+def test_attention_one_argument_away(translator):
+    result = translator.translate(["Ein Hund läuft."], return_attention=True)[0]
+    hyp = result.hypotheses[0]
+    weights = result.attention
+    assert weights.shape == (len(hyp.tokens) + 1, len(result.src_ids) + 1)
+    assert torch.allclose(weights.sum(-1), torch.ones(weights.size(0)), atol=1e-4)
+    assert translator.translate(["Ein Hund läuft."])[0].attention is None
+
+
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Python API", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "README has no python block under '## Python API'"
+    return match.group(1)
+
+
+def test_readme_example_runs(model_path, tmp_path):
+    (tmp_path / "model.nmt").symlink_to(model_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", readme_example()], capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines and lines[0].strip(), result.stdout

@@ -1,0 +1,242 @@
+"""`nmt serve` over loopback: results equal offline translation, limits, malformed requests, 503, SIGTERM."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from nmt.decode.translator import Translator
+from nmt.model.modelfile import export_model
+
+from .conftest import read_gz
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Server:
+    """`nmt serve` in a subprocess on a free loopback port; its stderr is collected in `log`."""
+
+    def __init__(self, model: Path, *options: str) -> None:
+        cmd = [sys.executable, "-m", "nmt", "serve", "--model", str(model), "--port", "0", "--device", "cpu",
+               "--precision", "fp32", "--threads", "1", *options]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        self.log: list[str] = []
+        self.port = 0
+        deadline = time.monotonic() + 300
+        while not self.port:
+            line = self.proc.stderr.readline()
+            assert line and time.monotonic() < deadline, "server did not start:\n" + "".join(self.log)
+            self.log.append(line)
+            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            self.port = int(match.group(1)) if match else 0
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict | None = None) -> tuple[int, dict, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            raw = response.read()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(raw or b"{}")
+        finally:
+            conn.close()
+
+    def translate(self, payload: object) -> tuple[int, dict, dict]:
+        return self.request("POST", "/translate", json.dumps(payload).encode())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("serve") / "model.nmt"
+    export_model(trained_run / "best.pt", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def offline(model: Path) -> Translator:
+    return Translator.load(model, device="cpu", precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def server(model: Path):
+    server = Server(model, "--max-sentences", "20", "--max-body-kb", "4", "--max-beam", "8")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sources() -> list[str]:
+    return read_gz("test_2016_flickr.de", 60)
+
+
+def test_translations_equal_offline_translation(server, offline, sources):
+    status, _, body = server.translate(sources[:12])
+    assert status == 200
+    assert body == {"translations": [t.text for t in offline.translate(sources[:12])]}
+    status, _, body = server.translate({"sentences": ["", sources[0]], "beam_size": 1})
+    assert status == 200 and body["translations"] == [t.text for t in offline.translate(["", sources[0]],
+                                                                                          beam_size=1)]
+
+
+def test_n_best_with_scores(server, offline, sources):
+    status, _, body = server.translate({"sentences": sources[:3], "beam_size": 4, "n_best": 3})
+    assert status == 200
+    expected = offline.translate(sources[:3], beam_size=4, n_best=3)
+    assert body["translations"] == [t.text for t in expected]
+    for lists, result in zip(body["n_best"], expected, strict=True):
+        assert [entry["text"] for entry in lists] == [text for text, _ in result.nbest]
+        scores = [entry["score"] for entry in lists]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_concurrent_clients_each_get_their_own_results(server, offline, sources):
+    expected = dict(zip(sources, (t.text for t in offline.translate(sources)), strict=True))
+    rng = random.Random(1)
+    requests = [rng.sample(sources, rng.randint(1, 10)) for _ in range(48)]
+    answers: dict[int, tuple[int, dict]] = {}
+
+    def client(indices: list[int]) -> None:
+        for i in indices:
+            status, _, body = server.translate(requests[i])
+            answers[i] = (status, body)
+
+    threads = [threading.Thread(target=client, args=(list(range(k, 48, 12)),)) for k in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 48
+    for i, request in enumerate(requests):
+        assert answers[i] == (200, {"translations": [expected[s] for s in request]}), i
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    (b'["Ein Hund"', 400, "not valid JSON"),
+    (b"", 400, "not valid JSON"),
+    (b"\xff\xfe[]", 400, "not valid JSON"),
+    (b'{"sentences": "Ein Hund"}', 400, "expected a JSON list"),
+    (b'"Ein Hund"', 400, "expected a JSON list"),
+    (b"42", 400, "expected a JSON list"),
+    (b"null", 400, "expected a JSON list"),
+    (b'["Ein Hund", 3]', 400, "sentences[1] is int"),
+    (b'[["Ein Hund"]]', 400, "sentences[0] is list"),
+    (b'[null]', 400, "sentences[0] is NoneType"),
+    (b'["\\ud800"]', 400, "not valid Unicode"),
+    (b'{"sentence": ["Ein Hund"]}', 400, "unknown key 'sentence'"),
+    (b'{"beam_size": 2}', 400, "missing key 'sentences'"),
+    (b'{"sentences": ["a"], "beam_size": 0}', 400, "beam_size must be an integer in 1..8"),
+    (b'{"sentences": ["a"], "beam_size": 9}', 400, "beam_size must be an integer in 1..8"),
+    (b'{"sentences": ["a"], "beam_size": "5"}', 400, "beam_size must be an integer"),
+    (b'{"sentences": ["a"], "beam_size": true}', 400, "beam_size must be an integer"),
+    (b'{"sentences": ["a"], "beam_size": 2.5}', 400, "beam_size must be an integer"),
+    (b'{"sentences": ["a"], "beam_size": 2, "n_best": 3}', 400, "n_best must be an integer in 1..2"),
+    (b"[" * 100000 + b"]" * 100000, 413, "request body"),
+    (json.dumps(["ein Hund"] * 21).encode(), 413, "21 sentences in one request; the limit is 20"),
+    (json.dumps(["x" * 5000]).encode(), 413, "request body of"),
+])
+def test_bad_requests_get_a_status_and_a_message(server, body, status, message):
+    got, _, payload = server.request("POST", "/translate", body, {"Content-Type": "application/json"})
+    assert got == status and message in payload["error"], payload
+
+
+def test_deeply_nested_json_is_a_400_not_a_crash(server):
+    got, _, payload = server.request("POST", "/translate", b"[" * 1500 + b"]" * 1500)
+    assert got == 400 and "error" in payload
+    assert server.translate(["Ein Hund."])[0] == 200            # still serving
+
+
+def test_body_without_content_length_is_limited_too(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.putrequest("POST", "/translate")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    chunk = json.dumps(["ein Hund"] * 400).encode()                # 4.8 KB > the 4 KB limit
+    conn.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n")
+    response = conn.getresponse()
+    assert response.status == 413 and "request body over" in json.loads(response.read())["error"]
+    conn.close()
+
+
+def test_empty_list_health_and_unknown_routes(server):
+    status, _, body = server.translate([])
+    assert status == 200 and body == {"translations": []}
+    status, _, body = server.request("GET", "/health")
+    assert status == 200 and body["status"] == "ok" and body["languages"] == {"src": "de", "tgt": "en"}
+    assert server.request("GET", "/translate")[0] == 405
+    assert server.request("POST", "/nothing", b"[]")[0] == 404
+
+
+def test_one_log_line_per_request_with_latency(server):
+    before = len(server.log)
+    server.translate(["Ein Hund.", "Eine Katze."])
+    server.request("POST", "/translate", b"{")
+    deadline = time.monotonic() + 10
+    while len(server.log) < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = server.log[before:]
+    assert re.search(r"POST /translate 200 2 sentences [\d.]+ ms", lines[0]), lines
+    assert re.search(r"POST /translate 400 0 sentences [\d.]+ ms", lines[1]), lines
+
+
+def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model, offline, sources):
+    server = Server(model, "--max-queue", "1", "--max-batch-sentences", "1", "--max-wait-ms", "0")
+    try:
+        heavy = {"sentences": sources[:60], "beam_size": 16}
+        results: list[tuple[int, dict, dict]] = []
+        threads = [threading.Thread(target=lambda: results.append(server.translate(heavy))) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        statuses = sorted(status for status, _, _ in results)
+        assert 503 in statuses and 200 in statuses, statuses
+        expected = [t.text for t in offline.translate(sources[:60], beam_size=16)]
+        for status, headers, body in results:
+            if status == 503:
+                assert headers["retry-after"] == "1" and "busy" in body["error"]
+            else:
+                assert status == 200 and body["translations"] == expected
+
+        in_flight: list[tuple[int, dict, dict]] = []
+        thread = threading.Thread(target=lambda: in_flight.append(server.translate(heavy)))
+        thread.start()
+        time.sleep(1.0)                                          # the request is being translated
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(timeout=300)
+        assert in_flight and in_flight[0][0] == 200 and in_flight[0][2]["translations"] == expected
+        assert server.proc.wait(timeout=60) == 143
+        with pytest.raises(OSError):
+            server.request("GET", "/health")
+    finally:
+        server.stop()
+
+
+def test_load_test_script_small(model, tmp_path):
+    report = tmp_path / "load.json"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "load_test.py"), "--model", str(model),
+                             "--clients", "4", "--requests", "24", "--threads", "1", "--json-out", str(report)],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout
+    figures = json.loads(report.read_text())
+    assert figures["answered"] == 24 and figures["mismatches_or_failures"] == 0
+    assert figures["server_exit_code"] == 143 and figures["request_log_lines"] == 25
+    assert figures["sentences_per_s"] > 0 and figures["latency_p99_ms"] >= figures["latency_p50_ms"]
