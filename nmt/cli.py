@@ -360,7 +360,7 @@ def serve(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
-    max_batch_sentences: int = typer.Option(64, "--max-batch-sentences", min=1,
+    max_batch_sentences: int = typer.Option(128, "--max-batch-sentences", min=1,
                                             help="Sentences of concurrent requests translated together."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0,
                                       help="How long a batch waits for more requests once the model is free."),

@@ -48,7 +48,7 @@ log = logging.getLogger("nmt.serve")
 class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8000
-    max_batch_sentences: int = 64      # sentences translated together (a larger single request is not split)
+    max_batch_sentences: int = 128     # sentences translated together (a larger single request is not split)
     max_wait: float = 0.005            # seconds a batch waits for more requests once the model is free
     max_queue: int = 256               # requests waiting for the model; more are refused with 503
     max_sentences: int = 100           # sentences per request; more are refused with 413

@@ -110,6 +110,8 @@ class Translator:
         beam_size: this call's beam (1 = greedy); default the model's `decoding.beam_size`.
         first_line: the line number of lines[0], for warnings.
         """
+        if (beam_size is not None and beam_size < 1) or n_best < 1:
+            raise ValueError(f"beam_size and n_best must be at least 1, got {beam_size} and {n_best}")
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         encoded = self.src_vocab.encode(lines)
         limit = self.decoding.max_input_len

@@ -22,6 +22,7 @@ from nmt.folders import atomic_write
 from nmt.model.modelfile import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_KEYS,
+    MODEL_KIND,
     ModelFileError,
     check_keys,
     embed_tokenizer,
@@ -70,6 +71,8 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     path = Path(path)
     try:
         state = read_file(path, "checkpoint", mmap=mmap)
+        if state.get("kind") == MODEL_KIND:
+            raise ModelFileError(f"{path} is a model file (nmt export), not a training checkpoint")
         check_keys(path, state, "checkpoint", REQUIRED_KEYS, FORMAT_VERSION)
     except ModelFileError as exc:
         raise CheckpointError(str(exc)) from None
