@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -102,6 +103,8 @@ def train(
         trainer.train()
     except (ConfigError, DataError, CheckpointError, RunDirError, FolderError) as exc:
         fail(str(exc))
+    except FloatingPointError as exc:
+        fail(f"{exc}; lower training.lr or raise training.clip_grad_norm, then --resume from last.pt")
     if trainer.stop_signal is not None:
         raise typer.Exit(code=128 + trainer.stop_signal)
 
@@ -349,7 +352,10 @@ def _is_user_error(exc: BaseException) -> bool:
 
 def main() -> None:
     """Run a command; every failure is one `error:` line (exit 2), a signal exits 128 + its number."""
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    try:                                 # typer >= 0.20 carries its own copy of click
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    except ImportError:
+        from click.exceptions import ClickException, NoArgsIsHelpError
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
@@ -364,7 +370,10 @@ def main() -> None:
         code = 2
     except Interrupted as exc:
         print(f"interrupted ({exc})", file=sys.stderr)
-        code = exc.exit_code
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(exc.exit_code)      # cleanup is done; do not wait for a worker thread still in C++
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
