@@ -169,6 +169,8 @@ def translate(
         source_file = open_text(input) if input is not None else None
     except TextInputError as exc:
         fail(str(exc))
+    if source_file is None and sys.stdin is None:
+        fail("stdin is closed; give the source text on stdin or with --input")
     _check_outputs({"--input": input}, {"--output": output, "--alignments": alignments,
                                         "--attention-out": attention_out})
     if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():

@@ -137,6 +137,7 @@ class Trainer:
         self.dev_ids = (ParallelIds(self.data.ids("dev", "src"), self.data.ids("dev", "tgt"))
                         if self.data.has_split("dev") else None)
         self.stop_signal: int | None = None
+        self.evaluating_dev = False                    # a signal now abandons validation at once
         if resume:
             try:
                 self._restore(load_checkpoint(self.run_dir / "last.pt"))
@@ -362,6 +363,8 @@ class Trainer:
                     before(signum, frame)
                 raise KeyboardInterrupt
             self.stop_signal = signum
+            if self.evaluating_dev:                # pure computation: nothing to leave half-done
+                raise ValidationAbandoned
         for sig in previous:
             signal.signal(sig, handler)
         return previous
@@ -494,7 +497,11 @@ class Trainer:
             return {}
         t, p = self.config.training, self.progress
         with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
-            metrics = self._evaluate_dev()
+            self.evaluating_dev = True
+            try:
+                metrics = self._evaluate_dev()
+            finally:
+                self.evaluating_dev = False
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
                        wall_time=p.elapsed + self._session_time(), peak_rss_mb=peak_rss_mb())
         score = metrics[t.early_stopping_metric]
