@@ -99,6 +99,11 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     try:
         write(pending.handle)
         pending.commit()
+    except OSError as exc:            # name the file (a full disk reports no file name)
+        pending.discard()
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     except BaseException:
         pending.discard()
         raise
