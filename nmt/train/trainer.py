@@ -47,6 +47,7 @@ from nmt.folders import (
     lock_folder,
     open_work_folder,
     read_marker,
+    register_file,
     release_folder,
     remove_leftovers,
     remove_nmt_files,
@@ -193,6 +194,7 @@ class Trainer:
             entry = self.data.manifest["vocab"][side]
             for name in (entry["model"], entry.get("pieces")):
                 if name and not (self.run_dir / name).exists():
+                    register_file(self.run_dir / name)     # whatever the data folder calls its models
                     shutil.copyfile(self.data.root / name, self.run_dir / name)
         shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
 
