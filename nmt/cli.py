@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -103,6 +104,8 @@ def train(
         trainer.train()
     except (ConfigError, DataError, CheckpointError, RunDirError, FolderError) as exc:
         fail(str(exc))
+    except FloatingPointError as exc:
+        fail(f"{exc}; lower training.lr or raise training.clip_grad_norm, then --resume from last.pt")
     if trainer.stop_signal is not None:
         raise typer.Exit(code=128 + trainer.stop_signal)
 
@@ -167,6 +170,8 @@ def translate(
         source_file = open_text(input) if input is not None else None
     except TextInputError as exc:
         fail(str(exc))
+    if source_file is None and sys.stdin is None:
+        fail("stdin is closed; give the source text on stdin or with --input")
     _check_outputs({"--input": input}, {"--output": output, "--alignments": alignments,
                                         "--attention-out": attention_out})
     if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
@@ -436,7 +441,10 @@ def _is_user_error(exc: BaseException) -> bool:
 
 def main() -> None:
     """Run a command; every failure is one `error:` line (exit 2), a signal exits 128 + its number."""
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    try:                                 # typer >= 0.20 carries its own copy of click
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    except ImportError:
+        from click.exceptions import ClickException, NoArgsIsHelpError
 
     # Cap ideep's kernel cache before torch's first oneDNN call (see nmt.device.limit_kernel_cache,
     # which this mirrors without importing torch into `nmt --help`).
@@ -454,7 +462,10 @@ def main() -> None:
         code = 2
     except Interrupted as exc:
         print(f"interrupted ({exc})", file=sys.stderr)
-        code = exc.exit_code
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(exc.exit_code)      # cleanup is done; do not wait for a worker thread still in C++
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130

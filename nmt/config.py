@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -204,13 +205,14 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 3e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
+        try:  # PyYAML reads 3e-4 (no dot) as a string
+            number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"`{key}` must be a finite number, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value

@@ -29,6 +29,7 @@ MARKER = ".nmt-folder.json"
 LOCK = ".nmt.lock"
 TEMP_SUFFIX = ".nmt-tmp"
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
+_OLD_TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")          # `.NAME.tmp-PID`, from earlier versions of nmt
 
 # The files nmt writes into a run folder (a data folder lists its own files in its marker).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.pt", "spm.model", "src.model",
@@ -98,6 +99,11 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
     try:
         write(pending.handle)
         pending.commit()
+    except OSError as exc:            # name the file (a full disk reports no file name)
+        pending.discard()
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     except BaseException:
         pending.discard()
         raise
@@ -123,7 +129,7 @@ def check_output_path(path: str | Path, option: str) -> None:
 
 
 def _temp_owner(name: str) -> int | None:
-    match = _TEMP_NAME.match(name)
+    match = _TEMP_NAME.match(name) or _OLD_TEMP_NAME.match(name)
     return int(match.group(1)) if match else None
 
 

@@ -195,3 +195,15 @@ def test_overlaps_with_inputs_and_config(tmp_path, relative, ok):
     else:
         with pytest.raises(FolderError, match="`data.out_dir`"):
             check_overlap(target, "data.out_dir", inputs, tmp_path / "conf" / "c.yaml")
+
+
+def test_registered_files_count_as_nmts(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_marker(run, "run")
+    (run / "avg.pt").write_bytes(b"x")
+    (run / "mine.pt").write_bytes(b"x")
+    folders.register_file(run / "avg.pt")          # what `nmt average -o RUN/avg.pt` does
+    folders.register_file(tmp_path / "elsewhere.pt")   # not in a run folder: nothing to record
+    assert foreign_files(run, read_marker(run)) == ["mine.pt"]
+    assert not (tmp_path / MARKER).exists()

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -28,6 +30,28 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _interruptible(function: Callable[..., Any], **kwargs: Any) -> None:
+    """Run `function` in a worker thread so that SIGINT/SIGTERM reach the main thread within 0.2 s.
+
+    SentencePiece training runs in C++ for many seconds without returning to Python (it does
+    release the GIL), so a signal handler in the main thread would otherwise wait for the end.
+    """
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            function(**kwargs)
+        except BaseException as exc:      # handed to the main thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="sentencepiece", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+    if failure:
+        raise failure[0]
+
+
 def train_sentencepiece(
     sentences: Iterable[str],
     model_prefix: Path,
@@ -37,7 +61,8 @@ def train_sentencepiece(
 ) -> Path:
     """Train a SentencePiece model on all of `sentences` (pass a sample); returns the `.model` path."""
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
+    _interruptible(
+        spm.SentencePieceTrainer.train,
         sentence_iterator=iter(sentences),
         model_writer=model,
         vocab_size=vocab_size,

@@ -47,6 +47,7 @@ from nmt.folders import (
     lock_folder,
     open_work_folder,
     read_marker,
+    register_file,
     release_folder,
     remove_leftovers,
     remove_nmt_files,
@@ -139,6 +140,7 @@ class Trainer:
         self.dev_ids = (ParallelIds(self.data.ids("dev", "src"), self.data.ids("dev", "tgt"))
                         if self.data.has_split("dev") else None)
         self.stop_signal: int | None = None
+        self.evaluating_dev = False                    # a signal now abandons validation at once
         if resume:
             try:
                 self._restore(load_checkpoint(self.run_dir / "last.pt"))
@@ -195,6 +197,7 @@ class Trainer:
             entry = self.data.manifest["vocab"][side]
             for name in (entry["model"], entry.get("pieces")):
                 if name and not (self.run_dir / name).exists():
+                    register_file(self.run_dir / name)     # whatever the data folder calls its models
                     shutil.copyfile(self.data.root / name, self.run_dir / name)
         shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
 
@@ -365,6 +368,8 @@ class Trainer:
                     before(signum, frame)
                 raise KeyboardInterrupt
             self.stop_signal = signum
+            if self.evaluating_dev:                # pure computation: nothing to leave half-done
+                raise ValidationAbandoned
         for sig in previous:
             signal.signal(sig, handler)
         return previous
@@ -497,7 +502,11 @@ class Trainer:
             return {}
         t, p = self.config.training, self.progress
         with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
-            metrics = self._evaluate_dev()
+            self.evaluating_dev = True
+            try:
+                metrics = self._evaluate_dev()
+            finally:
+                self.evaluating_dev = False
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
                        wall_time=p.elapsed + self._session_time(), peak_rss_mb=peak_rss_mb())
         score = metrics[t.early_stopping_metric]
