@@ -155,9 +155,11 @@ class BucketBatchSampler:
         if not batch_tokens and not batch_size:
             raise ValueError("one of batch_tokens and batch_size must be positive")
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-        self.longest = np.maximum(self.src_lengths, self.tgt_lengths)       # padded size counts the longer side
+        longest = np.maximum(self.src_lengths, self.tgt_lengths)           # padded size counts the longer side
+        self.scale = int(longest.max(initial=0)) + 1
+        self.key = self._length_key(longest)                                # (sentences,) sort key, once
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
-        per_batch = batch_tokens / max(float(self.longest.mean()), 1.0) if len(self.longest) and batch_tokens \
+        per_batch = batch_tokens / max(float(longest.mean()), 1.0) if len(longest) and batch_tokens \
             else batch_size or 1
         self.pool_size = max(1, int(pool_batches * per_batch))
         self.seed, self.shuffle = seed, shuffle
@@ -179,16 +181,16 @@ class BucketBatchSampler:
                 parts.append((start + np.sort(rng.permutation(size)[:extra])).astype(index))
         return np.concatenate(parts) if parts else np.zeros(0, index)
 
-    def _length_key(self, rows: np.ndarray) -> np.ndarray:
-        """One integer key per row: (longer side, target, source) length, most significant first."""
-        scale = int(self.longest.max(initial=0)) + 1
+    def _length_key(self, longest: np.ndarray) -> np.ndarray:
+        """One integer per sentence: (longer side, target, source) length, most significant first."""
+        scale = self.scale
         if scale**3 >= 2**62:
             raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
-        key = self.longest[rows].astype(np.int32 if scale**3 < 2**31 else np.int64)
+        key = longest.astype(np.int32 if scale**3 < 2**31 else np.int64)
         key *= scale
-        key += self.tgt_lengths[rows]
+        key += self.tgt_lengths
         key *= scale
-        key += self.src_lengths[rows]
+        key += self.src_lengths
         return key
 
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -197,17 +199,19 @@ class BucketBatchSampler:
         rows = self.epoch_rows(rng)
         if self.shuffle:
             rng.shuffle(rows)                                            # in place: no second array
-            key = self._length_key(rows)
+            key = self.key[rows]
             for start in range(0, len(rows), self.pool_size):         # a loop over pools, not sentences
                 pool = slice(start, start + self.pool_size)
-                rows[pool] = rows[pool][np.argsort(key[pool], kind="stable")]
-            del key
+                by_length = np.argsort(key[pool], kind="stable")
+                rows[pool], key[pool] = rows[pool][by_length], key[pool][by_length]
             pool_starts = np.arange(0, len(rows), self.pool_size)
             pool_ends = np.minimum(pool_starts + self.pool_size, len(rows))
         else:
-            rows = rows[np.argsort(self._length_key(rows), kind="stable")]
+            by_length = np.argsort(self.key[rows], kind="stable")
+            rows, key = rows[by_length], self.key[rows][by_length]
             pool_starts, pool_ends = np.zeros(1, np.int64), np.array([len(rows)])
-        starts, ends = batch_bounds(self.longest[rows], pool_starts, pool_ends, self.batch_tokens, self.batch_size)
+        longest = np.floor_divide(key, self.scale**2, out=key)          # the longer side, sorted within pools
+        starts, ends = batch_bounds(longest, pool_starts, pool_ends, self.batch_tokens, self.batch_size)
         picked = rng.permutation(len(starts)) if self.shuffle else np.arange(len(starts))
         if self.world_size > 1:   # every rank must run the same number of steps
             usable = len(picked) // self.world_size * self.world_size

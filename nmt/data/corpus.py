@@ -201,7 +201,7 @@ def compact_lengths(lengths: np.ndarray) -> np.ndarray:
     return lengths.astype(np.uint16 if longest <= np.iinfo(np.uint16).max else np.int32)
 
 
-def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 22) -> np.ndarray:
+def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 20) -> np.ndarray:
     """Sentence lengths from an offsets file, read in chunks: the memory map stays untouched, so
     only the offsets a batch needs ever become resident."""
     lengths = np.empty(max(count, 0), dtype=np.int32 if count < 2**31 else np.int64)

@@ -101,8 +101,13 @@ def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
         return [("train", data.train, 1.0)]
     if not data.train:
         raise ConfigError("`data.train` is an empty list; give at least one corpus prefix")
-    return [(f"train[{i}]", *((c, 1.0) if isinstance(c, str) else (c.prefix, c.weight)))
-            for i, c in enumerate(data.train)]
+    corpora = []
+    for i, corpus in enumerate(data.train):
+        prefix, weight = (corpus, 1.0) if isinstance(corpus, str) else (corpus.prefix, corpus.weight)
+        if prefix is None:
+            raise ConfigError(f"`data.train[{i}].prefix` is required: the prefix of that corpus's files")
+        corpora.append((f"train[{i}]", prefix, weight))
+    return corpora
 
 
 def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
