@@ -17,10 +17,10 @@ with a warning.
 from __future__ import annotations
 
 import json
-import queue
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -145,14 +145,14 @@ class Translator:
         return translations
 
     def translate_stream(self, lines: Iterable[str], chunk_lines: int = 10000, n_best: int = 1,
-                         return_attention: bool = False, progress=None, max_wait: float = 0.02
+                         return_attention: bool = False, progress=None, max_wait: float = 0.05
                          ) -> Iterator[Translation]:
         """Translate a stream of lines in micro-batches, yielding results in input order."""
         for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
             yield from batch
 
     def translate_batches(self, lines: Iterable[str], chunk_lines: int = 10000, n_best: int = 1,
-                          return_attention: bool = False, progress=None, max_wait: float = 0.02
+                          return_attention: bool = False, progress=None, max_wait: float = 0.05
                           ) -> Iterator[list[Translation]]:
         """Translate a stream of lines, yielding the results of each micro-batch as soon as it is done.
 
@@ -238,9 +238,6 @@ class OutputFiles:
                 handle.flush()
 
 
-_END = object()     # the reader thread's last item after the input ran out
-
-
 def _without_line_ending(line: str) -> str:
     """"text\n" or "text\r\n" -> "text"; a line without an ending is kept as it is."""
     if line.endswith("\n"):
@@ -251,65 +248,64 @@ def _without_line_ending(line: str) -> str:
 def micro_batches(lines: Iterable[str], max_lines: int, max_wait: float) -> Iterator[list[str]]:
     """Group a (possibly slow) stream of lines into batches, reading it on a thread.
 
-    A batch is yielded when it holds `max_lines` lines, when the input ends, or when no line is
-    waiting and `max_wait` seconds have passed since the batch's first line arrived. Line endings
-    ("\n", or "\r\n") are removed. An exception raised by `lines` is re-raised here after the
-    batches of every earlier line. The queue holds at most `max_lines` lines: memory is bounded.
+    A batch is yielded when it holds `max_lines` lines, when the input ends, or `max_wait` seconds
+    after its first line arrived. Line endings ("\n", or "\r\n") are removed. An exception raised
+    by `lines` is re-raised here after the batches of every earlier line. The reader hands lines
+    over through a shared buffer of at most `max_lines` lines (memory stays bounded) and wakes the
+    consumer only for a batch's first line or a full buffer, so a fast file costs no thread
+    hand-off per line.
     """
-    pending: queue.Queue = queue.Queue(maxsize=max(1, max_lines))
-    stop = threading.Event()
+    buffer: deque[str] = deque()
+    cond = threading.Condition()
+    shared: dict[str, Any] = {"first_at": 0.0, "done": False, "error": None, "stop": False}
 
     def read() -> None:
         try:
             for line in lines:
-                if stop.is_set():
-                    return
-                pending.put(_without_line_ending(line))
-            pending.put(_END)
-        except BaseException as exc:   # handed to the consumer, which raises it in order
-            pending.put(exc)
+                line = _without_line_ending(line)
+                with cond:
+                    while len(buffer) >= max_lines and not shared["stop"]:
+                        cond.wait()
+                    if shared["stop"]:
+                        return
+                    if not buffer:
+                        shared["first_at"] = time.monotonic()
+                    buffer.append(line)
+                    if len(buffer) == 1 or len(buffer) >= max_lines:
+                        cond.notify_all()
+        except BaseException as exc:   # handed to the consumer, which raises it after the earlier lines
+            shared["error"] = exc
+        finally:
+            with cond:
+                shared["done"] = True
+                cond.notify_all()
 
+    max_lines = max(1, max_lines)
     reader = threading.Thread(target=read, name="nmt-line-reader", daemon=True)
     reader.start()
     try:
-        done = False
-        while not done:
-            item = pending.get()
-            batch: list[str] = []
-            deadline = time.monotonic() + max_wait
-            failure: BaseException | None = None
-            while True:
-                if item is _END:
-                    done = True
+        while True:
+            with cond:
+                while not buffer and not shared["done"]:
+                    cond.wait()
+                if not buffer:
                     break
-                if isinstance(item, BaseException):
-                    failure, done = item, True
-                    break
-                batch.append(item)
-                if len(batch) >= max_lines:
-                    break
-                try:
-                    item = pending.get_nowait()
-                except queue.Empty:
-                    wait = deadline - time.monotonic()
-                    if wait <= 0:
+                deadline = shared["first_at"] + max_wait
+                while len(buffer) < max_lines and not shared["done"]:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
                         break
-                    try:
-                        item = pending.get(timeout=wait)
-                    except queue.Empty:
-                        break
-            if batch:
-                yield batch
-            if failure is not None:
-                raise failure
+                    cond.wait(remaining)
+                batch = [buffer.popleft() for _ in range(min(len(buffer), max_lines))]
+                shared["first_at"] = time.monotonic()
+                cond.notify_all()                       # a reader waiting on a full buffer goes on
+            yield batch
+        if shared["error"] is not None:
+            raise shared["error"]
     finally:
-        stop.set()
-        while reader.is_alive():            # unblock a reader waiting on a full queue
-            try:
-                pending.get_nowait()
-            except queue.Empty:
-                reader.join(0.01)
-                break
+        with cond:
+            shared["stop"] = True
+            cond.notify_all()
 
 
 def word_alignments(src_pieces: list[str], tgt_pieces: list[str], attention: Tensor) -> str:
