@@ -107,7 +107,8 @@ class Translator:
             flat = np.concatenate(encoded)
             lengths = np.diff(offsets) + 1                                   # with EOS
             order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
-            budget = max(1, self.decoding.batch_tokens // max(1, self.decoding.beam_size))
+            rows_per_line = n_best if self.decoding.sampling else self.decoding.beam_size
+            budget = max(1, self.decoding.batch_tokens // max(1, rows_per_line))
             wants_attention = return_attention or self.decoding.replace_unk
             with self.model.decoder.frozen_weights():                        # derived weights once per chunk
                 for rows in cut_by_budget(order, lengths, budget, 0):
