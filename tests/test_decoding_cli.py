@@ -16,7 +16,7 @@ def source_text(tmp_path_factory) -> str:
     return "".join(f"{line}\n" for line in read_gz("test_2016_flickr.de", 12))
 
 
-def translate(trained_run, *options: str, stdin: str):
+def translate(trained_run, *options: str, stdin: str | None = None):
     result = run_cli("translate", "--checkpoint", str(trained_run / "best.pt"), "-q", *options, stdin=stdin)
     assert result.returncode == 0, result.stderr
     return result.stdout.split("\n")[:-1]
