@@ -7,7 +7,9 @@ import gc
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack
+from itertools import islice, zip_longest
 from pathlib import Path
 
 import typer
@@ -137,7 +139,8 @@ def _pending(path: Path | None, stack: ExitStack) -> PendingFile | None:
 
 @app.command()
 def translate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "--model", "-m", help=MODEL_HELP),
+    checkpoint: list[Path] = typer.Option(..., "--checkpoint", "--model", "-m",
+                                          help=MODEL_HELP + " Repeat it to decode with an ensemble."),
     input: Path | None = typer.Option(None, "--input", "-i", help="Source text; default stdin."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Translations; default stdout."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="1 = greedy; default from config."),
@@ -155,6 +158,23 @@ def translate(
     attention_out: Path | None = typer.Option(None, "--attention-out", help="Write attention as JSON lines."),
     plot_attention: Path | None = typer.Option(None, "--plot-attention", help="Write heatmap PNGs into this folder."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    min_len: int | None = typer.Option(None, "--min-len", min=0, help="No EOS before this many pieces."),
+    max_len: int | None = typer.Option(None, "--max-len", min=0, help="At most this many pieces (EOS included)."),
+    max_len_ratio: float | None = typer.Option(None, "--max-len-ratio", min=0.0, help="At most ratio*source+10."),
+    max_input_len: int | None = typer.Option(None, "--max-input-len", min=1, help="Truncate longer inputs."),
+    coverage_penalty: float | None = typer.Option(None, "--coverage-penalty", min=0.0, help="GNMT beta (beam)."),
+    replace_unk: bool | None = typer.Option(None, "--replace-unk/--no-replace-unk",
+                                            help="Copy the most attended source piece for each <unk>."),
+    sampling: bool | None = typer.Option(None, "--sampling/--no-sampling", help="Sample instead of searching."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature."),
+    top_k: int | None = typer.Option(None, "--top-k", min=0, help="Sample from the k most probable; 0 = all."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Sample from the top-p probability mass."),
+    seed: int | None = typer.Option(None, "--seed", help="Sampling seed (same seed and batches, same samples)."),
+    num_samples: int | None = typer.Option(None, "--num-samples", min=1, help="Samples per line (= --n-best)."),
+    prefix_file: Path | None = typer.Option(None, "--prefix-file", help="Target prefixes, one line per input line."),
+    prefix_column: bool = typer.Option(False, "--prefix-column", help="Input lines are 'source<TAB>prefix'."),
+    scores: Path | None = typer.Option(None, "--scores", help="Write 'log-prob<TAB>normalised score' per output line."),
+    scores_json: bool = typer.Option(False, "--scores-json", help="Write --scores as JSON lines."),
 ) -> None:
     """Translate text, one line out per line in, in input order.
 
@@ -168,12 +188,22 @@ def translate(
 
     try:
         source_file = open_text(input) if input is not None else None
+        prefix_handle = open_text(prefix_file) if prefix_file is not None else None
     except TextInputError as exc:
         fail(str(exc))
     if source_file is None and sys.stdin is None:
         fail("stdin is closed; give the source text on stdin or with --input")
-    _check_outputs({"--input": input}, {"--output": output, "--alignments": alignments,
-                                        "--attention-out": attention_out})
+    if prefix_file is not None and prefix_column:
+        fail("--prefix-file and --prefix-column exclude each other")
+    if num_samples is not None:
+        if not sampling:
+            fail("--num-samples needs --sampling (for beam search use --n-best)")
+        if n_best != 1 and n_best != num_samples:
+            fail(f"--num-samples {num_samples} and --n-best {n_best} disagree; give one of them")
+        n_best = num_samples
+    _check_outputs({"--input": input, "--prefix-file": prefix_file},
+                   {"--output": output, "--alignments": alignments, "--attention-out": attention_out,
+                    "--scores": scores})
     if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
         fail(f"--plot-attention: {plot_attention} is a file, not a folder")
     if threads:
@@ -181,13 +211,14 @@ def translate(
 
         torch.set_num_threads(threads)
     try:
-        translator = Translator.load(checkpoint, device, beam_size=beam_size, length_penalty=length_penalty,
-                                     batch_tokens=batch_tokens, no_repeat_ngram=no_repeat_ngram, precision=precision)
+        translator = Translator.load(
+            checkpoint, device, beam_size=beam_size, length_penalty=length_penalty, batch_tokens=batch_tokens,
+            no_repeat_ngram=no_repeat_ngram, precision=precision, min_len=min_len, max_len=max_len,
+            max_len_ratio=max_len_ratio, max_input_len=max_input_len, coverage_penalty=coverage_penalty,
+            replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        translator.check_n_best(n_best)
     except (ConfigError, ModelFileError) as exc:
         fail(str(exc))
-    if n_best > translator.decoding.beam_size:
-        fail(f"--n-best {n_best} is larger than the beam size {translator.decoding.beam_size}; "
-             f"raise --beam-size to at least {n_best}")
     plotter = None
     if plot_attention is not None:
         from nmt.plot import AttentionPlotter, PlotUnavailable
@@ -197,16 +228,24 @@ def translate(
         except PlotUnavailable as exc:
             fail(str(exc))
     with ExitStack() as stack:
-        if source_file is not None:
-            stack.enter_context(source_file)
+        for handle in (source_file, prefix_handle):
+            if handle is not None:
+                stack.enter_context(handle)
         source = iter_lines(source_file if source_file is not None else sys.stdin.buffer, str(input or "stdin"))
+        if prefix_handle is not None:
+            source = _paired_lines(source, iter_lines(prefix_handle, str(prefix_file)), str(input or "stdin"),
+                                   str(prefix_file))
+        elif prefix_column:                             # 'source<TAB>prefix'; a line without a tab has none
+            source = (tuple(line.split("\t", 1)) if "\t" in line else line for line in source)
         pending = {name: _pending(path, stack) for name, path in
-                   (("text", output), ("alignments", alignments), ("attention", attention_out))}
+                   (("text", output), ("alignments", alignments), ("attention", attention_out), ("scores", scores))}
         files = OutputFiles(
             pending["text"].handle if pending["text"] else sys.stdout,
             pending["alignments"].handle if pending["alignments"] else None,
             pending["attention"].handle if pending["attention"] else None,
             plotter,
+            pending["scores"].handle if pending["scores"] else None,
+            scores_json,
         )
         try:
             with tqdm(desc="translate", unit="sent", file=sys.stderr, disable=quiet) as bar:
@@ -218,6 +257,80 @@ def translate(
         for item in pending.values():
             if item is not None:
                 item.commit()
+
+
+_MISSING = object()
+
+
+def _paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
+                  second_name: str) -> Iterator[tuple[str, str]]:
+    """Line i of both streams as a pair; one stream ending before the other is a `TextInputError`."""
+    for number, (a, b) in enumerate(zip_longest(first, second, fillvalue=_MISSING), start=1):
+        if a is _MISSING or b is _MISSING:
+            short, long = (first_name, second_name) if a is _MISSING else (second_name, first_name)
+            raise TextInputError(f"{short} has {number - 1} lines but {long} has more; "
+                                 "they must align line by line")
+        yield a, b
+
+
+@app.command()
+def score(
+    checkpoint: list[Path] = typer.Option(..., "--checkpoint", "--model", "-m",
+                                          help=MODEL_HELP + " Repeat it to score with an ensemble."),
+    src: Path = typer.Option(..., "--src", help="Source text, one sentence per line."),
+    tgt: Path = typer.Option(..., "--tgt", help="Target text to score, line by line with --src."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Scores; default stdout."),
+    json_lines: bool = typer.Option(False, "--json", help="JSON lines instead of 'log-prob<TAB>normalised'."),
+    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
+    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source+target tokens per batch."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
+) -> None:
+    """The model's log-probability of given translations (forced decoding), for filtering and reranking.
+
+    One line per pair: 'log-prob<TAB>length-normalised score' (or JSON with --json).
+    """
+    import json
+
+    from nmt.decode.translator import Translator
+    from nmt.model.modelfile import ModelFileError
+
+    try:
+        handles = open_text(src), open_text(tgt)
+    except TextInputError as exc:
+        fail(str(exc))
+    _check_outputs({"--src": src, "--tgt": tgt}, {"--output": output})
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        scorer = Translator.load(checkpoint, device, length_penalty=length_penalty, batch_tokens=batch_tokens)
+    except (ConfigError, ModelFileError) as exc:
+        fail(str(exc))
+    with ExitStack() as stack:
+        for handle in handles:
+            stack.enter_context(handle)
+        pending = _pending(output, stack)
+        out = pending.handle if pending else sys.stdout
+        pairs = _paired_lines(iter_lines(handles[0], str(src)), iter_lines(handles[1], str(tgt)), str(src), str(tgt))
+        number = 0
+        try:
+            while chunk := list(islice(pairs, 10000)):
+                sources, targets = zip(*chunk, strict=True)
+                for log_prob, normalised, length in scorer.score(list(sources), list(targets)):
+                    if json_lines:
+                        out.write(json.dumps({"line": number, "log_prob": round(log_prob, 6),
+                                              "score": round(normalised, 6), "length": length}) + "\n")
+                    else:
+                        out.write(f"{log_prob:.6f}\t{normalised:.6f}\n")
+                    number += 1
+        except TextInputError as exc:
+            sys.stdout.flush()
+            fail(str(exc))
+        sys.stdout.flush()
+        if pending is not None:
+            pending.commit()
 
 
 @app.command()

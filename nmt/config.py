@@ -136,6 +136,14 @@ class DecodingConfig:
     batch_tokens: int = _bounded(8000, ge=1)      # source tokens x beam per batch (4000: 5% slower beam search)
     max_input_len: int = _bounded(250, ge=1)       # longer inputs are truncated with a warning
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # as training.precision
+    max_len: int = _bounded(0, ge=0)               # cap on output pieces, EOS included; 0 = only max_len_ratio
+    coverage_penalty: float = _bounded(0.0, ge=0.0)   # GNMT beta (beam search); 0 disables
+    replace_unk: bool = False                      # copy the most attended source piece for every <unk>
+    sampling: bool = False                         # sample instead of searching (back-translation)
+    temperature: float = _bounded(1.0, gt=0.0)     # sampling: logits / temperature
+    top_k: int = _bounded(0, ge=0)                 # sampling: only the k most probable pieces; 0 = all
+    top_p: float = _bounded(1.0, gt=0.0, le=1.0)   # sampling: the smallest set with this much probability
+    seed: int = 0                                  # sampling: same seed and batch size, same samples
 
 
 @dataclass

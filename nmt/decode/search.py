@@ -14,6 +14,15 @@ hypothesis with log-probability s ≤ 0 can at best reach s / lp(max_len), since
 falls and lp only grows. The returned n-best list is then final; searching on until `beam`
 hypotheses have finished would only add ones ranked below it. (Stopping when the top beam
 reaches EOS is wrong under α > 0.)
+
+Options that cost nothing when off (each is a branch inside the step loop):
+  * a target prefix per sentence (`prefix`, PAD-padded): its tokens are forced, search goes on after it;
+  * `no_repeat_ngram` in greedy search as in beam search;
+  * sampling (`Sampler`: temperature, top-k, top-p, a seeded generator) in the greedy loop, with
+    `num_samples` rows per sentence (`sample`);
+  * the GNMT coverage penalty cp = β Σ_j log min(Σ_i α_ij, 1) added to finished hypotheses' scores.
+Every hypothesis carries its log-probability, so `force_decode` (teacher-forced scoring of given
+targets) gives the same number for the same output.
 """
 
 from __future__ import annotations
@@ -34,8 +43,34 @@ NEG_INF = float("-inf")
 @dataclass
 class Hypothesis:
     tokens: list[int]          # output ids, EOS excluded
-    score: float               # log p(y) / lp(y) (log p(y) for greedy)
+    score: float               # log p(y) / lp(y) (+ coverage penalty) in beam search; log p(y) otherwise
     attention: Tensor | None   # (len(tokens) + 1, src_len) weights, the EOS step included; None unless asked
+    log_prob: float = 0.0      # log p(y), EOS included
+
+
+@dataclass
+class Sampler:
+    """Draws the next token from p(y)^(1/temperature), cut to the `top_k` most probable pieces and
+    to the smallest set holding `top_p` of the probability. One generator for a whole run: the
+    same seed and batches give the same samples."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def __call__(self, logp: Tensor) -> Tensor:
+        """logp: (rows, vocab), -inf where forbidden -> sampled tokens (rows,)."""
+        logits = logp / self.temperature if self.temperature != 1.0 else logp.clone()
+        if 0 < self.top_k < logits.size(1):
+            kth = logits.topk(self.top_k, dim=1).values[:, -1:]                # (rows, 1)
+            logits.masked_fill_(logits < kth, NEG_INF)
+        if self.top_p < 1.0:
+            ordered, order = logits.sort(dim=1, descending=True)                 # (rows, vocab)
+            probs = ordered.softmax(-1)
+            outside = probs.cumsum(-1) - probs >= self.top_p                     # the most probable always stays
+            logits.scatter_(1, order, ordered.masked_fill(outside, NEG_INF))
+        return torch.multinomial(logits.softmax(-1), 1, generator=self.generator).squeeze(1)
 
 
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
@@ -65,6 +100,32 @@ def _constrain(logp: Tensor, t: int, min_len: int, at_limit: Tensor) -> None:
     logp[at_limit] = logp[at_limit].masked_fill(torch.arange(logp.size(1), device=logp.device) != EOS, NEG_INF)
 
 
+def _force_tokens(logp: Tensor, forced: Tensor) -> None:
+    """In place: a row with a forced token (not PAD) may produce only that token, at its own log-probability.
+
+    logp: (rows, vocab); forced: (rows,) token ids, PAD where nothing is forced.
+    """
+    column = forced.unsqueeze(1)                                        # (rows, 1)
+    kept = logp.gather(1, column)
+    logp.masked_fill_((forced != PAD).unsqueeze(1), NEG_INF)
+    logp.scatter_(1, column, kept)
+
+
+def _prefix_lengths(prefix: Tensor | None, limits: Tensor) -> Tensor:
+    """Output limits raised so that every sentence can finish after its prefix (+ EOS)."""
+    if prefix is None:
+        return limits
+    return torch.maximum(limits, (prefix != PAD).sum(1).to(limits.device) + 1)
+
+
+def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
+    """GNMT cp = β Σ_j log min(Σ_i α_ij, 1) over real source positions j.
+
+    coverage: (rows, src_len) attention summed over the output steps; src_mask: (rows, src_len)."""
+    covered = coverage.clamp(min=1e-10, max=1.0).log().masked_fill(~src_mask, 0.0)
+    return beta * covered.sum(1)                                        # (rows,)
+
+
 def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
     """Forbid tokens that would repeat an n-gram already in `history` (rows, t). In place, vectorised."""
     t = history.size(1)
@@ -92,11 +153,23 @@ def _with_frozen_weights(search: Callable) -> Callable:
 @torch.no_grad()
 @_with_frozen_weights
 def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
-                  min_len: int = 0, return_attention: bool = False, max_len: int | None = None) -> list[Hypothesis]:
-    """The most probable token at each step, for every sentence of the batch at once."""
-    batch = src.size(0)
+                  min_len: int = 0, return_attention: bool = False, max_len: int | None = None,
+                  no_repeat_ngram: int = 0, prefix: Tensor | None = None, sampler: Sampler | None = None,
+                  num_samples: int = 1) -> list[Hypothesis]:
+    """The most probable token at each step, for every sentence of the batch at once.
+
+    With a `sampler`, a token drawn from the distribution instead, `num_samples` rows per sentence
+    (sentence-major: rows i*num_samples .. (i+1)*num_samples-1 belong to sentence i).
+    prefix: (batch, prefix_len) tokens to force first, PAD-padded; None for none."""
     memory, state = model.encode(src, src_lengths)
+    if num_samples > 1:                                                 # one row per sample
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(num_samples)
+        memory, state, src = memory.index_select(rows), state.index_select(rows), src[rows]
+        src_lengths = src_lengths[rows.to(src_lengths.device)]
+        prefix = prefix[rows.to(prefix.device)] if prefix is not None else None
+    batch = src.size(0)
     limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
+    limits = _prefix_lengths(prefix, limits)
     steps = int(limits.max())
     tokens = src.new_full((batch, steps), PAD)                          # (batch, steps)
     scores = torch.zeros(batch, device=src.device)                        # log p, in fp32 under autocast too
@@ -108,7 +181,15 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
         logits, state, weights = model.decoder.step(prev, state, memory)
         logp = logits.float().log_softmax(-1)                           # (active, vocab)
         _constrain(logp, t, min_len, limits[active] - 1 <= t)
-        best, prev = logp.max(-1)                                        # (active,)
+        if no_repeat_ngram:
+            _block_repeated_ngrams(logp, tokens[active, :t], no_repeat_ngram)
+        if prefix is not None and t < prefix.size(1):
+            _force_tokens(logp, prefix[active, t])
+        if sampler is None:
+            best, prev = logp.max(-1)                                    # (active,)
+        else:
+            prev = sampler(logp)
+            best = logp.gather(1, prev.unsqueeze(1)).squeeze(1)
         tokens[active, t] = prev
         scores[active] += best
         lengths[active] += 1
@@ -132,8 +213,17 @@ def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor 
     for i, (row, n, score) in enumerate(zip(tokens_list, lengths_list, scores_list, strict=True)):
         ended = n > 0 and row[n - 1] == EOS
         weights = attention[i, :n, : int(src_lengths[i])].cpu() if attention is not None else None
-        out.append(Hypothesis(row[: n - 1] if ended else row[:n], score, weights))
+        out.append(Hypothesis(row[: n - 1] if ended else row[:n], score, weights, score))
     return out
+
+
+def sample(model: Seq2Seq, src: Tensor, src_lengths: Tensor, sampler: Sampler, num_samples: int = 1,
+           max_len_ratio: float = 2.0, min_len: int = 0, return_attention: bool = False, max_len: int | None = None,
+           no_repeat_ngram: int = 0, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    """`num_samples` sampled outputs per sentence (for back-translation), in the order drawn."""
+    hyps = greedy_search(model, src, src_lengths, max_len_ratio, min_len, return_attention, max_len,
+                         no_repeat_ngram, prefix, sampler, num_samples)
+    return [hyps[i : i + num_samples] for i in range(0, len(hyps), num_samples)]
 
 
 def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -151,20 +241,27 @@ def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
 @_with_frozen_weights
 def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
                 max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
-                return_attention: bool = False, max_len: int | None = None) -> list[list[Hypothesis]]:
+                return_attention: bool = False, max_len: int | None = None, prefix: Tensor | None = None,
+                coverage: float = 0.0) -> list[list[Hypothesis]]:
     """Beam search for a whole batch; returns the `n_best` hypotheses of every sentence, best first.
 
     An EOS candidate finishes a hypothesis when it ranks among the best `beam_size` candidates
     of its sentence. With one beam and alpha = 0 this is exactly greedy search; with alpha > 0
     one beam may search on after greedy would stop, because a longer hypothesis can still win.
 
-    `max_len` caps the output length (EOS included) below the ratio-based limit."""
+    `max_len` caps the output length (EOS included) below the ratio-based limit; `prefix` (batch,
+    prefix_len), PAD-padded, forces each sentence's first tokens; `coverage` is the GNMT β."""
     batch, k, device = src.size(0), beam_size, src.device
     n_best = min(n_best, k)
     memory, state = model.encode(src, src_lengths)        # one row per sentence; beams share the memory
     limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(device)   # (batch,)
+    limits = _prefix_lengths(prefix, limits)
     steps = int(limits.max())
     src_len = src.size(1)
+    if coverage:
+        src_mask = src != PAD                                                 # (batch, src_len)
+        alive_cov = torch.zeros(batch, src_len, device=device)                # (active*width, src_len) Σ_i α_ij
+        fin_logp = torch.full((batch, k), NEG_INF, device=device)               # log p of the finished
 
     # Alive beams of the active sentences, flattened (active*width, ...): one beam per sentence
     # at the first step (all beams would be the same), `k` from the second on.
@@ -189,6 +286,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         _constrain(logp, t, min_len, (limits[active] - 1 <= t).repeat_interleave(width))
         if no_repeat_ngram:
             _block_repeated_ngrams(logp, alive_tokens, no_repeat_ngram)
+        if prefix is not None and t < prefix.size(1):
+            _force_tokens(logp, prefix[active, t].repeat_interleave(width))
 
         candidates = logp.add_(alive_scores.unsqueeze(1)).view(n_active, width * vocab)  # (active, width*vocab)
         top_scores, top_ids = _top_candidates(candidates, 2 * k)                 # (active, 2k), best first
@@ -201,11 +300,18 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         rank = torch.arange(top_scores.size(1), device=device).unsqueeze(0)
         finishing = is_eos & (rank < k)
         norm = top_scores / length_penalty(float(t + 1), alpha)
+        if coverage:
+            alive_cov = alive_cov + weights.float()                               # this step's α included
+            row_mask = src_mask[active].repeat_interleave(width, dim=0)
+            norm = norm + coverage_penalty(alive_cov, row_mask, coverage)[source_rows]
         new_fin = norm.masked_fill(~finishing, NEG_INF)                           # (active, 2k)
         pool_scores = torch.cat([fin_scores[active], new_fin], dim=1)            # (active, 3k)
         fin_best, fin_pick = pool_scores.topk(k, dim=1)                           # (active, k)
         from_new = fin_pick >= k
         new_idx = (fin_pick - k).clamp(min=0)
+        if coverage:
+            old_logp = fin_logp[active].gather(1, fin_pick.clamp(max=k - 1))
+            fin_logp[active] = torch.where(from_new, top_scores.gather(1, new_idx), old_logp)
         new_rows = source_rows.gather(1, new_idx)                                 # (active, k) alive rows
         old_tokens = fin_tokens[active].gather(1, fin_pick.clamp(max=k - 1).unsqueeze(2).expand(-1, -1, steps))
         cand_tokens = torch.cat([alive_tokens, alive_tokens.new_full((alive_tokens.size(0), 1), EOS)], 1)
@@ -232,6 +338,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         alive_tokens = torch.cat([alive_tokens[rows], prev.unsqueeze(1)], dim=1)
         if return_attention:
             alive_attn = torch.cat([alive_attn, weights.float().unsqueeze(1)], 1)[rows]
+        if coverage:
+            alive_cov = alive_cov[rows]
         state = state.index_select(rows)
 
         # 3. A sentence is done when it has n_best finished and no alive beam can still beat the n_best-th.
@@ -249,15 +357,19 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
             prev, alive_scores, alive_tokens = prev[keep_rows], alive_scores[keep_rows], alive_tokens[keep_rows]
             if return_attention:
                 alive_attn = alive_attn[keep_rows]
+            if coverage:
+                alive_cov = alive_cov[keep_rows]
             state, memory = state.index_select(keep_rows), memory.index_select(keep)
 
-    return _collect_beams(fin_tokens, fin_lengths, fin_scores, fin_attn, src_lengths, n_best)
+    if not coverage:                                                               # log p = score * lp(|y|)
+        fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
+    return _collect_beams(fin_tokens, fin_lengths, fin_scores, fin_logp, fin_attn, src_lengths, n_best)
 
 
-def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
+def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, log_probs: Tensor, attention: Tensor | None,
                    src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
     tokens_l, lengths_l = tokens[:, :n_best].tolist(), lengths[:, :n_best].tolist()
-    scores_l = scores[:, :n_best].tolist()
+    scores_l, log_probs_l = scores[:, :n_best].tolist(), log_probs[:, :n_best].tolist()
     out = []
     for i in range(len(tokens_l)):
         hyps = []
@@ -266,6 +378,25 @@ def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: T
             if scores_l[i][j] == NEG_INF:
                 continue
             weights = attention[i, j, :n, : int(src_lengths[i])].cpu() if attention is not None else None
-            hyps.append(Hypothesis(tokens_l[i][j][: n - 1], scores_l[i][j], weights))
+            hyps.append(Hypothesis(tokens_l[i][j][: n - 1], scores_l[i][j], weights, log_probs_l[i][j]))
         out.append(hyps)
     return out
+
+
+@torch.no_grad()
+def force_decode(model: Seq2Seq, src: Tensor, src_lengths: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
+    """The model's log p(y | x) of given outputs, teacher-forced, for a whole batch.
+
+    tgt: (batch, tgt_len) output ids without BOS/EOS, PAD-padded.
+    returns log p of each row with its EOS (batch,) and the lengths with EOS (batch,);
+    the same log-probability the searches report for the same output.
+    """
+    batch = tgt.size(0)
+    lengths = (tgt != PAD).sum(1)                                        # (batch,) without EOS
+    tgt_in = torch.cat([tgt.new_full((batch, 1), BOS), tgt], dim=1)      # (batch, tgt_len+1) BOS y
+    tgt_out = torch.cat([tgt, tgt.new_full((batch, 1), PAD)], dim=1)     # (batch, tgt_len+1) y EOS
+    tgt_out.scatter_(1, lengths.unsqueeze(1), EOS)
+    with model.decoder.frozen_weights():
+        logits, _ = model(src, src_lengths, tgt_in)                     # (batch, tgt_len+1, vocab)
+    logp = logits.float().log_softmax(-1).gather(2, tgt_out.unsqueeze(2)).squeeze(2)
+    return logp.masked_fill(tgt_out == PAD, 0.0).sum(1), lengths + 1

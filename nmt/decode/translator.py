@@ -12,6 +12,12 @@ chunk, sentences are sorted by length and cut into batches by a token budget; re
 back in input order before they are yielded. Every input line gives exactly one result: an empty
 line gives an empty translation without running the model, and an over-long line is truncated
 with a warning.
+
+Decoding options (see nmt.decode.search): several models decode as one `Ensemble`; sampling
+draws `n_best` samples per line from one seeded generator; a line may come with a target prefix
+(a `(source, prefix)` pair instead of a string), which the search forces; `score` gives the
+model's log-probability of given translations; `decoding.replace_unk` copies, for every `<unk>`
+output piece, the most attended source text.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,12 +36,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import DecodingConfig
+from nmt.config import ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
-from nmt.data.tokenizer import EOS, Vocab
-from nmt.decode.search import Hypothesis, beam_search, greedy_search
+from nmt.data.tokenizer import EOS, UNK, Vocab
+from nmt.decode.ensemble import Ensemble
+from nmt.decode.search import Hypothesis, Sampler, beam_search, force_decode, greedy_search, length_penalty, sample
 from nmt.device import autocast, autocast_dtype, limit_kernel_cache, resolve_device
-from nmt.model.modelfile import load_model
+from nmt.model.modelfile import ModelFileError, load_model
 from nmt.model.seq2seq import Seq2Seq
 
 
@@ -77,42 +84,74 @@ class Translation:
 class Translator:
     """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines."""
 
-    def __init__(self, model: Seq2Seq, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
+    def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device) -> None:
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
         self.amp_dtype = autocast_dtype(decoding.precision, device)
+        self.generator: torch.Generator | None = None               # sampling: seeded on first use
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", **decoding_overrides: Any) -> Translator:
-        """Load a model file (`nmt export`) or a training checkpoint, anywhere on disk.
+    def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
+             **decoding_overrides: Any) -> Translator:
+        """Load a model file (`nmt export`) or a training checkpoint, anywhere on disk; several paths
+        decode as an ensemble (see `load_ensemble`).
 
         `decoding_overrides` replace keys of the model's `decoding` config (beam_size,
         length_penalty, batch_tokens, precision, ...) and are checked like the YAML file.
         Raises `nmt.model.modelfile.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
         Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
         """
+        if not isinstance(path, (str, Path)):
+            return cls.load_ensemble(path, device, **decoding_overrides)
         limit_kernel_cache()
         loaded = load_model(path, decoding_overrides)
         return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, resolve_device(device))
 
     from_checkpoint = load                            # the name before model files existed
 
+    @classmethod
+    def load_ensemble(cls, paths: Sequence[str | Path], device: str = "auto", **decoding_overrides: Any) -> Translator:
+        """Several models (files or checkpoints) decoding as one: the average of their log-probabilities
+        at every step. They must share the source and target vocabularies and may differ in everything
+        else; the decoding settings come from the first. One path gives a plain Translator."""
+        if len(paths) == 1:
+            return cls.load(paths[0], device, **decoding_overrides)
+        members = [cls.load(path, "cpu", **decoding_overrides) for path in paths]
+        first = members[0]
+        for path, member in zip(paths[1:], members[1:], strict=True):
+            for side, mine, theirs in (("source", first.src_vocab, member.src_vocab),
+                                       ("target", first.tgt_vocab, member.tgt_vocab)):
+                if not _same_vocab(mine, theirs):
+                    raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
+                                         "the models of an ensemble must share their vocabularies")
+        ensemble = Ensemble([member.model for member in members])
+        return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device))
+
+    from_checkpoints = load_ensemble
+
     # ------------------------------------------------------------------ public API
 
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False,
-                  first_line: int = 1, beam_size: int | None = None) -> list[Translation]:
+                  first_line: int = 1, beam_size: int | None = None,
+                  prefixes: list[str] | None = None) -> list[Translation]:
         """Translate a list of lines; the results are in the same order, one per line.
 
-        n_best: keep the K best hypotheses per line (`Translation.nbest`: (text, score) pairs).
+        n_best: keep the K best hypotheses per line (`Translation.nbest`: (text, score) pairs); with
+            decoding.sampling, K samples per line.
         return_attention: keep each hypothesis's attention weights (`Translation.attention`).
         beam_size: this call's beam (1 = greedy); default the model's `decoding.beam_size`.
         first_line: the line number of lines[0], for warnings.
+        prefixes: one per line ("" for none), forced as the start of each translation.
         """
         if (beam_size is not None and beam_size < 1) or n_best < 1:
             raise ValueError(f"beam_size and n_best must be at least 1, got {beam_size} and {n_best}")
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
+        self.check_n_best(n_best, decoding)
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
+        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
         encoded = self.src_vocab.encode(lines)
         limit = self.decoding.max_input_len
         truncated = np.array([len(ids) > limit for ids in encoded], dtype=bool)
@@ -128,14 +167,20 @@ class Translator:
             flat = np.concatenate(encoded)
             lengths = np.diff(offsets) + 1                                   # with EOS
             order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
-            budget = max(1, decoding.batch_tokens // max(1, decoding.beam_size))
+            rows_per_line = n_best if decoding.sampling else decoding.beam_size
+            budget = max(1, decoding.batch_tokens // max(1, rows_per_line))
+            wants_attention = return_attention or decoding.replace_unk
             with self.model.decoder.frozen_weights():                        # derived weights once per chunk
                 for rows in cut_by_budget(order, lengths, budget, 0):
                     src = pad_rows(flat, offsets, rows, None, EOS)
-                    found = self._search(src, n_best, return_attention, decoding)
+                    prefix = _pad_prefixes(prefix_ids, rows) if prefix_ids is not None else None
+                    found = self._search(src, n_best, wants_attention, decoding, prefix)
                     for row, hyps in zip(rows.tolist(), found, strict=True):
                         results[row] = hyps
         texts = self.tgt_vocab.decode([h[0].tokens if h else [] for h in results])
+        if decoding.replace_unk:
+            texts = [self._replace_unk(line, h[0]) if h and UNK in h[0].tokens else text
+                     for line, text, h in zip(lines, texts, results, strict=True)]
         translations = [Translation(text if line.strip() else "", hyps, ids, bool(cut))
                         for line, text, hyps, ids, cut in zip(lines, texts, results, encoded, truncated, strict=True)]
         if n_best > 1:                                                       # all hypotheses in one decode call
@@ -144,14 +189,53 @@ class Translator:
                 translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
         return translations
 
-    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 10000, n_best: int = 1,
+    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None) -> None:
+        """n_best hypotheses need at least n_best beams (samples have no such limit)."""
+        d = decoding or self.decoding
+        if not d.sampling and n_best > d.beam_size:
+            raise ConfigError(f"--n-best {n_best} is greater than --beam-size {d.beam_size}: beam search finds "
+                              "at most beam-size hypotheses; raise the beam size or use --sampling")
+
+    def score(self, sources: list[str], targets: list[str]) -> list[tuple[float, float, int]]:
+        """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
+        source), that divided by the length penalty, and the length in pieces with EOS. The searches report
+        the same log-probability for the same output."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        limit = self.decoding.max_input_len
+        src_ids = [ids[:limit] for ids in self.src_vocab.encode(sources)]
+        tgt_ids = self.tgt_vocab.encode(targets)
+        src_offsets, src_flat = _flatten(src_ids)
+        tgt_offsets, tgt_flat = _flatten(tgt_ids)
+        src_lengths = np.diff(src_offsets) + 1
+        cost = src_lengths + np.diff(tgt_offsets) + 1
+        order = np.argsort(-src_lengths, kind="stable")
+        results: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * len(sources)
+        with self.model.decoder.frozen_weights(), autocast(self.device, self.amp_dtype):
+            for rows in cut_by_budget(order, cost, self.decoding.batch_tokens, 0):
+                src = pad_rows(src_flat, src_offsets, rows, None, EOS)
+                tgt = pad_rows(tgt_flat, tgt_offsets, rows, None, None)
+                log_probs, out_lengths = force_decode(self.model, src.to(self.device), (src != 0).sum(1),
+                                                      tgt.to(self.device))
+                normalised = log_probs / length_penalty(out_lengths.float(), self.decoding.length_penalty)
+                for row, lp, norm, n in zip(rows.tolist(), log_probs.tolist(), normalised.tolist(),
+                                            out_lengths.tolist(), strict=True):
+                    results[row] = (lp, norm, n)
+        return results
+
+    def normalised_score(self, hyp: Hypothesis) -> float:
+        """log p / lp(|y|), the GNMT length normalisation with decoding.length_penalty, EOS counted."""
+        return hyp.log_prob / length_penalty(float(len(hyp.tokens) + 1), self.decoding.length_penalty)
+
+    def translate_stream(self, lines: Iterable[str | tuple[str, str]], chunk_lines: int = 10000, n_best: int = 1,
                          return_attention: bool = False, progress=None, max_wait: float = 0.05
                          ) -> Iterator[Translation]:
-        """Translate a stream of lines in micro-batches, yielding results in input order."""
+        """Translate a stream of lines in micro-batches, yielding results in input order; an item may be a
+        (source, target prefix) pair."""
         for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
             yield from batch
 
-    def translate_batches(self, lines: Iterable[str], chunk_lines: int = 10000, n_best: int = 1,
+    def translate_batches(self, lines: Iterable[str | tuple[str, str]], chunk_lines: int = 10000, n_best: int = 1,
                           return_attention: bool = False, progress=None, max_wait: float = 0.05
                           ) -> Iterator[list[Translation]]:
         """Translate a stream of lines, yielding the results of each micro-batch as soon as it is done.
@@ -159,16 +243,17 @@ class Translator:
         A thread reads `lines` (already decoded text, a trailing line ending is removed); a batch
         closes at `chunk_lines` lines, or when no line is waiting `max_wait` seconds after the
         batch's first line arrived. If reading raises, the results of every earlier line are
-        yielded first, then the exception propagates.
+        yielded first, then the exception propagates. A (source, prefix) pair forces that prefix.
         """
         first = 1
         for chunk in micro_batches(lines, chunk_lines, max_wait):
-            yield self.translate(chunk, n_best, return_attention, first_line=first)
+            sources, prefixes = _split_prefixes(chunk)
+            yield self.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
             first += len(chunk)
             if progress is not None:
                 progress.update(len(chunk))
 
-    def write_translations(self, lines: Iterable[str], files: OutputFiles, n_best: int = 1,
+    def write_translations(self, lines: Iterable[str | tuple[str, str]], files: OutputFiles, n_best: int = 1,
                            progress=None) -> None:
         """Translate `lines` into `files`: one line per input line, or exactly `n_best` lines 'i ||| text ||| score'
         (i 0-based; an empty input line, or a beam with fewer distinct hypotheses, is padded with empty text)."""
@@ -188,8 +273,26 @@ class Translator:
             files.text.write("".join(rows) + padding * (n_best - len(rows)))
         else:
             files.text.write(result.text + "\n")
+        if files.scores is not None:
+            self._write_scores(result, number, n_best, files)
         if files.wants_attention:
             self._write_attention(result, number, files)
+
+    def _write_scores(self, result: Translation, number: int, n_best: int, files: OutputFiles) -> None:
+        """One line per output line (so K per input line with n_best K): log p and the length-normalised
+        score, tab-separated or as JSON; padded lines of the n-best output get 0 (empty input) or -inf."""
+        hyps: list[Hypothesis | None] = list(result.hypotheses[:n_best])
+        hyps += [None] * (n_best - len(hyps))
+        missing = 0.0 if not result.hypotheses else float("-inf")
+        for rank, hyp in enumerate(hyps):
+            log_prob = hyp.log_prob if hyp else missing
+            normalised = self.normalised_score(hyp) if hyp else missing
+            if files.scores_json:
+                record = {"line": number, "rank": rank, "log_prob": round(log_prob, 6),
+                          "score": round(normalised, 6), "length": len(hyp.tokens) + 1 if hyp else 0}
+                files.scores.write(json.dumps(record) + "\n")
+            else:
+                files.scores.write(f"{log_prob:.6f}\t{normalised:.6f}\n")
 
     def _write_attention(self, result: Translation, number: int, files: OutputFiles) -> None:
         hyp = result.hypotheses[0] if result.hypotheses else None
@@ -206,17 +309,71 @@ class Translator:
 
     # ------------------------------------------------------------------ internals
 
-    def _search(self, src: Tensor, n_best: int, return_attention: bool,
-                decoding: DecodingConfig | None = None) -> list[list[Hypothesis]]:
+    def _search(self, src: Tensor, n_best: int, return_attention: bool, decoding: DecodingConfig | None = None,
+                prefix: Tensor | None = None) -> list[list[Hypothesis]]:
         d = decoding or self.decoding
         src_lengths = (src != 0).sum(1)
         src = src.to(self.device)
+        max_len = d.max_len or None
+        if prefix is not None:
+            prefix = prefix.to(self.device)
         with autocast(self.device, self.amp_dtype):
-            if d.beam_size == 1 and n_best == 1:
-                hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention)
+            if d.sampling:
+                return sample(self.model, src, src_lengths, self._sampler(), n_best, d.max_len_ratio, d.min_len,
+                              return_attention, max_len, d.no_repeat_ngram, prefix)
+            if d.beam_size == 1 and n_best == 1 and not d.coverage_penalty:
+                hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention,
+                                     max_len, d.no_repeat_ngram, prefix)
                 return [[h] for h in hyps]
             return beam_search(self.model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                               d.min_len, n_best, d.no_repeat_ngram, return_attention)
+                               d.min_len, n_best, d.no_repeat_ngram, return_attention, max_len, prefix,
+                               d.coverage_penalty)
+
+    def _sampler(self) -> Sampler:
+        d = self.decoding
+        if self.generator is None:
+            self.generator = torch.Generator(device=self.device).manual_seed(d.seed)
+        return Sampler(d.temperature, d.top_k, d.top_p, self.generator)
+
+    def _replace_unk(self, line: str, hyp: Hypothesis) -> str:
+        """The hypothesis' text with each <unk> replaced by the source text of its most attended source piece."""
+        offsets = self.src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]   # (start, end) in `line` per piece
+        surfaces = [line[start:end].strip() for start, end in offsets]
+        attention = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))]   # (tokens, src pieces), EOS column off
+        best = attention.argmax(-1).tolist()
+        pieces = self.tgt_vocab.to_pieces(hyp.tokens)
+        for t, token in enumerate(hyp.tokens):
+            if token == UNK and surfaces:
+                pieces[t] = surfaces[best[t]]
+        return self.tgt_vocab.sp.decode_pieces(pieces)
+
+
+def _same_vocab(a: Vocab, b: Vocab) -> bool:
+    return np.array_equal(a.pieces, b.pieces) and a.sp.serialized_model_proto() == b.sp.serialized_model_proto()
+
+
+def _flatten(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Id arrays -> (offsets (n+1,), one flat id array), the layout `pad_rows` reads."""
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum([len(ids) for ids in sequences], out=offsets[1:])
+    flat = np.concatenate(sequences) if sequences else np.zeros(0, dtype=np.int64)
+    return offsets, flat
+
+
+def _pad_prefixes(prefix_ids: list[np.ndarray], rows: np.ndarray) -> Tensor | None:
+    """The prefixes of `rows` as a PAD-padded (len(rows), longest) tensor; None when all are empty."""
+    offsets, flat = _flatten([prefix_ids[row] for row in rows.tolist()])
+    if flat.size == 0:
+        return None
+    return pad_rows(flat, offsets, np.arange(len(rows)), None, None)
+
+
+def _split_prefixes(chunk: list[str | tuple[str, str]]) -> tuple[list[str], list[str] | None]:
+    """A chunk of lines and (source, prefix) pairs -> the sources, and the prefixes ("" where none; None if none)."""
+    if not any(isinstance(item, tuple) for item in chunk):
+        return chunk, None                                             # type: ignore[return-value]
+    pairs = [item if isinstance(item, tuple) else (item, "") for item in chunk]
+    return [source for source, _ in pairs], [prefix for _, prefix in pairs]
 
 
 @dataclass
@@ -227,13 +384,15 @@ class OutputFiles:
     alignments: TextIO | None = None    # Pharaoh "i-j" word alignments, one line per input line
     attention: TextIO | None = None     # JSON lines: source/target pieces and the weight matrix
     plotter: Any = None                 # nmt.plot.AttentionPlotter, writes one heatmap per sentence
+    scores: TextIO | None = None        # per output line: log p and length-normalised score
+    scores_json: bool = False           # scores as JSON lines instead of tab-separated
 
     @property
     def wants_attention(self) -> bool:
         return self.alignments is not None or self.attention is not None or self.plotter is not None
 
     def flush(self) -> None:
-        for handle in (self.text, self.alignments, self.attention):
+        for handle in (self.text, self.alignments, self.attention, self.scores):
             if handle is not None:
                 handle.flush()
 
@@ -245,7 +404,8 @@ def _without_line_ending(line: str) -> str:
     return line
 
 
-def micro_batches(lines: Iterable[str], max_lines: int, max_wait: float) -> Iterator[list[str]]:
+def micro_batches(lines: Iterable[str | tuple[str, str]], max_lines: int,
+                  max_wait: float) -> Iterator[list[str | tuple[str, str]]]:
     """Group a (possibly slow) stream of lines into batches, reading it on a thread.
 
     A batch is yielded when it holds `max_lines` lines, when the input ends, or `max_wait` seconds
@@ -255,14 +415,15 @@ def micro_batches(lines: Iterable[str], max_lines: int, max_wait: float) -> Iter
     consumer only for a batch's first line or a full buffer, so a fast file costs no thread
     hand-off per line.
     """
-    buffer: deque[str] = deque()
+    buffer: deque[str | tuple[str, str]] = deque()
     cond = threading.Condition()
     shared: dict[str, Any] = {"first_at": 0.0, "done": False, "error": None, "stop": False}
 
     def read() -> None:
         try:
             for line in lines:
-                line = _without_line_ending(line)
+                line = (_without_line_ending(line) if isinstance(line, str)
+                        else tuple(_without_line_ending(part) for part in line))
                 with cond:
                     while len(buffer) >= max_lines and not shared["stop"]:
                         cond.wait()
