@@ -81,8 +81,8 @@ def test_n_best_above_beam_size_is_an_error(trained_run):
     result = run_cli("translate", "--checkpoint", str(trained_run / "best.pt"), "--n-best", "4", "--beam-size", "2",
                      stdin="ein Hund\n")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == ("error: --n-best 4 is greater than --beam-size 2: beam search finds at most "
-                                     "beam-size hypotheses; raise the beam size or use --sampling")
+    assert result.stderr.strip() == ("error: --n-best 4 is larger than the beam size 2: beam search finds at most "
+                                     "beam-size hypotheses; raise --beam-size to at least 4 or use --sampling")
 
 
 def test_length_options_are_applied(trained_run, source_text):

@@ -265,7 +265,7 @@ def test_messages_name_the_thing_to_fix(world):
         "stdin invalid UTF-8 to file": "stdin line 2: invalid UTF-8",
         "resume changes seed": "--resume cannot change `training.seed` (1 -> 7)",
         "device tpu": "unknown device 'tpu'",
-        "weights do not fit config": f"checkpoint {run}/mismatch.pt: its weights do not fit its config",
+        "weights do not fit config": f"{run}/mismatch.pt: the weights do not fit its model config",
         "n-best above beam": "--n-best 4 is larger than the beam size 2",
         "threads negative": "--threads",
         "evaluate empty files": "is empty",

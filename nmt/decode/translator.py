@@ -193,8 +193,8 @@ class Translator:
         """n_best hypotheses need at least n_best beams (samples have no such limit)."""
         d = decoding or self.decoding
         if not d.sampling and n_best > d.beam_size:
-            raise ConfigError(f"--n-best {n_best} is greater than --beam-size {d.beam_size}: beam search finds "
-                              "at most beam-size hypotheses; raise the beam size or use --sampling")
+            raise ConfigError(f"--n-best {n_best} is larger than the beam size {d.beam_size}: beam search finds "
+                              f"at most beam-size hypotheses; raise --beam-size to at least {n_best} or use --sampling")
 
     def score(self, sources: list[str], targets: list[str]) -> list[tuple[float, float, int]]:
         """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
