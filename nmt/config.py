@@ -309,6 +309,19 @@ def config_from_dict(raw: Any, base_dir: Path | None = None) -> Config:
     return _build(Config, raw, "", base_dir)
 
 
+# Keys that earlier nmt versions wrote into checkpoints and model files and this one no longer has.
+RETIRED_KEYS = {"data": ("spm_train_sentences",)}   # replaced by data.spm_sample_sentences (streaming sample)
+
+
+def stored_config(raw: Any) -> Config:
+    """The config saved in a checkpoint or model file, perhaps by an earlier nmt: retired keys are dropped
+    (a YAML file that uses one still gets the unknown-key error)."""
+    if isinstance(raw, dict):
+        raw = {section: ({k: v for k, v in values.items() if k not in RETIRED_KEYS.get(section, ())}
+                         if isinstance(values, dict) else values) for section, values in raw.items()}
+    return config_from_dict(raw)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML config, apply `--set` overrides, validate, resolve relative paths."""
     path = Path(path)

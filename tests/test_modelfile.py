@@ -116,6 +116,15 @@ def test_old_checkpoint_needs_its_run_folder(trained_run, tmp_path):
         inside.unlink(missing_ok=True)
 
 
+def test_checkpoint_of_an_earlier_release_with_a_retired_key_loads(trained_run, tmp_path):
+    state = torch.load(trained_run / "best.pt", weights_only=True)
+    state["config"]["data"]["spm_train_sentences"] = 0          # written by nmt before streaming preprocessing
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    assert texts(Translator.load(old, device="cpu"), SOURCES) == texts(Translator.load(trained_run / "best.pt",
+                                                                                       device="cpu"), SOURCES)
+
+
 def test_bad_model_files_are_one_line_errors(model_file, tmp_path):
     truncated = tmp_path / "truncated.nmt"
     truncated.write_bytes(model_file.read_bytes()[:5000])

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from nmt import __version__
-from nmt.config import Config, config_from_dict
+from nmt.config import Config, stored_config
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write
 from nmt.model.seq2seq import Seq2Seq
@@ -105,7 +105,7 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
     check_keys(path, state, kind, keys, expected)
     raw = state["config"]
     raw["decoding"].update({k: v for k, v in (decoding_overrides or {}).items() if v is not None})
-    config = config_from_dict(raw)
+    config = stored_config(raw)
     if "tokenizer" in state:
         src_vocab, tgt_vocab = vocabs_from_tokenizer(path, state["tokenizer"])
     else:                                     # a checkpoint from before tokenizers were embedded

@@ -34,7 +34,7 @@ import sacrebleu
 import torch
 from tqdm import tqdm
 
-from nmt.config import Config, ConfigError, config_from_dict, dump_config
+from nmt.config import Config, ConfigError, dump_config, stored_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder, train_corpora
 from nmt.decode.search import greedy_search
@@ -282,7 +282,7 @@ class Trainer:
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        saved = config_from_dict(state["config"])
+        saved = stored_config(state["config"])
         if saved.model != self.config.model:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} was trained with a different `model` section")
         self._check_resume_config(saved)
