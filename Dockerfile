@@ -14,8 +14,10 @@ COPY pyproject.toml README.md ./
 COPY nmt ./nmt
 COPY configs ./configs
 COPY scripts ./scripts
-# Dependencies other than torch (already in the base image), then the package itself with --no-deps.
-RUN pip install "sentencepiece>=0.1.99" "sacrebleu>=2.3" "typer>=0.9" "pyyaml>=6.0" "tqdm>=4.60" "numpy>=1.22" \
+# Dependencies other than torch (already in the base image), the serve extra (nmt serve), then the
+# package itself with --no-deps.
+RUN pip install "sentencepiece>=0.2.0" "sacrebleu>=2.3" "typer>=0.9" "pyyaml>=6.0" "tqdm>=4.60" "numpy>=1.22" \
+        "fastapi>=0.110" "uvicorn>=0.29" \
     && pip install --no-deps . \
     && python -c "import torch, nmt; print('nmt', nmt.__version__, 'torch', torch.__version__)"
 
