@@ -105,7 +105,7 @@ class TrainingConfig:
     warmup_updates: int = _bounded(0, ge=0)
     plateau_factor: float = _bounded(0.5, gt=0.0, le=1.0)
     plateau_patience: int = _bounded(2, ge=0)
-    min_lr: float = _bounded(1e-6, ge=0.0)
+    min_lr: float = _bounded(1e-6, ge=0.0)             # plateau: training ends once the lr decays below it
     teacher_forcing: float = _bounded(1.0, ge=0.0, le=1.0)
     teacher_forcing_schedule: Literal["constant", "linear", "exponential"] = "constant"
     teacher_forcing_min: float = _bounded(0.5, ge=0.0, le=1.0)

@@ -156,6 +156,19 @@ def test_early_stopping_after_patience(prepared, tmp_path):
     assert [e["best"] for e in events if e["event"] == "validation"] == [True, False]
 
 
+def test_plateau_schedule_ends_training_below_min_lr(prepared, tmp_path):
+    # Dev BLEU cannot improve at a vanishing lr, so every validation after the first decays it (patience 0);
+    # 1e-12 -> 5e-13 -> 2.5e-13 < min_lr 3e-13 ends the run at the 3rd validation, long before max_updates.
+    settings = dict(lr=1e-12, lr_schedule="plateau", plateau_patience=0, plateau_factor=0.5, min_lr=3e-13,
+                    max_updates=50, validate_every=2, val_max_sentences=10)
+    trainer = Trainer(config_for(prepared, tmp_path / "run", **settings))
+    trainer.train()
+    assert trainer.progress.step == 6
+    again = Trainer(config_for(prepared, tmp_path / "run", **settings), resume=True)
+    assert "below min_lr" in (again.finished_reason() or "")
+    again.close()
+
+
 def test_sigkill_then_resume_continues_from_last_checkpoint(prepared, tmp_path):
     run = tmp_path / "run"
     args = ["train", "--config", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.save_every=2",

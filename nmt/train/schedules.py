@@ -12,7 +12,8 @@ from nmt.config import TrainingConfig
 
 class LrSchedule:
     """constant | plateau (multiply by `plateau_factor` after `plateau_patience` validations
-    without improvement) | inverse_sqrt (linear warmup, then lr * sqrt(warmup / step)).
+    without improvement; once that takes the lr below `min_lr`, training is over) |
+    inverse_sqrt (linear warmup, then lr * sqrt(warmup / step)).
     A positive `warmup_updates` ramps the lr up linearly under every schedule."""
 
     def __init__(self, optimizer: Optimizer, config: TrainingConfig) -> None:
@@ -31,6 +32,12 @@ class LrSchedule:
         else:
             lr = self.base_lr * (min(1.0, step / warmup) if warmup else 1.0)
         return max(lr * self.plateau_scale, c.min_lr) if c.lr_schedule == "plateau" else lr
+
+    @property
+    def floor_reached(self) -> bool:
+        """The plateau schedule has decayed the lr below `min_lr`: training should end."""
+        c = self.config
+        return c.lr_schedule == "plateau" and self.base_lr * self.plateau_scale < c.min_lr
 
     def step(self, step: int) -> float:
         """Set the lr for update number `step` (1-based); returns it."""

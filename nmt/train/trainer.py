@@ -385,6 +385,8 @@ class Trainer:
             return f"max_minutes {t.max_minutes}"
         if t.patience and p.bad_validations >= t.patience:
             return f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"
+        if self.schedule.floor_reached:
+            return f"the plateau schedule took the learning rate below min_lr {t.min_lr}"
         return None
 
     def train(self) -> dict[str, Any]:
@@ -450,6 +452,8 @@ class Trainer:
                             stop = stop or self._stop_reason()
                             if t.patience and self._from_rank0(p.bad_validations >= t.patience):
                                 stop = stop or "early_stopping"
+                            if self._from_rank0(self.schedule.floor_reached):
+                                stop = stop or "lr_below_min_lr"
                         self._save("last.pt")
                         window_start = time.monotonic()
                     elif (t.save_every and p.step % t.save_every == 0) or self._from_rank0(self._save_due()):
