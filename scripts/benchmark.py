@@ -70,7 +70,7 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     from nmt.decode.translator import Translator
 
     torch.set_num_threads(args.threads)
-    translator = Translator.load(args.checkpoint, args.device, beam_size=beam,
+    translator = Translator.load(args.checkpoint, args.device, beam_size=beam, precision=args.precision,
                                  length_penalty=args.length_penalty, batch_tokens=args.batch_tokens)
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
@@ -78,7 +78,8 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     if translator.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    return {"sent_per_s": len(lines) / seconds, "seconds": seconds, "outputs": [t.text for t in out]}
+    return {"sent_per_s": len(lines) / seconds, "seconds": seconds, "outputs": [t.text for t in out],
+            "precision": str(translator.amp_dtype or torch.float32).replace("torch.", "")}
 
 
 def child(task: str, args: argparse.Namespace) -> None:
@@ -124,7 +125,8 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "hyp.txt"
         cmd = [*pin, sys.executable, "-m", "nmt", "translate", "--checkpoint", str(args.checkpoint), "--beam-size",
-               str(beam), "--threads", str(args.threads), "--device", args.device, "-q", "-i", str(args.source),
+               str(beam), "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
+               "-q", "-i", str(args.source),
                "-o", str(out)]
         cmd += decoding_options(args)
         start = time.perf_counter()
@@ -175,8 +177,11 @@ def main() -> None:
         results.sort(key=lambda r: next(v for k, v in r.items() if k in ("tgt_tokens_per_s", "sent_per_s")))
         return results[len(results) // 2]
 
+    sys.path.insert(0, str(REPO / "scripts"))
+    from machine_facts import machine_facts
+
     report: dict = {"config": str(args.config), "threads": args.threads, "device": args.device,
-                    "cpu": _cpu_name(), "torch": _torch_version()}
+                    "precision": args.precision, "machine": machine_facts(args.threads)}
     if "train" not in args.skip:
         report["train"] = median_of(lambda: run_child("train", args, env))
     if args.checkpoint:
@@ -191,8 +196,10 @@ def main() -> None:
 
 
 def print_table(report: dict) -> None:
-    print(f"nmt benchmark: {report['cpu']}, {report['threads']} thread(s), device {report['device']}, "
-          f"torch {report['torch']}")
+    from machine_facts import describe
+
+    print(f"nmt benchmark on {describe(report['machine'])}, device {report['device']}, "
+          f"precision asked: {report['precision']}")
     if "train" in report:
         t = report["train"]
         print(f"  training        {t['tgt_tokens_per_s']:9.0f} tgt tokens/s   peak RSS {t['peak_rss_mb']:.0f} MB"
@@ -203,23 +210,7 @@ def print_table(report: dict) -> None:
             bleu = f"   BLEU {whole['bleu']:.2f}" if whole.get("bleu") is not None else ""
             label = "greedy" if name == "greedy" else "beam 5"
             print(f"  decode {label:8s} {whole['sent_per_s']:9.1f} sent/s whole process, "
-                  f"{only['sent_per_s']:.1f} sent/s decode only{bleu}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
+                  f"{only['sent_per_s']:.1f} sent/s decode only{bleu}   ({only['precision']})")
 
 
 if __name__ == "__main__":

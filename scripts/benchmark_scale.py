@@ -21,8 +21,8 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -83,14 +83,19 @@ def measure(name: str, train_prefix: Path, work: Path, multi30k: Path, updates: 
     if not train_only:
         wall, rss, code = timed([*nmt, "preprocess", *common, "--force"], work / f"preprocess_{name}.log")
         row.update(preprocess_s=round(wall, 1), preprocess_rss_mb=round(rss), preprocess_exit=code)
+        if code != 0:
+            raise SystemExit(f"nmt preprocess failed on {name} (exit {code}); see {work / f'preprocess_{name}.log'}")
     manifest = json.loads((data_dir / "manifest.json").read_text())
     row["pairs"] = manifest["splits"]["train"]["input_pairs"]
     train_cmd = [*nmt, "train", *common, "--overwrite", "--set", f"training.run_dir={run_dir}",
                  "--set", f"training.max_updates={updates}", "--set", "training.log_every=1",
                  "--set", "training.validate_every=1000000", "--set", "training.val_max_sentences=1",
                  "--set", "training.device=cpu"]
+    shutil.rmtree(run_dir, ignore_errors=True)                 # this script's own run folder, from an earlier run
     launched = time.time()
     wall, rss, code = timed(train_cmd, work / f"train_{name}.log")
+    if code != 0:
+        raise SystemExit(f"nmt train failed on {name} (exit {code}); see {work / f'train_{name}.log'}")
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = next(e for e in events if e.get("event") == "train")
     loop_started = first["time"] - first["wall_time"]           # wall_time counts from the loop's start
@@ -117,21 +122,11 @@ def epoch_batching_seconds(data_dir: Path) -> float:
     return time.monotonic() - start
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    simd = ", ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if f in flags)
+def torch_threads() -> int:
+    """The thread count `nmt train` runs with here (training.threads 0: torch's default)."""
     import torch
 
-    return f"{cpu} ({simd}), {os.cpu_count()} cores, {platform.python_version()}, torch {torch.__version__}"
+    return torch.get_num_threads()
 
 
 def main() -> None:
@@ -144,14 +139,18 @@ def main() -> None:
     parser.add_argument("--train-only", action="store_true", help="reuse the data folders of an earlier run")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    print(f"# {machine()}", flush=True)
+    sys.path.insert(0, str(REPO / "scripts"))
+    from machine_facts import describe, machine_facts
+
+    facts = machine_facts(torch_threads())
+    print(f"# {describe(facts)}", flush=True)
     rows = [measure("multi30k", args.multi30k / "train", args.work, args.multi30k, args.updates, args.train_only)]
     for size in (int(s) for s in args.sizes.split(",")):
         prefix = args.work / "corpora" / f"train_{size}"
         build_corpus(args.multi30k, size, prefix)
         rows.append(measure(str(size), prefix, args.work, args.multi30k, args.updates, args.train_only))
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=2) + "\n")
     print("| pairs | preprocess | preprocess peak RSS | train start-up | epoch batches | train peak RSS |")
     print("|---|---|---|---|---|---|")
     for row in rows:

@@ -104,11 +104,11 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
                               source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens)
 
 
-def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> float:
-    """Our target tokens/s: benchmark.py's training measurement, in its own process."""
+def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
+    """benchmark.py's training measurement, in its own process: target tokens/s and the precision used."""
     import benchmark
 
-    return benchmark.run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)["tgt_tokens_per_s"]
+    return benchmark.run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)
 
 
 ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
@@ -178,12 +178,16 @@ def compare_decoding(args: argparse.Namespace, env: dict, pin: list[str]) -> dic
 
 
 def compare_training(args: argparse.Namespace, config: Path, env: dict, pin: list[str]) -> dict:
-    ours, theirs = [], []
+    ours, theirs, precisions = [], [], set()
     for run in range(args.runs):                 # alternate, so drifts in machine load hit both
-        ours.append(run_ours(args, env, pin))
+        measured = run_ours(args, env, pin)
+        ours.append(measured["tgt_tokens_per_s"])
+        precisions.add(measured["precision"])
         theirs.append(run_onmt(args.onmt_venv, config, args.warmup, env, pin))
-        print(f"run {run + 1}: nmt {ours[-1]:.0f} tok/s, OpenNMT-py {theirs[-1]:.0f} tok/s", flush=True)
+        print(f"run {run + 1}: nmt {ours[-1]:.0f} tok/s ({measured['precision']}), "
+              f"OpenNMT-py {theirs[-1]:.0f} tok/s (float32)", flush=True)
     result = {"nmt_tgt_tokens_per_s": ours, "onmt_tgt_tokens_per_s": theirs,
+              "nmt_precision": ", ".join(sorted(precisions)), "onmt_precision": "float32",
               "nmt_median": statistics.median(ours), "onmt_median": statistics.median(theirs),
               "threads": args.threads, "steps": args.steps, "warmup": args.warmup}
     result["ratio"] = result["nmt_median"] / result["onmt_median"]
@@ -229,7 +233,11 @@ def main() -> None:
                         "-save_checkpoint_steps", str(args.steps)], check=True, env=env)
         return
 
-    result: dict = {"threads": args.threads, "core": args.core}
+    from machine_facts import describe, machine_facts
+
+    facts = machine_facts(args.threads)
+    print(f"# {describe(facts)}; our training.precision: {args.precision}", flush=True)
+    result: dict = {"machine": facts, "threads": args.threads, "core": args.core, "precision": args.precision}
     if args.task in ("train", "all"):
         result["train"] = compare_training(args, config, env, pin)
     if args.task in ("decode", "all"):
