@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -132,3 +134,43 @@ def test_corpus_weights_repeat_and_subsample_per_epoch():
     assert seen[0] != seen[1]                                        # a different half each epoch
     again = BucketBatchSampler(lengths, lengths, batch_tokens=60, seed=4, corpora=corpora).batches(1)
     assert all(np.array_equal(a, b) for a, b in zip(again, sampler.batches(1), strict=True))
+
+
+def _resident_mb() -> float:
+    """This process's file-backed resident memory (memory-mapped pages), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_collated_pages_are_released_from_memory(tmp_path):
+    """Random reads map the id files into the process; every RELEASE_EVERY batches they are unmapped
+    again, so the batches stay the same and the resident memory does not grow with the corpus."""
+    from nmt.data.corpus import IdFile, IdWriter
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 40, size=400_000)
+    flat = rng.integers(4, 8000, size=int(lengths.sum())).astype(np.uint16)     # ~40 MB of ids per side
+    for side in ("src", "tgt"):
+        writer = IdWriter(tmp_path / side, np.uint16)
+        writer.append(flat, lengths)
+        writer.close()
+    ids = ParallelIds(IdFile(tmp_path / "src", np.dtype(np.uint16)), IdFile(tmp_path / "tgt", np.dtype(np.uint16)))
+    ids.RELEASE_EVERY = 10**9                                                    # never: the files pile up
+    ids_batches = 600
+    batches = [rng.integers(0, len(lengths), size=64) for _ in range(ids_batches)]
+    before = _resident_mb()
+    kept = [ids.collate(rows) for rows in batches]
+    grown = _resident_mb() - before
+    assert grown > 20, grown                                       # the test can see the pages pile up
+    ids.src.release()
+    ids.tgt.release()
+    assert _resident_mb() - before < grown / 4                     # and release unmaps them
+    ids.RELEASE_EVERY = 16
+    before = _resident_mb()
+    again = [ids.collate(rows) for rows in batches]
+    assert _resident_mb() - before < grown / 4
+    assert len(again) == ids_batches
+    for a, b in zip(kept, again, strict=True):
+        assert torch.equal(a.src, b.src) and torch.equal(a.tgt_out, b.tgt_out)

@@ -10,6 +10,7 @@ entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are written by append
 from __future__ import annotations
 
 import hashlib
+import mmap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -214,20 +215,61 @@ def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 20) -> np.nd
     return lengths
 
 
+def _map(path: Path, dtype: np.dtype, maps: list[mmap.mmap]) -> np.ndarray:
+    """A read-only array over the file's memory map (kept in `maps`), or an empty array for an empty file."""
+    size = path.stat().st_size
+    if size == 0:
+        return np.zeros(0, dtype)
+    if size % dtype.itemsize:
+        raise DataError(f"{path}: size {size} is not a whole number of {dtype} entries; rerun `nmt preprocess`")
+    with open(path, "rb") as handle:
+        maps.append(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+    return np.frombuffer(maps[-1], dtype=dtype)
+
+
 class IdFile:
-    """Read-only, memory-mapped view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i."""
+    """Read-only, memory-mapped view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i.
+
+    Batches read sentences at random, and the kernel maps in whole runs of pages around every
+    one it reads, so after a few hundred batches the entire files would count as the process's
+    memory (750 MB at 10M pairs). `release` unmaps them again; they stay in the page cache.
+    """
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         offsets_path, ids_path = Path(f"{stem}.offsets"), Path(f"{stem}.ids")
-        offsets_size, size = offsets_path.stat().st_size, ids_path.stat().st_size
-        self.offsets = np.memmap(offsets_path, dtype=np.int64, mode="r") if offsets_size else np.zeros(0, np.int64)
-        self.ids = np.memmap(ids_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
+        size = ids_path.stat().st_size
+        self._maps: list[mmap.mmap] = []
+        self.offsets = _map(offsets_path, np.dtype(np.int64), self._maps)
+        self.ids = _map(ids_path, np.dtype(dtype), self._maps)
         if len(self.offsets) == 0 or self.offsets[-1] * dtype.itemsize != size:
             raise DataError(f"{ids_path}: size does not match {offsets_path}; rerun `nmt preprocess`")
-        self.lengths = compact_lengths(_read_lengths(offsets_path, len(self.offsets) - 1))   # (sentences,)
+        self._offsets_path = offsets_path
+        self._lengths: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(sentences,) sentence lengths, read once and kept."""
+        if self._lengths is None:
+            self._lengths = self.read_lengths()
+        return self._lengths
+
+    def read_lengths(self, plus_one: bool = False) -> np.ndarray:
+        """(sentences,) sentence lengths (+ 1 for an EOS or BOS), read from the offsets file and not
+        kept, in the smallest integer type that holds them (2 bytes per sentence below 65,535)."""
+        lengths = compact_lengths(_read_lengths(self._offsets_path, len(self)))
+        if plus_one:
+            lengths += 1
+        return lengths
+
+    def release(self) -> None:
+        """Drop the pages reads have mapped into this process (MADV_DONTNEED; the data stays on disk
+        and in the page cache, and later reads map it in again)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            for mapping in self._maps:
+                mapping.madvise(mmap.MADV_DONTNEED)
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.ids[self.offsets[i] : self.offsets[i + 1]]
