@@ -144,6 +144,7 @@ class DecodingConfig:
     top_k: int = _bounded(0, ge=0)                 # sampling: only the k most probable pieces; 0 = all
     top_p: float = _bounded(1.0, gt=0.0, le=1.0)   # sampling: the smallest set with this much probability
     seed: int = 0                                  # sampling: same seed and batch size, same samples
+    quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from nmt.config import ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
+from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, beam_search, force_decode, greedy_search, length_penalty, sample
 from nmt.device import autocast, autocast_dtype, limit_kernel_cache, resolve_device
 from nmt.model.modelfile import ModelFileError, load_model
@@ -90,6 +91,13 @@ class Translator:
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
         self.amp_dtype = autocast_dtype(decoding.precision, device)
+        if decoding.quantize == "int8":
+            if decoding.precision in ("bf16", "fp16"):
+                raise ConfigError(f"--quantize int8 computes in float32 around its int8 products; "
+                                  f"drop --precision {decoding.precision} (or decoding.precision)")
+            self.amp_dtype = None
+            if isinstance(self.model, Seq2Seq):          # an ensemble's members were quantized as they loaded
+                quantize_int8(self.model)
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
 
     @classmethod

@@ -59,6 +59,7 @@ class Decoder(nn.Module):
         self.embedding_dim, self.hidden_size, self.context_size = embedding_dim, hidden, context_size
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
         self._frozen: dict[tuple, Tensor] | None = None               # derived weights, inside frozen_weights()
+        self.int8_products: dict[str, nn.Module] = {}                  # see nmt.decode.quantize; not parameters
 
     @contextmanager
     def frozen_weights(self) -> Iterator[None]:
@@ -87,6 +88,18 @@ class Decoder(nn.Module):
         if key not in self._frozen:
             self._frozen[key] = autocast_once(build())
         return self._frozen[key]
+
+    def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
+        """The weight (out, in) and bias of every matrix product a decoding step makes, by name, for
+        `nmt.decode.quantize` to replace with int8 ones; subclasses add theirs."""
+        return {"output": (self.output.weight, self.output.bias)}
+
+    def _int8(self, name: str) -> nn.Module | None:
+        """The int8 replacement of product `name` (a module: float in, float out), only in inference
+        inside `frozen_weights`; None otherwise. (Such modules define no __len__, so `or` works.)"""
+        if not self.int8_products or self._frozen is None or torch.is_grad_enabled():
+            return None
+        return self.int8_products.get(name)
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         """What every step attends over, with the attention keys projected once per batch."""
@@ -124,7 +137,8 @@ class Decoder(nn.Module):
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         """prev_tokens: (batch,) -> logits (batch, vocab), new state, attention weights (batch, src_len)."""
         attn_hidden, state, weights = self.step_features(prev_tokens, state, memory)
-        return self.output(self.dropout(attn_hidden)), state, weights
+        int8 = self._int8("output")
+        return (int8 or self.output)(self.dropout(attn_hidden)), state, weights
 
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: Memory, teacher_forcing: float = 1.0,
                 features_only: bool = False) -> tuple[Tensor, Tensor]:
@@ -201,15 +215,25 @@ class BahdanauDecoder(Decoder):
         """[W_h; W_a], so that one product gives the RNN's W_h s_{i-1} and attention's W_a s_{i-1}."""
         if self.rnn.layers > 1:
             return None
-        hidden, query = self.rnn.hidden_weight(0), self.attention.query_proj.weight
-        return self.derived_weight("hidden_and_query", lambda: torch.cat([hidden, query]))
+        return self.derived_weight("hidden_and_query", self._hidden_and_query)
+
+    def _hidden_and_query(self) -> Tensor:
+        return torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight])
+
+    def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
+        weights = super().int8_weights()
+        weights["pre_output_state"] = (self._pre_output_weight("state"), None)
+        if self.rnn.layers == 1:
+            weights["hidden_and_query"] = (self._hidden_and_query(), None)
+        return weights
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     fused: Tensor | None) -> tuple[DecoderState, Tensor]:
         """Attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) = W_e E y_{i-1} + b_i."""
         s_prev = state.top                                              # (rows, dec_hidden)
         if fused is not None:
-            projected = F.linear(s_prev, fused)                         # (rows, gates*dec_hidden + attn_dim)
+            int8 = self._int8("hidden_and_query")
+            projected = int8(s_prev) if int8 else F.linear(s_prev, fused)   # (rows, gates*dec_hidden + attn_dim)
             gates = self.rnn.hidden_weight(0).size(0)
             gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
         else:
@@ -222,6 +246,9 @@ class BahdanauDecoder(Decoder):
 
     def _pre_output(self, s: Tensor, context_term: Tensor, token_term: Tensor) -> Tensor:
         """h̃ = tanh(W_cs s + W_cc c + (W_ce E y + b_c)), the last two terms already computed."""
+        int8 = self._int8("pre_output_state")
+        if int8:
+            return torch.tanh(int8(s) + context_term + token_term)
         state_weight = self.derived_weight("pre_output_state", lambda: self._pre_output_weight("state"))
         return torch.tanh(F.linear(s, state_weight) + context_term + token_term)
 
@@ -269,9 +296,18 @@ class LuongDecoder(Decoder):
         feed = hidden.new_zeros(hidden.shape[1:]) if self.input_feeding else None   # h̃_0 = 0
         return DecoderState(hidden, cell, feed)
 
+    def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
+        weights = super().int8_weights()
+        weights["combine"] = (self.combine.weight, None)
+        if self.input_feeding:
+            start, end = self.embedding_dim, self.embedding_dim + self.hidden_size
+            weights["feed_input"] = (self.rnn.input_weight(start, end), None)
+        return weights
+
     def _attentional(self, s: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
         context, weights = self.attention(s, memory)                    # (batch, [tgt_len,] enc_out)
-        return torch.tanh(self.combine(torch.cat([context, s], dim=-1))), weights   # h̃ (batch, [tgt_len,] hidden)
+        combine = self._int8("combine") or self.combine
+        return torch.tanh(combine(torch.cat([context, s], dim=-1))), weights   # h̃ (batch, [tgt_len,] hidden)
 
     def _step_weights(self) -> Tensor | None:
         """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
@@ -285,7 +321,8 @@ class LuongDecoder(Decoder):
         """Step the RNN, then attend with s_i; returns the new state (h̃_i in `feed`) and α_i."""
         gi0 = input_proj
         if feed_weight is not None:                                     # + W_f h̃_{i-1}
-            gi0 = gi0 + F.linear(state.feed, feed_weight)
+            int8 = self._int8("feed_input")
+            gi0 = gi0 + (int8(state.feed) if int8 else F.linear(state.feed, feed_weight))
         s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell)
         attn_hidden, weights = self._attentional(s, memory)
         return DecoderState(hidden, cell, attn_hidden), weights

@@ -37,12 +37,14 @@ class Encoder(nn.Module):
         self.rnn = make_rnn(rnn_type, embedding_dim, hidden, layers, dropout, bidirectional)
         self.directions = 2 if bidirectional else 1
         self.output_size = hidden * self.directions
+        self.int8_products: dict[str, nn.Module] = {}      # an int8 "rnn" (nmt.decode.quantize); not parameters
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         """src: (batch, src_len) padded ids; src_lengths: (batch,) on the CPU."""
         embedded = self.dropout(self.embed(src))                          # (batch, src_len, emb)
         packed = pack_padded_sequence(embedded, src_lengths, batch_first=True, enforce_sorted=False)
-        packed_out, final = self.rnn(packed)
+        int8 = self.int8_products.get("rnn") if not (self.training or torch.is_grad_enabled()) else None
+        packed_out, final = (int8 or self.rnn)(packed)
         outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))
         outputs = self.dropout(outputs)                                   # (batch, src_len, dirs*hidden)
         if isinstance(final, tuple):

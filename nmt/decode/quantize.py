@@ -1,0 +1,65 @@
+"""Dynamic int8 decoding: the matrix products of every decoder step and the encoder's RNN with
+int8 weights, through PyTorch's own quantized kernels (torch.ao dynamic quantization, FBGEMM on
+x86), not hand-written ones.
+
+"Dynamic" means the weights are quantized once, per output channel, and each product quantizes
+its input on the fly from the input's own range, accumulates in int32 and returns float32; so the
+rest of the model (attention, softmax, search) runs unchanged in float32. The products done once
+per batch (attention keys, Bahdanau's projected annotations) stay float32: they are a small part
+of decoding time.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from nmt.config import ConfigError
+from nmt.model.seq2seq import Seq2Seq
+
+QUANTIZE_CHOICES = ("none", "int8")
+
+
+def _dynamic_modules():
+    """torch.ao's dynamic quantized modules and qconfigs; a one-line error on a torch without them."""
+    try:
+        from torch.ao.nn.quantized import dynamic
+        from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+    except ImportError:
+        raise ConfigError(f"--quantize int8 needs torch.ao dynamic quantization, which torch {torch.__version__} "
+                          "does not have; decode in float32 (--quantize none)") from None
+    return dynamic, default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+
+def _int8_linear(weight: Tensor, bias: Tensor | None) -> nn.Module:
+    """A dynamic int8 Linear computing x Wᵀ + b, weights quantized per output channel."""
+    dynamic, _, per_channel = _dynamic_modules()
+    linear = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # torch.ao announces its move to torchao on every call
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+        linear.qconfig = per_channel
+        return dynamic.Linear.from_float(linear)
+
+
+def quantize_int8(model: Seq2Seq) -> Seq2Seq:
+    """Give `model` (in eval mode, on the CPU) int8 versions of its step products and encoder RNN, in
+    place; returns it. Training parameters stay as they are, so the model still exports and scores in
+    float32; only decoding inside `frozen_weights` uses the int8 products."""
+    if next(model.parameters()).device.type != "cpu":
+        raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
+    dynamic, per_tensor, _ = _dynamic_modules()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")                  # torch.ao announces its move to torchao on every call
+        model.decoder.int8_products = {name: _int8_linear(weight.detach(), None if bias is None else bias.detach())
+                                       for name, (weight, bias) in model.decoder.int8_weights().items()}
+        rnn = model.encoder.rnn
+        rnn.qconfig = per_tensor                         # the only qconfig torch.ao's quantized RNNs take
+        quantized_rnn = (dynamic.LSTM if isinstance(rnn, nn.LSTM) else dynamic.GRU).from_float(rnn)
+        del rnn.qconfig
+    model.encoder.int8_products = {"rnn": quantized_rnn}
+    return model

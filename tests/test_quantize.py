@@ -1,0 +1,86 @@
+"""int8 decoding (--quantize int8): torch.ao dynamic int8 products close to float32, on Bahdanau and Luong."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.config import ModelConfig
+from nmt.decode.quantize import _int8_linear, quantize_int8
+from nmt.decode.translator import Translator
+from nmt.model.seq2seq import Seq2Seq
+
+from .conftest import read_gz
+from .test_translate import run_cli
+
+
+def test_int8_linear_is_close_to_float32():
+    torch.manual_seed(0)
+    weight, bias, inputs = torch.randn(300, 64) * 0.1, torch.randn(300), torch.randn(50, 64)
+    exact = F.linear(inputs, weight, bias)
+    approx = _int8_linear(weight, bias)(inputs)
+    assert approx.dtype == torch.float32 and approx.shape == exact.shape
+    error = (approx - exact).abs().max() / exact.abs().max()
+    assert 0 < error < 0.02                              # quantized (not the float path), and close
+
+
+def _step_log_probs(model: Seq2Seq, src: torch.Tensor, lengths: torch.Tensor, steps: int) -> torch.Tensor:
+    """Log-probabilities of `steps` teacher-free steps fed with token 2 (BOS) then the argmax."""
+    out = []
+    with torch.no_grad(), model.decoder.frozen_weights():
+        memory, state = model.encode(src, lengths)
+        tokens = torch.full((src.size(0),), 2)
+        for _ in range(steps):
+            logits, state, _ = model.decoder.step(tokens, state, memory)
+            out.append(logits.log_softmax(-1))
+            tokens = logits.argmax(-1)
+    return torch.stack(out, 1)                            # (batch, steps, vocab)
+
+
+@pytest.mark.parametrize("model_options", [
+    dict(attention="bahdanau", rnn_type="gru"),
+    dict(attention="luong_general", rnn_type="lstm", input_feeding=True),
+    dict(attention="luong_dot", rnn_type="gru", input_feeding=False, decoder_hidden=64),
+])
+def test_quantized_model_steps_close_to_float32(model_options):
+    """Every product that quantize_int8 replaces is used, and the step outputs stay close."""
+    torch.manual_seed(0)
+    config = ModelConfig(embedding_dim=32, encoder_hidden=32, decoder_hidden=model_options.pop("decoder_hidden", 48),
+                         attention_dim=40, dropout=0.0, **model_options)
+    model = Seq2Seq.from_config(config, src_vocab=120, tgt_vocab=90).eval()
+    src = torch.randint(4, 120, (6, 9))
+    src[3, 5:] = 0
+    lengths = (src != 0).sum(1)
+    exact = _step_log_probs(model, src, lengths, steps=5)
+    before = {name: p.clone() for name, p in model.state_dict().items()}
+    quantize_int8(model)
+    assert set(model.decoder.int8_products) >= {"output"} and "rnn" in model.encoder.int8_products
+    approx = _step_log_probs(model, src, lengths, steps=1)
+    assert not torch.equal(approx, exact[:, :1])                    # the int8 products ran
+    assert (approx - exact[:, :1]).abs().max() < 0.05
+    for name, value in model.state_dict().items():                  # float parameters untouched, none added
+        assert torch.equal(value, before[name]), name
+    assert model.state_dict().keys() == before.keys()
+    tgt_in = torch.randint(4, 90, (6, 4))
+    float_model = Seq2Seq.from_config(config, src_vocab=120, tgt_vocab=90).eval()
+    float_model.load_state_dict(before)
+    assert torch.equal(model(src, lengths, tgt_in)[0], float_model(src, lengths, tgt_in)[0])   # training: float32
+
+
+def test_int8_translations_match_float32(trained_run):
+    sources = read_gz("test_2016_flickr.de", 60)
+    fp32 = Translator.load(trained_run / "best.pt", device="cpu", precision="fp32", beam_size=3)
+    int8 = Translator.load(trained_run / "best.pt", device="cpu", quantize="int8", beam_size=3)
+    assert int8.amp_dtype is None
+    same = sum(a.text == b.text for a, b in zip(fp32.translate(sources), int8.translate(sources), strict=True))
+    assert same >= 0.8 * len(sources), same
+
+
+def test_cli_quantize_option(trained_run, tmp_path):
+    checkpoint = str(trained_run / "best.pt")
+    done = run_cli("translate", "--checkpoint", checkpoint, "--quantize", "int8", "-q", stdin="ein Hund .\n\nzwei\n")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split("\n")) == 4                         # one line out per line in
+    for bad, words in ((["--quantize", "int4"], "int4"), (["--quantize", "int8", "--precision", "bf16"], "bf16")):
+        result = run_cli("translate", "--checkpoint", checkpoint, *bad, stdin="ein Hund .\n")
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.startswith("error:") and words in result.stderr and "Traceback" not in result.stderr
