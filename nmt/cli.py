@@ -428,6 +428,8 @@ def export(
     output: Path = typer.Option(..., "--output", "-o", help="The model file to write, e.g. model.nmt."),
     dtype: str = typer.Option("fp32", "--dtype", help="Weights stored as fp32, fp16 or bf16 (half the size)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing nmt model file at --output."),
+    quantize: str | None = typer.Option(None, "--quantize",
+                                        help="int8: the file decodes with int8 products by default (CPU); none."),
 ) -> None:
     """Write one self-contained model file: weights (no optimiser state), config, tokenizer, card."""
     from nmt.model.modelfile import DTYPES, ModelFileError, describe, export_model, format_card, load_model
@@ -447,7 +449,7 @@ def export(
         except (ModelFileError, ConfigError):
             fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
     try:
-        export_model(checkpoint, output, dtype)
+        export_model(checkpoint, output, dtype, quantize)
         info = describe(load_model(output))
     except (ModelFileError, ConfigError) as exc:
         fail(str(exc))
@@ -481,6 +483,7 @@ def serve(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port; 0 = any free port (logged)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
+    quantize: str | None = typer.Option(None, "--quantize", help="int8 or none (CPU); default from the model."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
     max_batch_sentences: int = typer.Option(128, "--max-batch-sentences", min=1,
                                             help="Sentences of concurrent requests translated together."),
@@ -502,7 +505,7 @@ def serve(
                              max_wait=max_wait_ms / 1000, max_queue=max_queue, max_sentences=max_sentences,
                              max_body_bytes=max_body_kb * 1024, max_beam=max_beam)
     try:
-        code = run_server(model, settings, device=device, precision=precision, threads=threads)
+        code = run_server(model, settings, device=device, precision=precision, threads=threads, quantize=quantize)
     except (ModelFileError, ConfigError, OSError) as exc:
         fail(str(exc))
     raise typer.Exit(code)

@@ -310,7 +310,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
 
 
 def run_server(model: str | Path, settings: ServeSettings, device: str = "auto", precision: str | None = None,
-               threads: int = 0) -> int:
+               threads: int = 0, quantize: str | None = None) -> int:
     """Load the model, listen on settings.host:port and serve until SIGTERM or Ctrl-C; returns the exit code.
 
     The listening address is logged as "nmt serve: listening on http://HOST:PORT" (the real port
@@ -323,7 +323,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if threads:
         torch.set_num_threads(threads)
-    translator = Translator.load(model, device, precision=precision)
+    translator = Translator.load(model, device, precision=precision, quantize=quantize)
     languages = dict(load_model(model).card.get("languages") or {})
     app = create_app(translator, settings, languages)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET

@@ -84,3 +84,14 @@ def test_cli_quantize_option(trained_run, tmp_path):
         result = run_cli("translate", "--checkpoint", checkpoint, *bad, stdin="ein Hund .\n")
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr.startswith("error:") and words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_export_quantize_int8_makes_int8_the_model_files_default(trained_run, tmp_path):
+    model_file = tmp_path / "model.nmt"
+    done = run_cli("export", str(trained_run / "best.pt"), "-o", str(model_file), "--quantize", "int8")
+    assert done.returncode == 0, done.stderr
+    translator = Translator.load(model_file, device="cpu")
+    assert translator.decoding.quantize == "int8" and translator.model.decoder.int8_products
+    assert not Translator.load(model_file, device="cpu", quantize="none").model.decoder.int8_products
+    info = run_cli("info", str(model_file))
+    assert info.returncode == 0 and "int8" in info.stdout, info.stdout

@@ -163,14 +163,17 @@ def _vocab_from_run_folder(path: Path, vocab_entries: dict[str, Any], side: str)
 # Writing a model file
 
 
-def export_model(source: str | Path, output: str | Path, dtype: str = "fp32") -> dict[str, Any]:
+def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
+                 quantize: str | None = None) -> dict[str, Any]:
     """Write the model of a checkpoint (or another model file) as a model file; returns what was written.
 
     Only the weights travel: no optimiser state. Floating-point weights are stored in `dtype`.
+    `quantize` ("none" or "int8") becomes the file's `decoding.quantize` default: int8 weights are
+    built from the stored ones when the file loads (in milliseconds), so the file stays one format.
     """
     if dtype not in DTYPES:
         raise ModelFileError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    loaded = load_model(source)
+    loaded = load_model(source, {"quantize": quantize})
     weights = {name: (t.to(DTYPES[dtype]) if t.is_floating_point() else t).contiguous().clone()
                for name, t in loaded.weights.items()}
     loaded.build()                            # refuse weights that do not fit the config before writing
@@ -269,7 +272,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "parameters": n_params,
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
-                                                         "max_input_len", "precision")},
+                                                         "max_input_len", "precision", "quantize")},
         "data": card.get("data"),
         "data_files": card.get("data_files"),
         "dev": card.get("dev"),
