@@ -99,15 +99,18 @@ def full_shortlist(translator: Translator) -> Shortlist:
 
 @pytest.mark.parametrize("options", [
     {"beam_size": 1}, {"beam_size": 4}, {"beam_size": 4, "n_best": 3}, {"beam_size": 1, "no_repeat_ngram": 2},
-    {"beam_size": 3, "prefix": True}, {"beam_size": 1, "prefix": True}])
+    {"beam_size": 3, "prefix": True}, {"beam_size": 1, "prefix": True},
+    {"beam_size": 3, "replace_unk": True, "min_len": 4, "coverage_penalty": 0.2}])
 def test_a_shortlist_of_every_piece_gives_the_full_vocabulary_outputs(translator, sources, options):
     options = dict(options)
     prefixes = ["A" if i % 2 else "" for i in range(len(sources))] if options.pop("prefix", False) else None
-    decoding = {k: options.pop(k) for k in ("no_repeat_ngram",) if k in options}
+    decoding = {k: options.pop(k) for k in ("no_repeat_ngram", "replace_unk", "min_len", "coverage_penalty")
+                if k in options}
     plain = Translator(translator.model, translator.src_vocab, translator.tgt_vocab,
                        _decoding(translator, **decoding), translator.device)
     listed = Translator(translator.model, translator.src_vocab, translator.tgt_vocab,
-                        _decoding(translator, shortlist=True, **decoding), translator.device, full_shortlist(translator))
+                        _decoding(translator, shortlist=True, **decoding), translator.device,
+                        full_shortlist(translator))
     a = plain.translate(sources, prefixes=prefixes, return_attention=True, **options)
     b = listed.translate(sources, prefixes=prefixes, return_attention=True, **options)
     for x, y in zip(a, b, strict=True):
@@ -132,6 +135,13 @@ def test_the_trained_models_shortlist_outputs_match_the_full_vocabulary(trained_
     assert sum(same) >= 0.9 * len(same)
 
 
+def test_an_ensemble_decodes_with_the_first_models_shortlist(trained_run, sources):
+    single = Translator.load(trained_run / "best.pt", "cpu", beam_size=3, shortlist=True)
+    pair = Translator.load([trained_run / "best.pt", trained_run / "best.pt"], "cpu", beam_size=3, shortlist=True)
+    assert pair.shortlist is not None
+    assert [t.text for t in pair.translate(sources)] == [t.text for t in single.translate(sources)]
+
+
 def test_select_keeps_specials_frequent_rows_and_prefix(translator):
     targets = torch.tensor([[-1, -1], [-1, -1], [-1, -1], [-1, -1], [9, 7], [12, -1]])
     shortlist = Shortlist(targets, torch.tensor([0, 1, 2, 3, 5]), 20)
@@ -145,7 +155,8 @@ def test_model_files_and_checkpoints_carry_the_shortlist(trained_run, tmp_path, 
     from_file = Translator.load(model, "cpu", shortlist=True)
     from_checkpoint = Translator.load(trained_run / "best.pt", "cpu", shortlist=True)
     assert torch.equal(from_file.shortlist.targets, from_checkpoint.shortlist.targets)
-    assert [t.text for t in from_file.translate(sources[:10])] == [t.text for t in from_checkpoint.translate(sources[:10])]
+    texts = [t.text for t in from_file.translate(sources[:10])]
+    assert texts == [t.text for t in from_checkpoint.translate(sources[:10])]
     result = run_cli("translate", "--model", str(model), "--shortlist", "--beam-size", "2", "-q",
                      stdin="\n".join(sources[:5]).encode() + b"\n")
     assert result.returncode == 0, result.stderr.decode()

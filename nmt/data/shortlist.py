@@ -23,6 +23,7 @@ counts; memory is that of the distinct (s, t) pairs, at most src_vocab x tgt_voc
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -154,10 +155,16 @@ def vocab_fingerprint(src_proto: bytes, tgt_proto: bytes, tgt_pieces: np.ndarray
 
 def save_shortlist(path: Path, targets: np.ndarray, frequent: np.ndarray, fingerprint: str,
                    info: dict[str, Any]) -> None:
-    """Write `shortlist.npz` (compressed; no pickled objects)."""
-    with open(path, "wb") as handle:
-        np.savez_compressed(handle, targets=targets, frequent=frequent, vocab_sha256=np.array(fingerprint),
-                            score=np.array(info["score"]), pairs=np.array(info["pairs"], dtype=np.int64))
+    """Write `shortlist.npz` (compressed, no pickled objects), byte for byte the same for the same
+    arrays: `np.savez` would stamp the current time into the zip entries."""
+    arrays = {"targets": targets, "frequent": frequent, "vocab_sha256": np.array(fingerprint),
+              "score": np.array(info["score"]), "pairs": np.array(info["pairs"], dtype=np.int64)}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, value in arrays.items():
+            entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(entry, "w") as handle:
+                np.lib.format.write_array(handle, np.asarray(value), allow_pickle=False)
 
 
 def load_shortlist(path: Path) -> dict[str, Any]:

@@ -283,12 +283,20 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision")},
+        "shortlist": _describe_shortlist(loaded.shortlist),
         "data": card.get("data"),
         "data_files": card.get("data_files"),
         "dev": card.get("dev"),
         "training": card.get("training"),
         **({"averaged_from": card["averaged_from"]} if "averaged_from" in card else {}),
     }
+
+
+def _describe_shortlist(shortlist: dict[str, Any] | None) -> dict[str, Any] | None:
+    if shortlist is None:
+        return None
+    return {"k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
+            "score": shortlist.get("score"), "pairs": shortlist.get("pairs")}
 
 
 def format_card(info: dict[str, Any]) -> str:
@@ -310,6 +318,11 @@ def format_card(info: dict[str, Any]) -> str:
         f"- parameters: {info['parameters']:,}",
         "- decoding defaults: " + ", ".join(f"{k} {v}" for k, v in info["decoding"].items()),
     ]
+    shortlist = info.get("shortlist")
+    if shortlist:
+        lines.append(f"- vocabulary shortlist (translate --shortlist): {shortlist['k']} target pieces per source "
+                     f"piece ({shortlist['score']}) + the {shortlist['frequent']} most frequent, from "
+                     f"{shortlist['pairs']} training pairs")
     data, files = info.get("data") or {}, info.get("data_files") or {}
     if data:
         parts = []
