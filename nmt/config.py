@@ -65,8 +65,8 @@ class DataConfig:
     max_len_ratio: float = _bounded(3.0, gt=0.0)  # drop pairs whose length ratio exceeds this
     # vocabulary shortlist for decoding (nmt.data.shortlist): target pieces kept per source piece, 0 = none
     shortlist_k: int = _bounded(100, ge=0)
-    shortlist_frequent: int = _bounded(100, ge=0)  # the most frequent target pieces, always kept
-    shortlist_score: Literal["dice", "prob"] = "dice"  # dice 2c(s,t)/(c(s)+c(t)) or p(t|s) = c(s,t)/c(s)
+    shortlist_frequent: int = _bounded(300, ge=0)  # the most frequent target pieces, always kept
+    shortlist_score: Literal["dice", "prob"] = "prob"  # p(t|s) = c(s,t)/c(s), or dice 2c(s,t)/(c(s)+c(t))
     shortlist_pairs: int = _bounded(1_000_000, ge=1)   # co-occurrences are counted on the first N training pairs
 
 
