@@ -178,6 +178,14 @@ def translate(
     prefix_column: bool = typer.Option(False, "--prefix-column", help="Input lines are 'source<TAB>prefix'."),
     scores: Path | None = typer.Option(None, "--scores", help="Write 'log-prob<TAB>normalised score' per output line."),
     scores_json: bool = typer.Option(False, "--scores-json", help="Write --scores as JSON lines."),
+    shortlist: bool | None = typer.Option(None, "--shortlist/--no-shortlist",
+                                          help="Score only the target pieces likely for each batch's source "
+                                               "pieces (the vocabulary shortlist the model embeds)."),
+    shortlist_k: int | None = typer.Option(None, "--shortlist-k", min=0,
+                                           help="Shortlist: target pieces per source piece; 0 = all stored."),
+    shortlist_file: Path | None = typer.Option(None, "--shortlist-file",
+                                               help="A data folder's shortlist.npz, for a model without one "
+                                                    "(implies --shortlist)."),
 ) -> None:
     """Translate text, one line out per line in, in input order.
 
@@ -219,7 +227,7 @@ def translate(
             no_repeat_ngram=no_repeat_ngram, precision=precision, min_len=min_len, max_len=max_len,
             max_len_ratio=max_len_ratio, max_input_len=max_input_len, coverage_penalty=coverage_penalty,
             replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            quantize=quantize)
+            quantize=quantize, shortlist=shortlist, shortlist_k=shortlist_k, shortlist_file=shortlist_file)
         translator.check_n_best(n_best)
     except (ConfigError, ModelFileError) as exc:
         fail(str(exc))

@@ -63,6 +63,11 @@ class DataConfig:
     min_len: int = _bounded(1, ge=0)     # in subword pieces, applied to training pairs only
     max_len: int = _bounded(50, ge=1)
     max_len_ratio: float = _bounded(3.0, gt=0.0)  # drop pairs whose length ratio exceeds this
+    # vocabulary shortlist for decoding (nmt.data.shortlist): target pieces kept per source piece, 0 = none
+    shortlist_k: int = _bounded(100, ge=0)
+    shortlist_frequent: int = _bounded(300, ge=0)  # the most frequent target pieces, always kept
+    shortlist_score: Literal["dice", "prob"] = "prob"  # p(t|s) = c(s,t)/c(s), or dice 2c(s,t)/(c(s)+c(t))
+    shortlist_pairs: int = _bounded(1_000_000, ge=1)   # co-occurrences are counted on the first N training pairs
 
 
 @dataclass
@@ -145,6 +150,8 @@ class DecodingConfig:
     top_p: float = _bounded(1.0, gt=0.0, le=1.0)   # sampling: the smallest set with this much probability
     seed: int = 0                                  # sampling: same seed and batch size, same samples
     quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
+    shortlist: bool = False                        # score only the batch's shortlisted target pieces (greedy/beam)
+    shortlist_k: int = _bounded(0, ge=0)           # shortlist: the first k of each source piece's list; 0 = all
 
 
 @dataclass

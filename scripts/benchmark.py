@@ -71,7 +71,8 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
 
     torch.set_num_threads(args.threads)
     translator = Translator.load(args.checkpoint, args.device, beam_size=beam, precision=args.precision,
-                                 length_penalty=args.length_penalty, batch_tokens=args.batch_tokens)
+                                 length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
+                                 quantize=args.quantize)
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)
@@ -96,7 +97,7 @@ def child(task: str, args: argparse.Namespace) -> None:
 def decoding_options(args: argparse.Namespace) -> list[str]:
     """The decoding overrides given to this script, as options for `nmt translate` and the children."""
     options = []
-    for name in ("length_penalty", "batch_tokens"):
+    for name in ("length_penalty", "batch_tokens", "quantize"):
         if getattr(args, name) is not None:
             options += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return options
@@ -151,6 +152,7 @@ def main() -> None:
     parser.add_argument("--reference", type=Path, help="its reference, for a BLEU sanity check")
     parser.add_argument("--length-penalty", type=float, help="decoding.length_penalty (default: the checkpoint's)")
     parser.add_argument("--batch-tokens", type=int, help="decoding.batch_tokens (default: the checkpoint's)")
+    parser.add_argument("--quantize", choices=["none", "int8"], help="decoding.quantize (default: the checkpoint's)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")

@@ -101,7 +101,8 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
     """The options benchmark.py's measurements take, from ours."""
     return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device="cpu",
                               precision=args.precision, updates=args.steps - args.warmup, warmup=args.warmup,
-                              source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens)
+                              source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens,
+                              quantize=args.quantize)
 
 
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
@@ -212,6 +213,7 @@ def main() -> None:
     parser.add_argument("--onmt-checkpoint", type=Path, help="OpenNMT-py's trained model, for --task decode")
     parser.add_argument("--alpha", type=float, default=1.0, help="GNMT length penalty for both systems")
     parser.add_argument("--batch-tokens", type=int, help="our decoding.batch_tokens (default: the checkpoint's)")
+    parser.add_argument("--quantize", choices=["none", "int8"], help="our decoding.quantize (default: checkpoint)")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
     args = parser.parse_args()
     if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):

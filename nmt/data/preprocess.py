@@ -2,7 +2,8 @@
 
 Everything streams, so memory does not grow with the corpus: one pass over the training corpora
 draws the seeded SentencePiece sample; a second reads, checks, encodes (every core), filters and
-appends `CHUNK_PAIRS` pairs at a time, gathering the target pieces in use; the training target
+appends `CHUNK_PAIRS` pairs at a time, gathering the target pieces in use and the co-occurrence
+counts of the vocabulary shortlist (`shortlist.npz`, nmt.data.shortlist); the training target
 ids are then mapped to the target vocabulary in place. Several training corpora are written one
 after the other into one `train` split; the manifest gives each its rows and weight.
 The output folder carries nmt's marker and is locked while a run works in it; the files are
@@ -43,6 +44,7 @@ from nmt.data.corpus import (
     resolve_text_file,
     select_rows,
 )
+from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
 from nmt.folders import TEMP_SUFFIX, check_overlap, fsync_folder, open_work_folder, read_marker, write_marker
 
@@ -255,10 +257,12 @@ class _Writers:
 
 
 def _stream_corpus(data: DataConfig, paths: tuple[Path, Path], src_vocab: Vocab, tgt_vocab: Vocab,
-                   writers: _Writers, filter_lengths: bool, seen_tgt: np.ndarray | None) -> dict[str, Any]:
+                   writers: _Writers, filter_lengths: bool, seen_tgt: np.ndarray | None,
+                   cooccurrence: CooccurrenceCounts | None = None) -> dict[str, Any]:
     """Read, check, encode, (filter) and append one parallel corpus chunk by chunk; returns its counts.
 
-    `seen_tgt` (one flag per target SentencePiece id) is set for every target piece written.
+    `seen_tgt` (one flag per target SentencePiece id) is set for every target piece written;
+    `cooccurrence` counts the pairs written, for the vocabulary shortlist.
     """
     counts: dict[str, Any] = {"input_pairs": 0, "pairs": 0, "src_tokens": 0, "tgt_tokens": 0,
                               "src_unk": 0, "tgt_unk": 0, "empty_lines": 0}
@@ -279,6 +283,8 @@ def _stream_corpus(data: DataConfig, paths: tuple[Path, Path], src_vocab: Vocab,
                 (src, src_lens), (tgt, tgt_lens) = select_rows(src, src_lens, keep), select_rows(tgt, tgt_lens, keep)
             if seen_tgt is not None:
                 seen_tgt[tgt] = True
+            if cooccurrence is not None and not cooccurrence.full:
+                cooccurrence.add(src, src_lens, tgt, tgt_lens)
             if writers.tgt_table is not None:
                 tgt = writers.tgt_table[tgt]
             writers.src.append(src, src_lens)
@@ -298,7 +304,8 @@ def _stream_corpus(data: DataConfig, paths: tuple[Path, Path], src_vocab: Vocab,
 
 
 def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_vocab: Vocab, tgt_vocab: Vocab,
-                 dtypes: dict[str, np.dtype], seen_tgt: np.ndarray, out: Path) -> dict[str, Any]:
+                 dtypes: dict[str, np.dtype], seen_tgt: np.ndarray, out: Path,
+                 cooccurrence: CooccurrenceCounts | None) -> dict[str, Any]:
     """All training corpora, one after the other, into one split; the entry lists each corpus's rows."""
     entry: dict[str, Any] = {"pairs": 0, "input_pairs": 0, "src_tokens": 0, "tgt_tokens": 0, "src_unk": 0,
                              "tgt_unk": 0, "empty_lines": 0, "dropped": dict.fromkeys(FilterStats().dropped, 0),
@@ -308,7 +315,7 @@ def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_voca
         for name, prefix, weight in train_corpora(data):
             start = src_writer.sentences
             counts = _stream_corpus(data, files[name], src_vocab, tgt_vocab, _Writers(src_writer, tgt_writer),
-                                    filter_lengths=True, seen_tgt=seen_tgt)
+                                    filter_lengths=True, seen_tgt=seen_tgt, cooccurrence=cooccurrence)
             for key, value in counts.items():
                 if key == "dropped":
                     for reason, n in value.items():
@@ -333,7 +340,10 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
 
     # Training ids are written as SentencePiece ids while the target pieces in use are gathered ...
     seen_tgt = np.zeros(len(tgt_vocab), dtype=bool)
-    splits: dict[str, Any] = {"train": _write_train(data, files, src_vocab, tgt_vocab, dtypes, seen_tgt, out)}
+    cooccurrence = (CooccurrenceCounts(len(src_vocab), len(tgt_vocab), data.shortlist_pairs)
+                    if data.shortlist_k else None)
+    splits: dict[str, Any] = {"train": _write_train(data, files, src_vocab, tgt_vocab, dtypes, seen_tgt, out,
+                                                    cooccurrence)}
     vocab_entries: dict[str, Any] = {"src": {"model": src_model.name, "pieces": None},
                                      "tgt": {"model": tgt_model.name, "pieces": None}}
     if data.target_vocab_from_train:
@@ -343,6 +353,7 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
         tgt_vocab.save_pieces(out / "tgt.pieces")
         vocab_entries["tgt"]["pieces"] = "tgt.pieces"
         map_ids_in_place(out / f"train.{data.tgt_lang}", dtypes["tgt"], tgt_vocab.to_side)
+    shortlist_entry = _write_shortlist(data, cooccurrence, src_vocab, tgt_vocab, out) if cooccurrence else None
 
     for split in SPLITS[1:]:
         if split not in files:
@@ -369,9 +380,24 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
         "inputs": digests,
         "settings": {k: v for k, v in dataclasses.asdict(data).items()},
     }
+    if shortlist_entry is not None:
+        manifest["shortlist"] = shortlist_entry
     (out / "config.yaml").write_text(dump_config(config), encoding="utf-8")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
+
+
+def _write_shortlist(data: DataConfig, counts: CooccurrenceCounts, src_vocab: Vocab, tgt_vocab: Vocab,
+                     out: Path) -> dict[str, Any]:
+    """The vocabulary shortlist from the training pairs' co-occurrence counts; returns its manifest entry."""
+    targets, frequent = counts.table(tgt_vocab.to_side, src_vocab.to_side, len(src_vocab), data.shortlist_k,
+                                     data.shortlist_frequent, data.shortlist_score)
+    fingerprint = vocab_fingerprint(src_vocab.sp.serialized_model_proto(), tgt_vocab.sp.serialized_model_proto(),
+                                    tgt_vocab.pieces)
+    info = {"file": SHORTLIST_FILE, "k": data.shortlist_k, "frequent": len(frequent), "score": data.shortlist_score,
+            "pairs": counts.pairs}
+    save_shortlist(out / SHORTLIST_FILE, targets, frequent, fingerprint, info)
+    return info
 
 
 def _replace_folder(tmp: Path, out_dir: Path) -> None:

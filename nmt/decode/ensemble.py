@@ -56,6 +56,17 @@ class EnsembleDecoder:
                 stack.enter_context(model.decoder.frozen_weights())
             yield
 
+    @contextmanager
+    def output_subset(self, keep: Tensor) -> Iterator[None]:
+        """Every member scores only the target ids `keep` (see `Decoder.output_subset`)."""
+        with ExitStack() as stack:
+            for model in self.models:
+                stack.enter_context(model.decoder.output_subset(keep))
+            yield
+
+    def subset_ids(self, tokens: Tensor) -> Tensor:
+        return self.models[0].decoder.subset_ids(tokens)
+
     def step(self, prev_tokens: Tensor, state: EnsembleState,
              memory: EnsembleMemory) -> tuple[Tensor, EnsembleState, Tensor]:
         """prev_tokens: (rows,) -> mean log-probabilities (rows, vocab), new state, mean attention (rows, src_len)."""

@@ -23,6 +23,10 @@ Options that cost nothing when off (each is a branch inside the step loop):
   * the GNMT coverage penalty cp = β Σ_j log min(Σ_i α_ij, 1) added to finished hypotheses' scores.
 Every hypothesis carries its log-probability, so `force_decode` (teacher-forced scoring of given
 targets) gives the same number for the same output.
+
+Inside the decoder's `output_subset` (a vocabulary shortlist, nmt.decode.shortlist) the searches
+run on subset positions, which keep the special ids' numbers, and return vocabulary ids; a
+`prefix` must then be given as subset positions, and log-probabilities are normalised over the subset.
 """
 
 from __future__ import annotations
@@ -202,7 +206,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
                 break
             active, prev = active[keep], prev[keep]
             state, memory = state.index_select(keep), memory.index_select(keep)
-    return _collect(tokens, lengths, scores, attention, src_lengths)
+    return _collect(model.decoder.subset_ids(tokens), lengths, scores, attention, src_lengths)
 
 
 def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
@@ -363,7 +367,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
 
     if not coverage:                                                               # log p = score * lp(|y|)
         fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
-    return _collect_beams(fin_tokens, fin_lengths, fin_scores, fin_logp, fin_attn, src_lengths, n_best)
+    return _collect_beams(model.decoder.subset_ids(fin_tokens), fin_lengths, fin_scores, fin_logp, fin_attn,
+                          src_lengths, n_best)
 
 
 def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, log_probs: Tensor, attention: Tensor | None,

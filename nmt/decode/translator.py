@@ -17,7 +17,8 @@ Decoding options (see nmt.decode.search): several models decode as one `Ensemble
 draws `n_best` samples per line from one seeded generator; a line may come with a target prefix
 (a `(source, prefix)` pair instead of a string), which the search forces; `score` gives the
 model's log-probability of given translations; `decoding.replace_unk` copies, for every `<unk>`
-output piece, the most attended source text.
+output piece, the most attended source text; `decoding.shortlist` scores, per batch, only the
+target pieces the batch's source pieces make likely (nmt.decode.shortlist; greedy and beam search).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, beam_search, force_decode, greedy_search, length_penalty, sample
+from nmt.decode.shortlist import Shortlist, shortlist_for, subset_positions
 from nmt.device import autocast, autocast_dtype, limit_kernel_cache, resolve_device
 from nmt.model.modelfile import ModelFileError, load_model
 from nmt.model.seq2seq import Seq2Seq
@@ -86,10 +88,11 @@ class Translator:
     """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines."""
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
-                 device: torch.device) -> None:
+                 device: torch.device, shortlist: Shortlist | None = None) -> None:
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
+        self.shortlist = shortlist                                  # used when decoding.shortlist is on
         self.amp_dtype = autocast_dtype(decoding.precision, device)
         if decoding.quantize == "int8":
             if decoding.precision in ("bf16", "fp16"):
@@ -102,31 +105,40 @@ class Translator:
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
-             **decoding_overrides: Any) -> Translator:
+             shortlist_file: str | Path | None = None, **decoding_overrides: Any) -> Translator:
         """Load a model file (`nmt export`) or a training checkpoint, anywhere on disk; several paths
         decode as an ensemble (see `load_ensemble`).
 
         `decoding_overrides` replace keys of the model's `decoding` config (beam_size,
-        length_penalty, batch_tokens, precision, ...) and are checked like the YAML file.
+        length_penalty, batch_tokens, precision, shortlist, ...) and are checked like the YAML file.
+        `shortlist=True` uses the vocabulary shortlist the model embeds; `shortlist_file` (a data
+        folder's shortlist.npz, for a model that embeds none) implies it.
         Raises `nmt.model.modelfile.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
         Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
         """
+        if shortlist_file is not None:
+            decoding_overrides["shortlist"] = True
         if not isinstance(path, (str, Path)):
-            return cls.load_ensemble(path, device, **decoding_overrides)
+            return cls.load_ensemble(path, device, shortlist_file, **decoding_overrides)
         limit_kernel_cache()
         loaded = load_model(path, decoding_overrides)
-        return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, resolve_device(device))
+        shortlist = shortlist_for(loaded, shortlist_file)
+        return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, resolve_device(device),
+                   shortlist)
 
     from_checkpoint = load                            # the name before model files existed
 
     @classmethod
-    def load_ensemble(cls, paths: Sequence[str | Path], device: str = "auto", **decoding_overrides: Any) -> Translator:
+    def load_ensemble(cls, paths: Sequence[str | Path], device: str = "auto", shortlist_file: str | Path | None = None,
+                      **decoding_overrides: Any) -> Translator:
         """Several models (files or checkpoints) decoding as one: the average of their log-probabilities
         at every step. They must share the source and target vocabularies and may differ in everything
-        else; the decoding settings come from the first. One path gives a plain Translator."""
+        else; the decoding settings and the shortlist come from the first. One path gives a plain Translator."""
         if len(paths) == 1:
-            return cls.load(paths[0], device, **decoding_overrides)
-        members = [cls.load(path, "cpu", **decoding_overrides) for path in paths]
+            return cls.load(paths[0], device, shortlist_file, **decoding_overrides)
+        members = [cls.load(path, "cpu", shortlist_file if i == 0 else None,
+                            **(decoding_overrides if i == 0 else {**decoding_overrides, "shortlist": False}))
+                   for i, path in enumerate(paths)]
         first = members[0]
         for path, member in zip(paths[1:], members[1:], strict=True):
             for side, mine, theirs in (("source", first.src_vocab, member.src_vocab),
@@ -135,7 +147,7 @@ class Translator:
                     raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
                                          "the models of an ensemble must share their vocabularies")
         ensemble = Ensemble([member.model for member in members])
-        return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device))
+        return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device), first.shortlist)
 
     from_checkpoints = load_ensemble
 
@@ -329,13 +341,22 @@ class Translator:
             if d.sampling:
                 return sample(self.model, src, src_lengths, self._sampler(), n_best, d.max_len_ratio, d.min_len,
                               return_attention, max_len, d.no_repeat_ngram, prefix)
-            if d.beam_size == 1 and n_best == 1 and not d.coverage_penalty:
-                hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention,
-                                     max_len, d.no_repeat_ngram, prefix)
-                return [[h] for h in hyps]
-            return beam_search(self.model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                               d.min_len, n_best, d.no_repeat_ngram, return_attention, max_len, prefix,
-                               d.coverage_penalty)
+            if not d.shortlist or self.shortlist is None:
+                return self._greedy_or_beam(src, src_lengths, n_best, return_attention, d, max_len, prefix)
+            keep = self.shortlist.select(src, prefix).to(self.device)        # (subset,) target ids
+            with self.model.decoder.output_subset(keep):                     # the search runs on subset positions
+                prefix = subset_positions(keep, prefix) if prefix is not None else None
+                return self._greedy_or_beam(src, src_lengths, n_best, return_attention, d, max_len, prefix)
+
+    def _greedy_or_beam(self, src: Tensor, src_lengths: Tensor, n_best: int, return_attention: bool,
+                        d: DecodingConfig, max_len: int | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
+        if d.beam_size == 1 and n_best == 1 and not d.coverage_penalty:
+            hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention,
+                                 max_len, d.no_repeat_ngram, prefix)
+            return [[h] for h in hyps]
+        return beam_search(self.model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
+                           d.min_len, n_best, d.no_repeat_ngram, return_attention, max_len, prefix,
+                           d.coverage_penalty)
 
     def _sampler(self) -> Sampler:
         d = self.decoding

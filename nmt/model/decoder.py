@@ -60,6 +60,7 @@ class Decoder(nn.Module):
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
         self._frozen: dict[tuple, Tensor] | None = None               # derived weights, inside frozen_weights()
         self.int8_products: dict[str, nn.Module] = {}                  # see nmt.decode.quantize; not parameters
+        self._subset: tuple[Tensor, Tensor, Tensor] | None = None     # keep, W_s[keep], b[keep]: output_subset()
 
     @contextmanager
     def frozen_weights(self) -> Iterator[None]:
@@ -78,6 +79,27 @@ class Decoder(nn.Module):
             yield
         finally:
             self._frozen = None
+
+    @contextmanager
+    def output_subset(self, keep: Tensor) -> Iterator[None]:
+        """A block in which `step` scores only the target ids `keep` (a vocabulary shortlist).
+
+        keep: (subset,) ascending target ids beginning with the special ids, so that these keep
+        their numbers. Inside, `step` takes and returns subset positions: its input tokens are
+        positions in `keep`, its logits are (batch, subset) from the rows W_s[keep], b_s[keep],
+        sliced once here. `subset_ids` maps positions back to vocabulary ids.
+        """
+        bias = self.output.bias[keep] if self.output.bias is not None else None
+        self._subset = (keep, autocast_once(self.output.weight[keep]),
+                        autocast_once(bias) if bias is not None else None)
+        try:
+            yield
+        finally:
+            self._subset = None
+
+    def subset_ids(self, tokens: Tensor) -> Tensor:
+        """Tokens `step` returned -> vocabulary ids: keep[tokens] inside `output_subset`, else unchanged."""
+        return tokens if self._subset is None else self._subset[0][tokens]
 
     def derived_weight(self, name: str, build: Callable[[], Tensor]) -> Tensor:
         """A weight built from parameters (a slice, a stack, a product), cast for autocast; kept
@@ -135,7 +157,13 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        """prev_tokens: (batch,) -> logits (batch, vocab), new state, attention weights (batch, src_len)."""
+        """prev_tokens: (batch,) -> logits (batch, vocab), new state, attention weights (batch, src_len).
+
+        Inside `output_subset`, tokens and logits index the subset: logits (batch, subset)."""
+        if self._subset is not None:
+            keep, weight, bias = self._subset
+            attn_hidden, state, weights = self.step_features(keep[prev_tokens], state, memory)
+            return F.linear(self.dropout(attn_hidden), weight, bias), state, weights
         attn_hidden, state, weights = self.step_features(prev_tokens, state, memory)
         int8 = self._int8("output")
         return (int8 or self.output)(self.dropout(attn_hidden)), state, weights

@@ -14,6 +14,8 @@ with `torch.load(weights_only=True)`, so loading one never runs code from the fi
                  "spm" of tgt is None when it is the same (joint) model as src
     card         what a user of a shared model needs: languages, data, dev BLEU with its sacreBLEU
                  signature, training steps (see `describe`)
+    shortlist    (optional) the vocabulary shortlist of the data folder (nmt.data.shortlist):
+                 {"targets", "frequent": int tensors, "vocab_sha256", "score": str, "pairs": int}
 
 A training checkpoint (nmt.train.checkpoint) is the same dictionary without `kind`, with the
 training state on top (optimiser, schedule, RNG, data cursor). Checkpoints written by this
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -61,6 +64,7 @@ class LoadedModel:
     tgt_vocab: Vocab
     card: dict[str, Any]
     dtype: str = "fp32"
+    shortlist: dict[str, Any] | None = None     # embedded vocabulary shortlist, if the data folder had one
 
     def build(self) -> Seq2Seq:
         """The model with these weights (float32 parameters whatever the stored dtype), in eval mode."""
@@ -113,7 +117,8 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
     card = dict(state.get("card") or {})
     if kind == "checkpoint" and not card:         # an older checkpoint: its run folder may still tell
         card = run_folder_card(path.parent, state["step"], config.training.val_max_sentences)
-    return LoadedModel(path, kind, config, state["model"], src_vocab, tgt_vocab, card, state.get("dtype", "fp32"))
+    return LoadedModel(path, kind, config, state["model"], src_vocab, tgt_vocab, card, state.get("dtype", "fp32"),
+                       state.get("shortlist"))
 
 
 def check_keys(path: Path, state: dict[str, Any], kind: str, keys: tuple[str, ...], expected: int) -> None:
@@ -136,6 +141,12 @@ def embed_tokenizer(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, Any]:
     src_proto, tgt_proto = src_vocab.sp.serialized_model_proto(), tgt_vocab.sp.serialized_model_proto()
     return {"src": {"spm": src_proto, "pieces": src_vocab.pieces.tolist()},
             "tgt": {"spm": None if tgt_proto == src_proto else tgt_proto, "pieces": tgt_vocab.pieces.tolist()}}
+
+
+def embed_shortlist(arrays: dict[str, Any]) -> dict[str, Any]:
+    """A shortlist (`nmt.data.shortlist.load_shortlist`) as a file embeds it: arrays become tensors,
+    which `torch.load(weights_only=True)` reads back."""
+    return {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value for key, value in arrays.items()}
 
 
 def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab, Vocab]:
@@ -188,6 +199,8 @@ def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
         "tokenizer": embed_tokenizer(loaded.src_vocab, loaded.tgt_vocab),
         "card": card,
     }
+    if loaded.shortlist is not None:
+        payload["shortlist"] = embed_shortlist(loaded.shortlist)
     atomic_write(Path(output), lambda handle: torch.save(payload, handle))
     return payload
 
@@ -273,12 +286,20 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision", "quantize")},
+        "shortlist": _describe_shortlist(loaded.shortlist),
         "data": card.get("data"),
         "data_files": card.get("data_files"),
         "dev": card.get("dev"),
         "training": card.get("training"),
         **({"averaged_from": card["averaged_from"]} if "averaged_from" in card else {}),
     }
+
+
+def _describe_shortlist(shortlist: dict[str, Any] | None) -> dict[str, Any] | None:
+    if shortlist is None:
+        return None
+    return {"k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
+            "score": shortlist.get("score"), "pairs": shortlist.get("pairs")}
 
 
 def format_card(info: dict[str, Any]) -> str:
@@ -300,6 +321,11 @@ def format_card(info: dict[str, Any]) -> str:
         f"- parameters: {info['parameters']:,}",
         "- decoding defaults: " + ", ".join(f"{k} {v}" for k, v in info["decoding"].items()),
     ]
+    shortlist = info.get("shortlist")
+    if shortlist:
+        lines.append(f"- vocabulary shortlist (translate --shortlist): {shortlist['k']} target pieces per source "
+                     f"piece ({shortlist['score']}) + the {shortlist['frequent']} most frequent, from "
+                     f"{shortlist['pairs']} training pairs")
     data, files = info.get("data") or {}, info.get("data_files") or {}
     if data:
         parts = []

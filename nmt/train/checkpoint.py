@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from nmt import __version__
+from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write
 from nmt.model.modelfile import (
@@ -25,6 +26,7 @@ from nmt.model.modelfile import (
     MODEL_KIND,
     ModelFileError,
     check_keys,
+    embed_shortlist,
     embed_tokenizer,
     read_file,
     run_folder_card,
@@ -48,6 +50,8 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
         payload["tokenizer"] = embedded_tokenizer(path.parent, state["vocab"])
     if "card" not in payload:
         payload["card"] = run_folder_card(path.parent, state["step"], state["config"]["training"]["val_max_sentences"])
+    if "shortlist" not in payload and (path.parent / SHORTLIST_FILE).is_file():
+        payload["shortlist"] = embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
     try:
         atomic_write(path, lambda handle: torch.save(payload, handle))
     except RuntimeError as exc:         # torch's zip writer reports a failed write (e.g. a full disk) this way
@@ -102,4 +106,6 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     result["tokenizer"] = last.get("tokenizer") or embedded_tokenizer(Path(paths[-1]).parent, last["vocab"])
     card = {k: v for k, v in (last.get("card") or {}).items() if k != "dev"}   # dev scores were of one checkpoint
     result["card"] = {**card, "averaged_from": [Path(p).name for p in paths]}
+    if last.get("shortlist") is not None:
+        result["shortlist"] = last["shortlist"]
     return result

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from nmt.config import Config, ConfigError, dump_config, stored_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder, train_corpora
+from nmt.data.shortlist import SHORTLIST_FILE
 from nmt.decode.search import greedy_search
 from nmt.device import autocast, autocast_dtype, grad_scaler, make_optimizer, resolve_device
 from nmt.folders import (
@@ -199,6 +200,9 @@ class Trainer:
                 if name and not (self.run_dir / name).exists():
                     register_file(self.run_dir / name)     # whatever the data folder calls its models
                     shutil.copyfile(self.data.root / name, self.run_dir / name)
+        if self.data.manifest.get("shortlist"):         # checkpoints embed it (nmt.train.checkpoint)
+            register_file(self.run_dir / SHORTLIST_FILE)
+            shutil.copyfile(self.data.root / SHORTLIST_FILE, self.run_dir / SHORTLIST_FILE)
         shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
 
     def _check_resume_config(self, saved: Config) -> None:
