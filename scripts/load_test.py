@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from benchmark import _cpu_name, _torch_version  # noqa: E402
+from machine_facts import describe, machine_facts  # noqa: E402
 
 
 def multi30k_sentences(folder: Path) -> list[str]:
@@ -191,12 +191,12 @@ def main() -> None:
         "fraction_of_offline": (n_sentences / result["seconds"]) / (n_sentences / offline_seconds),
         "answered": len(lat), "mismatches_or_failures": len(result["problems"]), "retries_503": result["retries_503"],
         "server_exit_code": code, "request_log_lines": sum("POST /translate" in line for line in log),
-        "cpu": _cpu_name(), "torch": _torch_version(),
+        "machine": machine_facts(args.threads, "float32"),
     }
     for problem in result["problems"][:10]:
         print(problem, file=sys.stderr)
     print(f"load test: {report['requests']} requests ({report['sentences']} sentences) from {args.clients} clients, "
-          f"{args.threads} thread(s), fp32, {report['cpu']}, torch {report['torch']}\n"
+          f"{describe(report['machine'])}\n"
           f"  server   {report['requests_per_s']:.1f} requests/s  {report['sentences_per_s']:.1f} sentences/s  "
           f"latency p50 {report['latency_p50_ms']:.0f} ms  p99 {report['latency_p99_ms']:.0f} ms\n"
           f"  offline  {report['offline_sentences_per_s']:.1f} sentences/s (nmt translate, whole process)\n"
