@@ -81,3 +81,13 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, prepared: Path) -> Pat
                                     "training.validate_every=20", "training.val_max_sentences=20"])
     Trainer(config).train()
     return run
+
+
+@pytest.fixture(scope="session")
+def model_file(tmp_path_factory: pytest.TempPathFactory, trained_run: Path) -> Path:
+    """`trained_run`'s best.pt exported as a model file (`nmt export`)."""
+    from nmt.model.modelfile import export_model
+
+    out = tmp_path_factory.mktemp("exported") / "model.nmt"
+    export_model(trained_run / "best.pt", out)
+    return out

@@ -12,21 +12,13 @@ import pytest
 import torch
 
 from nmt import Translator
-from nmt.model.modelfile import export_model
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def model_path(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("api") / "model.nmt"
-    export_model(trained_run / "best.pt", out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def translator(model_path: Path) -> Translator:
-    return Translator.load(model_path, device="cpu", precision="fp32")
+def translator(model_file: Path) -> Translator:
+    return Translator.load(model_file, device="cpu", precision="fp32")
 
 
 def test_translate_returns_one_translation_per_line(translator):
@@ -37,9 +29,9 @@ def test_translate_returns_one_translation_per_line(translator):
     assert isinstance(results[0].score, float)
 
 
-def test_beam_size_per_call_matches_a_translator_built_with_it(translator, model_path):
+def test_beam_size_per_call_matches_a_translator_built_with_it(translator, model_file):
     lines = ["Ein Hund läuft über die Wiese.", "Eine Frau liest ein Buch."]
-    greedy = Translator.load(model_path, device="cpu", precision="fp32", beam_size=1)
+    greedy = Translator.load(model_file, device="cpu", precision="fp32", beam_size=1)
     assert [t.text for t in translator.translate(lines, beam_size=1)] == [t.text for t in greedy.translate(lines)]
     assert translator.decoding.beam_size == 3                     # the call did not change the default
 
@@ -71,8 +63,8 @@ def readme_example() -> str:
     return match.group(1)
 
 
-def test_readme_example_runs(model_path, tmp_path):
-    (tmp_path / "model.nmt").symlink_to(model_path)
+def test_readme_example_runs(model_file, tmp_path):
+    (tmp_path / "model.nmt").symlink_to(model_file)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", readme_example()], capture_output=True, text=True, cwd=tmp_path,
                             env=env, timeout=300)

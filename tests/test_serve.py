@@ -19,7 +19,6 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from nmt.decode.translator import Translator
-from nmt.model.modelfile import export_model
 
 from .conftest import read_gz
 
@@ -65,20 +64,13 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def model(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("serve") / "model.nmt"
-    export_model(trained_run / "best.pt", out)
-    return out
+def offline(model_file: Path) -> Translator:
+    return Translator.load(model_file, device="cpu", precision="fp32")
 
 
 @pytest.fixture(scope="module")
-def offline(model: Path) -> Translator:
-    return Translator.load(model, device="cpu", precision="fp32")
-
-
-@pytest.fixture(scope="module")
-def server(model: Path):
-    server = Server(model, "--max-sentences", "20", "--max-body-kb", "4", "--max-beam", "8")
+def server(model_file: Path):
+    server = Server(model_file, "--max-sentences", "20", "--max-body-kb", "4", "--max-beam", "8")
     yield server
     server.stop()
 
@@ -197,8 +189,8 @@ def test_one_log_line_per_request_with_latency(server):
     assert re.search(r"POST /translate 400 0 sentences [\d.]+ ms", lines[1]), lines
 
 
-def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model, offline, sources):
-    server = Server(model, "--max-queue", "1", "--max-batch-sentences", "1", "--max-wait-ms", "0")
+def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, offline, sources):
+    server = Server(model_file, "--max-queue", "1", "--max-batch-sentences", "1", "--max-wait-ms", "0")
     try:
         heavy = {"sentences": sources[:60], "beam_size": 16}
         results: list[tuple[int, dict, dict]] = []
@@ -230,9 +222,9 @@ def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model, offlin
         server.stop()
 
 
-def test_load_test_script_small(model, tmp_path):
+def test_load_test_script_small(model_file, tmp_path):
     report = tmp_path / "load.json"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "load_test.py"), "--model", str(model),
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "load_test.py"), "--model", str(model_file),
                              "--clients", "4", "--requests", "24", "--threads", "1", "--json-out", str(report)],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout
