@@ -237,11 +237,10 @@ class IdFile:
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         offsets_path, ids_path = Path(f"{stem}.offsets"), Path(f"{stem}.ids")
-        size = ids_path.stat().st_size
         self._maps: list[mmap.mmap] = []
         self.offsets = _map(offsets_path, np.dtype(np.int64), self._maps)
         self.ids = _map(ids_path, np.dtype(dtype), self._maps)
-        if len(self.offsets) == 0 or self.offsets[-1] * dtype.itemsize != size:
+        if len(self.offsets) == 0 or self.offsets[-1] != len(self.ids):
             raise DataError(f"{ids_path}: size does not match {offsets_path}; rerun `nmt preprocess`")
         self._offsets_path = offsets_path
         self._lengths: np.ndarray | None = None
