@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Fetch the Multi30k task-1 raw files (train, val, test_2016_flickr; de, en, fr) into a folder.
+# Fetch the Multi30k task-1 raw files (train, val, test_2016_flickr; de, en, fr) into a folder, and
+# the later test sets (test_2017_flickr, test_2017_mscoco, test_2018_flickr) for held-out scoring.
 #
 #   scripts/get_multi30k.sh [DEST]                       download from the public repository
 #   MULTI30K_MIRROR=/path scripts/get_multi30k.sh [DEST]   copy from a local mirror instead
 #   scripts/get_multi30k.sh --mirror /path [DEST]
 #
-# DEST defaults to data/multi30k. Files stay gzipped (nmt reads .gz directly).
+# DEST defaults to data/multi30k. Files stay gzipped (nmt reads .gz directly). A mirror must hold
+# the first three splits; the later test sets are copied when it has them and skipped (with a note)
+# when it does not.
 set -euo pipefail
 
 mirror="${MULTI30K_MIRROR:-}"
@@ -15,20 +18,33 @@ if [[ "${1:-}" == "--mirror" ]]; then
 fi
 dest="${1:-data/multi30k}"
 base_url="https://github.com/multi30k/dataset/raw/master/data/task1/raw"
-files=()
+files=() heldout=() skipped=()
 for split in train val test_2016_flickr; do
   for lang in de en fr; do files+=("$split.$lang.gz"); done
 done
+for split in test_2017_flickr test_2017_mscoco test_2018_flickr; do
+  for lang in de en fr; do heldout+=("$split.$lang.gz"); done
+done
 
 mkdir -p "$dest"
-for f in "${files[@]}"; do
+for f in "${files[@]}" "${heldout[@]}"; do
   if [[ -s "$dest/$f" ]]; then continue; fi
   if [[ -n "$mirror" ]]; then
-    [[ -f "$mirror/$f" ]] || { echo "error: $mirror/$f does not exist (MULTI30K_MIRROR)" >&2; exit 1; }
+    if [[ ! -f "$mirror/$f" ]]; then
+      if [[ " ${heldout[*]} " == *" $f "* ]]; then
+        skipped+=("$f")
+        continue
+      fi
+      echo "error: $mirror/$f does not exist (MULTI30K_MIRROR)" >&2
+      exit 1
+    fi
     cp "$mirror/$f" "$dest/$f.part"
   else
     curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f"
   fi
   mv "$dest/$f.part" "$dest/$f"
 done
+if (( ${#skipped[@]} )); then
+  echo "note: $mirror lacks these held-out test files; skipped: ${skipped[*]}" >&2
+fi
 echo "Multi30k raw files in $dest" >&2

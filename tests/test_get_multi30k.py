@@ -1,0 +1,40 @@
+"""scripts/get_multi30k.sh from a local mirror: the three standard splits are required, the held-out
+test sets are copied when the mirror has them."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "get_multi30k.sh"
+REQUIRED = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en", "fr")]
+
+
+def run(mirror, dest):
+    return subprocess.run(["bash", str(SCRIPT), "--mirror", str(mirror), str(dest)], capture_output=True, text=True)
+
+
+def test_mirror_copies_standard_splits_and_the_held_out_sets_it_has(tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    present = REQUIRED + ["test_2017_mscoco.de.gz", "test_2017_mscoco.en.gz"]
+    for name in present:
+        (mirror / name).write_bytes(name.encode())
+    result = run(mirror, tmp_path / "dest")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == sorted(present)
+    assert all((tmp_path / "dest" / name).read_bytes() == name.encode() for name in present)
+    note = next(line for line in result.stderr.splitlines() if line.startswith("note:"))
+    assert "test_2017_flickr.de.gz" in note and "test_2018_flickr.en.gz" in note
+    assert "test_2017_mscoco.en.gz" not in note
+
+
+def test_mirror_without_a_standard_split_is_an_error_naming_it(tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for name in REQUIRED[:-1]:
+        (mirror / name).write_bytes(b"x")
+    result = run(mirror, tmp_path / "dest")
+    assert result.returncode != 0
+    assert f"error: {mirror}/{REQUIRED[-1]} does not exist" in result.stderr
