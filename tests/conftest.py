@@ -14,6 +14,18 @@ MULTI30K = Path(os.environ.get("NMT_MULTI30K", REPO.parent / "shared" / "data" /
 SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
 
 
+def randomize_feed_weights(model, scale: float = 0.1) -> None:
+    """Luong models start input feeding's weights W_f at zero (LuongDecoder.zero_feed_weights); a test
+    of a numeric path needs them non-zero, or the feed of h̃_{i-1} would not be exercised."""
+    import torch
+
+    decoder = model.decoder
+    if getattr(decoder, "input_feeding", False):
+        with torch.no_grad():
+            start = decoder.embedding_dim
+            decoder.rnn.input_weight(start, start + decoder.hidden_size).uniform_(-scale, scale)
+
+
 def read_gz(name: str, n: int) -> list[str]:
     path = MULTI30K / f"{name}.gz"
     if not path.exists():

@@ -11,6 +11,8 @@ from nmt.decode.search import greedy_search
 from nmt.device import make_optimizer
 from nmt.model.seq2seq import Seq2Seq
 
+from .conftest import randomize_feed_weights
+
 VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
 
 
@@ -82,6 +84,7 @@ def test_teacher_forced_path_equals_step_by_step(small_batch, attention, input_f
     batch, src_vocab, tgt_vocab = small_batch
     torch.manual_seed(0)
     model = Seq2Seq.from_config(tiny(attention, input_feeding=input_feeding), src_vocab, tgt_vocab).eval()
+    randomize_feed_weights(model)
     logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)     # the training path
     with torch.no_grad(), model.decoder.frozen_weights():   # the inference path: token terms from a table
         memory, state = model.encode(batch.src, batch.src_lengths)
@@ -90,6 +93,24 @@ def test_teacher_forced_path_equals_step_by_step(small_batch, attention, input_f
             assert torch.allclose(step_logits, logits[:, i], atol=1e-5)
             assert torch.allclose(step_weights, weights[:, i], atol=1e-6)
     assert torch.all(weights.masked_select(~batch.src_mask.unsqueeze(1).expand_as(weights)) == 0.0)
+
+
+@pytest.mark.parametrize("init", ["uniform", "default"])
+def test_luong_input_feeding_weights_start_at_zero_and_learn(small_batch, init):
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny("luong_general", init=init, input_feeding=True), src_vocab, tgt_vocab)
+    emb, hidden = model.decoder.embedding_dim, model.decoder.hidden_size
+    feed = model.decoder.rnn.input_weight(emb, emb + hidden)            # W_f: multiplies h̃_{i-1}
+    assert torch.count_nonzero(feed) == 0
+    assert torch.count_nonzero(model.decoder.rnn.input_weight(0, emb)) == feed.size(0) * emb   # W_e untouched
+    logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+    sequence_loss(logits, batch.tgt_out, 0.0).backward()
+    grad = model.decoder.rnn.rnn.weight_ih_l0.grad[:, emb:emb + hidden]
+    assert grad.abs().max() > 0                                          # the feed learns from the first update
+    plain = Seq2Seq.from_config(tiny("luong_general", init=init, input_feeding=False), src_vocab, tgt_vocab)
+    assert plain.decoder.rnn.rnn.weight_ih_l0.shape[1] == emb and torch.count_nonzero(
+        plain.decoder.rnn.rnn.weight_ih_l0) == plain.decoder.rnn.rnn.weight_ih_l0.numel()
 
 
 def test_tied_embeddings_share_the_output_matrix():

@@ -9,7 +9,7 @@ from nmt.decode.quantize import _int8_linear, quantize_int8
 from nmt.decode.translator import Translator
 from nmt.model.seq2seq import Seq2Seq
 
-from .conftest import read_gz
+from .conftest import randomize_feed_weights, read_gz
 from .test_translate import run_cli
 
 
@@ -47,6 +47,7 @@ def test_quantized_model_steps_close_to_float32(model_options):
     config = ModelConfig(embedding_dim=32, encoder_hidden=32, decoder_hidden=model_options.pop("decoder_hidden", 48),
                          attention_dim=40, dropout=0.0, **model_options)
     model = Seq2Seq.from_config(config, src_vocab=120, tgt_vocab=90).eval()
+    randomize_feed_weights(model)
     src = torch.randint(4, 120, (6, 9))
     src[3, 5:] = 0
     lengths = (src != 0).sum(1)

@@ -320,6 +320,19 @@ class LuongDecoder(Decoder):
         self.input_feeding = input_feeding
         self.combine = nn.Linear(context_size + hidden, hidden, bias=False)   # W_c
 
+    def zero_feed_weights(self) -> None:
+        """Start input feeding's weights W_f at zero (called once, after initialisation).
+
+        With U(-0.1, 0.1) weights, h̃ (|h̃| ≈ 0.4) feeds back into the RNN through W_f and drowns the
+        target embedding: at initialisation the feed term W_f h̃_{i-1} is about 12 times larger than
+        W_e E y_{i-1}, so the untrained decoder barely sees its previous word. Starting W_f at zero lets
+        the RNN learn from the embeddings first and the feed as it becomes useful: on Multi30k dev
+        perplexity at update 500 fell from 12.4 to 10.5 (BLEU 25.4 -> 27.1; docs/benchmarks.md).
+        """
+        if self.input_feeding:
+            with torch.no_grad():
+                self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.hidden_size).zero_()
+
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         feed = hidden.new_zeros(hidden.shape[1:]) if self.input_feeding else None   # h̃_0 = 0
         return DecoderState(hidden, cell, feed)

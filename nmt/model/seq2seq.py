@@ -73,6 +73,8 @@ class Seq2Seq(nn.Module):
         if config.init == "uniform":        # as OpenNMT's param_init: U(-0.1, 0.1) for every parameter
             for parameter in model.parameters():
                 nn.init.uniform_(parameter, -config.init_scale, config.init_scale)
+        if isinstance(decoder, LuongDecoder):
+            decoder.zero_feed_weights()
         return model
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
