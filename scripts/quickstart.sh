@@ -16,17 +16,8 @@ MINUTES="${MINUTES:-30}"
 THREADS="${THREADS:-0}"
 RUN="${RUN:-runs/quickstart_$(basename "$CONFIG" .yaml)}"
 
-if [[ ! -x .venv/bin/python ]]; then
-  python3 -m venv .venv
-fi
-# shellcheck disable=SC1091
-source .venv/bin/activate
-python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
-python -c "import nmt" 2>/dev/null || pip install -q -e .
-
-if [[ -z "${MULTI30K_MIRROR:-}" && -d ../shared/data/multi30k ]]; then
-  export MULTI30K_MIRROR=../shared/data/multi30k
-fi
+# shellcheck source=scripts/setup_venv.sh
+source scripts/setup_venv.sh
 bash scripts/get_multi30k.sh data/multi30k
 
 nmt preprocess --config "$CONFIG"
