@@ -13,7 +13,8 @@ set -euo pipefail
 
 mirror="${MULTI30K_MIRROR:-}"
 if [[ "${1:-}" == "--mirror" ]]; then
-  mirror="${2:?--mirror needs a folder}"
+  [[ -n "${2:-}" ]] || { echo "error: --mirror needs a folder" >&2; exit 2; }
+  mirror="$2"
   shift 2
 fi
 dest="${1:-data/multi30k}"
@@ -35,16 +36,21 @@ for f in "${files[@]}" "${heldout[@]}"; do
         skipped+=("$f")
         continue
       fi
-      echo "error: $mirror/$f does not exist (MULTI30K_MIRROR)" >&2
-      exit 1
+      echo "error: $mirror/$f does not exist (the Multi30k mirror folder)" >&2
+      exit 2
     fi
     cp "$mirror/$f" "$dest/$f.part"
   else
-    curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f"
+    if ! curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f"; then
+      rm -f "$dest/$f.part"
+      [[ " ${heldout[*]} " == *" $f "* ]] || { echo "error: could not download $base_url/$f" >&2; exit 2; }
+      skipped+=("$f")
+      continue
+    fi
   fi
   mv "$dest/$f.part" "$dest/$f"
 done
 if (( ${#skipped[@]} )); then
-  echo "note: $mirror lacks these held-out test files; skipped: ${skipped[*]}" >&2
+  echo "note: held-out test files not found, skipped: ${skipped[*]}" >&2
 fi
 echo "Multi30k raw files in $dest" >&2

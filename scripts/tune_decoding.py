@@ -10,7 +10,8 @@ table, best first. Select on dev only; then score the chosen setting on test onc
         --beam-sizes 1,5,10 --length-penalties 0.6,1.0,1.4 --json tune.json
 
 The best setting is the highest BLEU; a tie goes to the smaller beam, then to the penalty closer
-to 1. Greedy search (beam 1) ignores the length penalty, so it is run once per model.
+to 1, then to the model named first. Greedy search (beam 1) ignores the length penalty, so it is
+run once per model.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,18 @@ import torch
 
 from nmt.decode.translator import Translator
 from nmt.evaluate import check_lengths, read_text, score
+from nmt.folders import atomic_write, check_output_path
 
 
-def numbers(text: str, kind: type) -> list:
-    return [kind(part) for part in text.split(",") if part.strip()]
+def parse_list(text: str, option: str, kind: type, minimum: float) -> list:
+    """'1,5,10' -> [1, 5, 10]; ValueError naming the option when empty, malformed or below `minimum`."""
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a comma-separated list of {kind.__name__}s") from None
+    if not values or min(values) < minimum:
+        raise ValueError(f"{option}: give one or more values >= {minimum}, got {text!r}")
+    return values
 
 
 def grid(beam_sizes: list[int], length_penalties: list[float]) -> list[tuple[int, float]]:
@@ -40,12 +48,12 @@ def grid(beam_sizes: list[int], length_penalties: list[float]) -> list[tuple[int
 
 def tune(models: list[Path], sources: list[str], refs: list[str], beam_sizes: list[int],
          length_penalties: list[float], device: str = "cpu") -> list[dict[str, Any]]:
-    """Rows {model, beam_size, length_penalty, bleu, chrf, bleu_signature}, best first."""
+    """Rows {model, beam_size, length_penalty, bleu, chrf, bleu_signature}, best first: the highest
+    BLEU, a tie going to the smaller beam, then the penalty closer to 1, then the model named first."""
     rows = []
     for model in models:
-        translator = Translator.load(model, device=device)
         for beam, alpha in grid(beam_sizes, length_penalties):
-            translator.decoding = replace(translator.decoding, beam_size=beam, length_penalty=alpha)
+            translator = Translator.load(model, device=device, beam_size=beam, length_penalty=alpha)
             hyps = [str(t) for t in translator.translate(sources)]
             scores = score(hyps, refs)
             rows.append({"model": str(model), "beam_size": beam, "length_penalty": alpha,
@@ -53,7 +61,7 @@ def tune(models: list[Path], sources: list[str], refs: list[str], beam_sizes: li
                          "bleu_signature": scores["bleu"]["signature"]})
             print(f"{model}  beam {beam:>2}  length penalty {alpha:.2f}  BLEU {rows[-1]['bleu']:6.2f}  "
                   f"chrF2 {rows[-1]['chrf']:6.2f}", file=sys.stderr, flush=True)
-    return sorted(rows, key=lambda r: (-r["bleu"], r["beam_size"], abs(r["length_penalty"] - 1.0)))
+    return sorted(rows, key=lambda r: (-r["bleu"], r["beam_size"], abs(r["length_penalty"] - 1.0)))   # stable
 
 
 def main() -> None:
@@ -63,19 +71,27 @@ def main() -> None:
     parser.add_argument("--ref", type=Path, required=True, help="dev references")
     parser.add_argument("--beam-sizes", default="1,5,10")
     parser.add_argument("--length-penalties", default="0.6,1.0,1.4")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = torch's default")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="write the rows here, best first")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
+        if args.threads < 0:
+            raise ValueError(f"--threads: must be 0 or more, got {args.threads}")
+        beam_sizes = parse_list(args.beam_sizes, "--beam-sizes", int, 1)
+        length_penalties = parse_list(args.length_penalties, "--length-penalties", float, 0.0)
+        if args.json:
+            check_output_path(args.json, "--json")
+        if args.threads:
+            torch.set_num_threads(args.threads)
         sources, refs = read_text(args.src), read_text(args.ref)
         check_lengths(sources, refs, str(args.src), str(args.ref))
-        rows = tune(args.models, sources, refs, numbers(args.beam_sizes, int),
-                    numbers(args.length_penalties, float), args.device)
-    except (ValueError, OSError) as exc:      # EvaluationError, ModelFileError, ConfigError are ValueErrors
-        print(f"error: {exc}", file=sys.stderr)
+        rows = tune(args.models, sources, refs, beam_sizes, length_penalties, args.device)
+        if args.json:
+            report = json.dumps({"src": str(args.src), "ref": str(args.ref), "rows": rows}, indent=1) + "\n"
+            atomic_write(args.json, lambda handle: handle.write(report), mode="w")
+    except (ValueError, OSError) as exc:      # EvaluationError, ModelFileError, ConfigError, FolderError
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         sys.exit(2)
     print("| model | beam | length penalty | dev BLEU | dev chrF2 |\n|---|---|---|---|---|")
     for row in rows:
@@ -83,8 +99,6 @@ def main() -> None:
               f"| {row['chrf']:.2f} |")
     print(f"best on {args.src}: {rows[0]['model']} beam {rows[0]['beam_size']} "
           f"length penalty {rows[0]['length_penalty']} ({rows[0]['bleu_signature']})")
-    if args.json:
-        args.json.write_text(json.dumps({"src": str(args.src), "ref": str(args.ref), "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -36,5 +36,5 @@ def test_mirror_without_a_standard_split_is_an_error_naming_it(tmp_path):
     for name in REQUIRED[:-1]:
         (mirror / name).write_bytes(b"x")
     result = run(mirror, tmp_path / "dest")
-    assert result.returncode != 0
-    assert f"error: {mirror}/{REQUIRED[-1]} does not exist" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {mirror}/{REQUIRED[-1]} does not exist")

@@ -68,6 +68,7 @@ def test_teacher_forcing_ratio_zero_and_one(small_batch, attention):
     batch, src_vocab, tgt_vocab = small_batch
     torch.manual_seed(0)
     model = Seq2Seq.from_config(tiny(attention), src_vocab, tgt_vocab).eval()
+    randomize_feed_weights(model)
     full, _ = model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing=1.0)
     free, _ = model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing=0.0)
     assert full.shape == free.shape
@@ -156,6 +157,7 @@ def test_multilayer_lstm_teacher_forced_equals_steps(small_batch, attention):
     torch.manual_seed(0)
     config = tiny(attention, "lstm", decoder_layers=2, encoder_layers=2)
     model = Seq2Seq.from_config(config, src_vocab, tgt_vocab).eval()
+    randomize_feed_weights(model)
     logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
     memory, state = model.encode(batch.src, batch.src_lengths)
     for i in range(batch.tgt_in.size(1)):

@@ -8,6 +8,8 @@ from nmt.data.tokenizer import BOS, EOS, UNK
 from nmt.decode.search import beam_search, greedy_search, length_penalty
 from nmt.model.seq2seq import Seq2Seq
 
+from .conftest import randomize_feed_weights
+
 VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
 
 
@@ -16,6 +18,7 @@ def random_model(attention="bahdanau", rnn="gru", tgt_vocab=40, seed=0, sharpen=
     config = ModelConfig(rnn_type=rnn, attention=attention, embedding_dim=16, encoder_hidden=16, decoder_hidden=32,
                          attention_dim=16, dropout=0.0)
     model = Seq2Seq.from_config(config, 30, tgt_vocab).eval()
+    randomize_feed_weights(model)              # Luong's W_f starts at zero; the feed must be exercised
     with torch.no_grad():                      # sharper distributions: fewer near-ties, more varied outputs
         model.decoder.output.weight.mul_(sharpen)
     return model

@@ -70,7 +70,7 @@ class Seq2Seq(nn.Module):
         bridge = Bridge(config.bridge, encoder.output_size, config.decoder_hidden, config.decoder_layers,
                         config.rnn_type == "lstm")
         model = cls(encoder, bridge, decoder)
-        if config.init == "uniform":        # as OpenNMT's param_init: U(-0.1, 0.1) for every parameter
+        if config.init == "uniform":        # as OpenNMT's param_init: U(-0.1, 0.1) for every parameter (but W_f)
             for parameter in model.parameters():
                 nn.init.uniform_(parameter, -config.init_scale, config.init_scale)
         if isinstance(decoder, LuongDecoder):
