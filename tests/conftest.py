@@ -19,11 +19,9 @@ def randomize_feed_weights(model, scale: float = 0.1) -> None:
     of a numeric path needs them non-zero, or the feed of h̃_{i-1} would not be exercised."""
     import torch
 
-    decoder = model.decoder
-    if getattr(decoder, "input_feeding", False):
+    if getattr(model.decoder, "input_feeding", False):
         with torch.no_grad():
-            start = decoder.embedding_dim
-            decoder.rnn.input_weight(start, start + decoder.hidden_size).uniform_(-scale, scale)
+            model.decoder.feed_weight().uniform_(-scale, scale)
 
 
 def read_gz(name: str, n: int) -> list[str]:

@@ -320,6 +320,11 @@ class LuongDecoder(Decoder):
         self.input_feeding = input_feeding
         self.combine = nn.Linear(context_size + hidden, hidden, bias=False)   # W_c
 
+    def feed_weight(self) -> Tensor:
+        """W_f: (gates*dec_hidden, dec_hidden), the columns of the RNN's layer-0 input weights that
+        multiply h̃_{i-1} (a view; only with input feeding)."""
+        return self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.hidden_size)
+
     def zero_feed_weights(self) -> None:
         """Start input feeding's weights W_f at zero (called once, after initialisation).
 
@@ -333,7 +338,7 @@ class LuongDecoder(Decoder):
         """
         if self.input_feeding:
             with torch.no_grad():
-                self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.hidden_size).zero_()
+                self.feed_weight().zero_()
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         feed = hidden.new_zeros(hidden.shape[1:]) if self.input_feeding else None   # h̃_0 = 0
@@ -343,8 +348,7 @@ class LuongDecoder(Decoder):
         weights = super().int8_weights()
         weights["combine"] = (self.combine.weight, None)
         if self.input_feeding:
-            start, end = self.embedding_dim, self.embedding_dim + self.hidden_size
-            weights["feed_input"] = (self.rnn.input_weight(start, end), None)
+            weights["feed_input"] = (self.feed_weight(), None)
         return weights
 
     def _attentional(self, s: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
@@ -356,8 +360,7 @@ class LuongDecoder(Decoder):
         """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
         if not self.input_feeding:
             return None
-        start, end = self.embedding_dim, self.embedding_dim + self.hidden_size
-        return self.derived_weight("feed_input", lambda: self.rnn.input_weight(start, end))
+        return self.derived_weight("feed_input", self.feed_weight)
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
                     feed_weight: Tensor | None) -> tuple[DecoderState, Tensor]:
