@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from nmt.cli import one_line
 from nmt.decode.translator import Translator
 from nmt.evaluate import check_lengths, read_text, score
 from nmt.folders import atomic_write, check_output_path
@@ -52,8 +54,9 @@ def tune(models: list[Path], sources: list[str], refs: list[str], beam_sizes: li
     BLEU, a tie going to the smaller beam, then the penalty closer to 1, then the model named first."""
     rows = []
     for model in models:
-        for beam, alpha in grid(beam_sizes, length_penalties):
-            translator = Translator.load(model, device=device, beam_size=beam, length_penalty=alpha)
+        translator = Translator.load(model, device=device)
+        for beam, alpha in grid(beam_sizes, length_penalties):      # both checked by parse_list
+            translator.decoding = replace(translator.decoding, beam_size=beam, length_penalty=alpha)
             hyps = [str(t) for t in translator.translate(sources)]
             scores = score(hyps, refs)
             rows.append({"model": str(model), "beam_size": beam, "length_penalty": alpha,
@@ -91,7 +94,7 @@ def main() -> None:
             report = json.dumps({"src": str(args.src), "ref": str(args.ref), "rows": rows}, indent=1) + "\n"
             atomic_write(args.json, lambda handle: handle.write(report), mode="w")
     except (ValueError, OSError) as exc:      # EvaluationError, ModelFileError, ConfigError, FolderError
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
     print("| model | beam | length penalty | dev BLEU | dev chrF2 |\n|---|---|---|---|---|")
     for row in rows:

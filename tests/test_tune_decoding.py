@@ -11,7 +11,8 @@ import pytest
 
 from nmt.decode.translator import Translator
 from nmt.evaluate import score
-from tests.conftest import REPO
+
+from .conftest import REPO
 
 SCRIPT = REPO / "scripts" / "tune_decoding.py"
 
