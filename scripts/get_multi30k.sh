@@ -27,28 +27,33 @@ for split in test_2017_flickr test_2017_mscoco test_2018_flickr; do
   for lang in de en fr; do heldout+=("$split.$lang.gz"); done
 done
 
-mkdir -p "$dest"
-for f in "${files[@]}" "${heldout[@]}"; do
-  if [[ -s "$dest/$f" ]]; then continue; fi
+# Copy or download one file into $dest (kept if already there); returns 1 when the mirror lacks it
+# or the download fails.
+fetch() {
+  local f="$1"
+  [[ -s "$dest/$f" ]] && return 0
   if [[ -n "$mirror" ]]; then
-    if [[ ! -f "$mirror/$f" ]]; then
-      if [[ " ${heldout[*]} " == *" $f "* ]]; then
-        skipped+=("$f")
-        continue
-      fi
-      echo "error: $mirror/$f does not exist (the Multi30k mirror folder)" >&2
-      exit 2
-    fi
-    cp "$mirror/$f" "$dest/$f.part"
+    [[ -f "$mirror/$f" ]] || return 1
+    cp "$mirror/$f" "$dest/$f.part" || exit 1
   else
-    if ! curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f"; then
-      rm -f "$dest/$f.part"
-      [[ " ${heldout[*]} " == *" $f "* ]] || { echo "error: could not download $base_url/$f" >&2; exit 2; }
-      skipped+=("$f")
-      continue
-    fi
+    curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f" || { rm -f "$dest/$f.part"; return 1; }
   fi
-  mv "$dest/$f.part" "$dest/$f"
+  mv "$dest/$f.part" "$dest/$f" || exit 1
+}
+
+mkdir -p "$dest"
+for f in "${files[@]}"; do
+  if ! fetch "$f"; then
+    if [[ -n "$mirror" ]]; then
+      echo "error: $mirror/$f does not exist (the Multi30k mirror folder)" >&2
+    else
+      echo "error: could not download $base_url/$f" >&2
+    fi
+    exit 2
+  fi
+done
+for f in "${heldout[@]}"; do
+  fetch "$f" || skipped+=("$f")
 done
 if (( ${#skipped[@]} )); then
   echo "note: held-out test files not found, skipped: ${skipped[*]}" >&2
