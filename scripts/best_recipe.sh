@@ -40,15 +40,15 @@ data = config.data
 print(f"run\t{Path(run).resolve() if run else config.training.run_dir}")
 try:
     dev = [resolve_text_file(data.dev, lang, "data.dev") for lang in (data.src_lang, data.tgt_lang)]
-except (DataError, TypeError):
+except DataError:
     sys.exit(f"error: {sys.argv[1]}: the recipe chooses its decoding settings on data.dev, which it needs")
 print(f"dev\t{dev[0]}\t{dev[1]}")
 folder = Path(data.test or data.dev).parent
-for name in ["test"] + ["test_2017_flickr", "test_2017_mscoco", "test_2018_flickr"]:
-    prefix = data.test if name == "test" else str(folder / name)
+held_out = [str(folder / name) for name in ("test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")]
+for prefix in ([data.test] if data.test else []) + held_out:
     try:
-        src, ref = resolve_text_file(prefix, data.src_lang, name), resolve_text_file(prefix, data.tgt_lang, name)
-    except (DataError, TypeError):                 # TypeError: the config has no test set
+        src, ref = (resolve_text_file(prefix, lang, prefix) for lang in (data.src_lang, data.tgt_lang))
+    except DataError:                              # a test set that is not there
         continue
     print(f"{Path(prefix).name}\t{src}\t{ref}")
 PY
