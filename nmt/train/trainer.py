@@ -39,7 +39,14 @@ from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.preprocess import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
 from nmt.decode.search import greedy_search
-from nmt.device import autocast, autocast_dtype, grad_scaler, make_optimizer, resolve_device
+from nmt.device import (
+    autocast,
+    autocast_dtype,
+    grad_scaler,
+    make_optimizer,
+    resolve_device,
+    use_deterministic_algorithms,
+)
 from nmt.folders import (
     LOCK,
     MARKER,
@@ -113,6 +120,8 @@ class Trainer:
         self.device = resolve_device(t.device)
         if t.threads:
             torch.set_num_threads(t.threads)
+        if t.deterministic:
+            use_deterministic_algorithms()
         self.data = DataFolder.open(config.data.out_dir)
         self.src_vocab, self.tgt_vocab = self.data.vocab("src"), self.data.vocab("tgt")
         self._prepare_run_dir(resume, overwrite, config_path)

@@ -1,0 +1,104 @@
+"""The CUDA path: training in fp32, bf16 and fp16 (with a gradient scaler), exact resume, and decoding that agrees
+with the CPU. Skipped where no CUDA device is present, as on CI; run on a GPU machine with `pytest -m cuda`."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import load_config
+from nmt.decode.translator import Translator
+from nmt.model.attention import Memory, build_attention
+from nmt.train.trainer import Trainer
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SOURCES = ["Ein Hund läuft durch das Gras.", "Zwei Männer spielen Fußball.", "Eine Frau", "Kinder",
+           "Ein kleines Mädchen in einem rosa Kleid klettert eine Treppe hinauf."]
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def train_losses(run: Path) -> list[float]:
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [e["loss"] for e in events if e["event"] == "train"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_training_loss_falls_in_each_precision(prepared, tmp_path, precision):
+    run = tmp_path / "run"
+    trainer = Trainer(load_config(prepared, [f"training.run_dir={run}", "training.device=cuda",
+                                             f"training.precision={precision}", "training.max_updates=60",
+                                             "training.log_every=10", "training.validate_every=60",
+                                             "training.val_max_sentences=20"]))
+    assert trainer.device.type == "cuda"
+    assert trainer.amp_dtype == AUTOCAST[precision]
+    assert trainer.scaler.is_enabled() == (precision == "fp16")     # fp16 only: gradients are scaled
+    trainer.train()
+    losses = train_losses(run)
+    assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses)
+    assert losses[-1] < 0.85 * losses[0], losses
+    assert all(p.device.type == "cuda" for p in trainer.model.parameters())
+
+
+def test_auto_precision_is_float32_on_cuda():
+    from nmt.device import autocast_dtype
+
+    assert autocast_dtype("auto", torch.device("cuda")) is None        # measured faster than bf16 autocast
+    assert autocast_dtype("bf16", torch.device("cuda")) == torch.bfloat16
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_is_exact_with_deterministic_kernels(prepared, tmp_path, precision):
+    worker = Path(__file__).with_name("cuda_resume_worker.py")
+    result = subprocess.run([sys.executable, str(worker), str(prepared), str(tmp_path), precision],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.split()
+    assert lines[-1] == "done" and lines[:-1] == [], f"parameters that differ after resuming: {lines[:-1]}"
+
+
+@pytest.mark.parametrize("kind", ["bahdanau", "luong_general"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_padded_positions_get_zero_attention_under_autocast(kind, dtype):
+    torch.manual_seed(0)
+    attention = build_attention(kind, query_size=16, value_size=16, attention_dim=8).cuda()
+    values = torch.randn(3, 7, 16, device="cuda")                               # (batch, src_len, value)
+    mask = torch.arange(7, device="cuda") < torch.tensor([7, 4, 1], device="cuda").unsqueeze(1)
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        memory = Memory(values, attention.project_keys(values), mask)
+        _, weights = attention(torch.randn(3, 16, device="cuda") * 10, memory)    # (batch, src_len)
+    assert torch.all(weights[~mask] == 0)
+    assert torch.allclose(weights.float().sum(-1), torch.ones(3, device="cuda"), atol=1e-2)
+
+
+def test_decoding_on_cuda_agrees_with_the_cpu(trained_run):
+    checkpoint = trained_run / "best.pt"
+    cpu = Translator.load(checkpoint, device="cpu", precision="fp32", beam_size=3)
+    gpu = Translator.load(checkpoint, device="cuda", precision="fp32", beam_size=3)
+    assert gpu.device.type == "cuda"
+    cpu_texts = [t.text for t in cpu.translate(SOURCES)]
+    gpu_texts = [t.text for t in gpu.translate(SOURCES)]
+    assert len(gpu_texts) == len(SOURCES)
+    # The CPU's hypotheses, scored on the GPU, get the CPU's scores (teacher forcing: no search to diverge).
+    for (cpu_lp, _, cpu_len), (gpu_lp, _, gpu_len) in zip(cpu.score(SOURCES, cpu_texts),
+                                                         gpu.score(SOURCES, cpu_texts), strict=True):
+        assert cpu_len == gpu_len and gpu_lp == pytest.approx(cpu_lp, rel=1e-3, abs=1e-3)
+    assert sum(a == b for a, b in zip(cpu_texts, gpu_texts, strict=True)) >= len(SOURCES) - 1
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_beam_search_keeps_one_line_per_input_in_order(trained_run, precision):
+    translator = Translator.load(trained_run / "best.pt", device="cuda", precision=precision, beam_size=4)
+    lines = SOURCES * 7                                                         # several batches, mixed lengths
+    out = translator.translate(lines, n_best=2)
+    assert len(out) == len(lines) and all(len(t.nbest_texts) == 2 for t in out)
+    fp32 = Translator.load(trained_run / "best.pt", device="cuda", precision="fp32", beam_size=4)
+    reference = [t.text for t in fp32.translate(SOURCES)]
+    agree = sum(t.text == reference[i % len(SOURCES)] for i, t in enumerate(out))
+    assert agree >= 0.8 * len(lines), [t.text for t in out]                    # in input order, near fp32's
