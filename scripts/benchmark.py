@@ -36,6 +36,7 @@ def measure_training(args: argparse.Namespace) -> dict:
 
     limit_kernel_cache()                      # as `nmt train` does
     torch.set_num_threads(args.threads)
+    torch.set_float32_matmul_precision(args.matmul_precision)
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [f"training.run_dir={run_dir}/run", f"training.device={args.device}",
                      f"training.precision={args.precision}", *args.set]
@@ -107,6 +108,7 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
     """`pin`: a command prefix such as taskset -c 1."""
     cmd = [*pin, sys.executable, __file__, "--child", task, "--config", str(args.config),
            "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
+           "--matmul-precision", args.matmul_precision,
            "--updates", str(args.updates), "--warmup", str(args.warmup), "--source", str(args.source)]
     if args.checkpoint:
         cmd += ["--checkpoint", str(args.checkpoint)]
@@ -145,6 +147,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="auto", help="training.precision (auto, fp32, bf16, fp16)")
+    parser.add_argument("--matmul-precision", default="highest", choices=["highest", "high"],
+                        help="training: torch.set_float32_matmul_precision (high: TF32 products on a GPU)")
     parser.add_argument("--updates", type=int, default=40, help="timed training updates")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--runs", type=int, default=1, help="repeat each measurement; the median is reported")
@@ -183,7 +187,8 @@ def main() -> None:
     from machine_facts import machine_facts
 
     report: dict = {"config": str(args.config), "threads": args.threads, "device": args.device,
-                    "precision": args.precision, "machine": machine_facts(args.threads)}
+                    "precision": args.precision, "matmul_precision": args.matmul_precision,
+                    "machine": machine_facts(args.threads)}
     if "train" not in args.skip:
         report["train"] = median_of(lambda: run_child("train", args, env))
     if args.checkpoint:

@@ -1,4 +1,4 @@
-"""What a speed figure was measured on: CPU model and SIMD flags, cores, torch, threads.
+"""What a speed figure was measured on: CPU model and SIMD flags, cores, torch, threads, and the GPU if any.
 
 A figure means nothing without its machine (the same code is 2x apart on an AVX512-BF16 CPU and an
 AVX2-only one), so every benchmark script records `machine_facts()` in its JSON and prints
@@ -48,6 +48,11 @@ def machine_facts(threads: int | None = None, precision: str | None = None) -> d
         "torch_cpu_kernels": kernel_level,
         "python": platform.python_version(),
     }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                        "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count(),
+                        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
     if threads is not None:
         facts["threads"] = threads
     if precision is not None:
@@ -62,6 +67,9 @@ def describe(facts: dict) -> str:
     simd = ", ".join(have) + (f"; no {', '.join(lack)}" if lack else "")
     line = (f"{facts['cpu']} ({simd}), {facts['cores']} cores, torch {facts['torch']} "
             f"({facts['torch_cpu_kernels']} kernels)")
+    if "gpu" in facts:
+        gpu = facts["gpu"]
+        line += f"; {gpu['count']}x {gpu['name']} ({gpu['memory_gib']} GiB, CUDA {gpu['cuda']}, cuDNN {gpu['cudnn']})"
     if "threads" in facts:
         line += f", {facts['threads']} thread(s)"
     if "precision" in facts:
