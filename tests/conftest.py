@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +106,54 @@ def model_file(tmp_path_factory: pytest.TempPathFactory, trained_run: Path) -> P
     out = tmp_path_factory.mktemp("exported") / "model.nmt"
     export_model(trained_run / "best.pt", out)
     return out
+
+
+class CliServer:
+    """`nmt ARGS` for tests that run many commands: tests/cli_server.py forks each one as its own process
+    from an interpreter that has imported nmt and torch once, instead of starting Python for each."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py"))],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, *args: str, stdin: bytes | str | None = None, cwd: Path | None = None, text: bool = False,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+        """Like subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=text)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            if stdin is not None:
+                (folder / "stdin").write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
+            request = {"args": list(args), "cwd": str(cwd or Path.cwd()), "timeout": timeout,
+                       "stdin": str(folder / "stdin") if stdin is not None else None,
+                       "stdout": str(folder / "stdout"), "stderr": str(folder / "stderr")}
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            reply = self.process.stdout.readline()
+            if not reply:
+                raise RuntimeError("tests/cli_server.py ended")
+            out, err = (folder / "stdout").read_bytes(), (folder / "stderr").read_bytes()
+            if text:
+                out, err = out.decode(), err.decode()
+            return subprocess.CompletedProcess(["nmt", *args], json.loads(reply)["returncode"], out, err)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+_server: CliServer | None = None
+
+
+def nmt_server() -> CliServer:
+    """The session's CliServer, started on first use (and again if it died)."""
+    global _server
+    if _server is None or _server.process.poll() is not None:
+        _server = CliServer()
+    return _server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_nmt_server() -> Iterator[None]:
+    yield
+    if _server is not None:
+        _server.close()

@@ -21,9 +21,13 @@ import yaml
 
 from nmt.folders import LOCK
 
-from .conftest import make_config, write_slice
+from .conftest import make_config, nmt_server, write_slice
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return nmt_server().run(*args, stdin=stdin, cwd=cwd)
 
 
 def snapshot(*roots: Path) -> dict[str, str]:
@@ -35,11 +39,6 @@ def snapshot(*roots: Path) -> dict[str, str]:
                 continue
             seen[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
     return seen
-
-
-def run_cli(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, cwd=cwd,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")

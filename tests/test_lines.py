@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-import sys
+
+from .conftest import nmt_server
 
 LINES = ["ein Hund", "", "a\rb Katze", "zwei\u2028Katzen", "drei\x85Hunde", "vier\x0bfünf", "ff\x0cgg", "   ",
          "ein Mann \x1c läuft"]
 
 
 def run_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, timeout=300)
+    return nmt_server().run(*args, stdin=stdin)
 
 
 def test_translate_keeps_one_line_per_input_line(trained_run, tmp_path):

@@ -13,6 +13,8 @@ pytest.importorskip("matplotlib")
 
 from nmt.plot import CURVES_SIZE, DPI, attention_figure, curves_figure, heatmap_size, read_metrics
 
+from .conftest import nmt_server
+
 
 def png_size(path) -> tuple[int, int]:
     data = path.read_bytes()
@@ -21,7 +23,7 @@ def png_size(path) -> tuple[int, int]:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+    return nmt_server().run(*args, text=True)
 
 
 def test_plot_attention_cli_writes_pngs_of_expected_size(trained_run, tmp_path):

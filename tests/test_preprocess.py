@@ -1,6 +1,5 @@
 import json
 import subprocess
-import sys
 import unicodedata
 
 import numpy as np
@@ -12,11 +11,11 @@ from nmt.data.corpus import DataError, read_lines
 from nmt.data.preprocess import DataFolder, preprocess
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 
-from .conftest import make_config, write_slice
+from .conftest import make_config, nmt_server, write_slice
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+    return nmt_server().run(*args, text=True)
 
 
 def test_preprocess_real_slice_end_to_end(tmp_path, corpus_dir):

@@ -10,11 +10,11 @@ import sacrebleu
 
 from nmt.decode.translator import Translator, word_alignments
 
-from .conftest import read_gz
+from .conftest import nmt_server, read_gz
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True, input=stdin)
+    return nmt_server().run(*args, stdin=stdin, text=True)
 
 
 @pytest.fixture(scope="module")
