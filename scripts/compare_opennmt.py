@@ -70,8 +70,10 @@ def write_pieces(config_path: Path, work: Path) -> None:
             (work / f"{split}.sp.{lang}").write_text("".join(" ".join(p) + "\n" for p in pieces), encoding="utf-8")
 
 
-def onmt_config(work: Path, steps: int, src: str, tgt: str) -> Path:
+def onmt_config(work: Path, steps: int, src: str, tgt: str, device: str = "cpu") -> Path:
     config = dict(ONMT_CONFIG)
+    if device == "cuda":
+        config["gpu_ranks"] = [0]                            # OpenNMT-py trains on the first GPU
     config.update(
         save_data=str(work / "run"),
         src_vocab=str(work / "run" / "vocab.src"), tgt_vocab=str(work / "run" / "vocab.tgt"),
@@ -99,10 +101,10 @@ def run_onmt(venv: Path, config: Path, warmup: int, env: dict, pin: list[str]) -
 
 def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace:
     """The options benchmark.py's measurements take, from ours."""
-    return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device="cpu",
+    return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device=args.device,
                               precision=args.precision, updates=args.steps - args.warmup, warmup=args.warmup,
                               source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens,
-                              quantize=args.quantize)
+                              quantize=args.quantize, matmul_precision="highest")
 
 
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
@@ -124,7 +126,8 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     out = args.work / f"onmt_hyp.b{beam}.sp"
     cmd = [*pin, str(args.onmt_venv / "bin" / "onmt_translate"), "-model", str(args.onmt_checkpoint),
            "-src", str(args.work / f"test.sp.{args.src}"), "-output", str(out), "-beam_size", str(beam),
-           "-gpu", "-1", "-report_time", "-length_penalty", "wu", "-alpha", str(args.alpha)]
+           "-gpu", "0" if args.device == "cuda" else "-1", "-report_time", "-length_penalty", "wu",
+           "-alpha", str(args.alpha)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
@@ -205,6 +208,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=REPO / "bench" / "opennmt")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="both systems train and decode here")
     parser.add_argument("--core", type=int, help="pin both systems to this CPU core (taskset)")
     parser.add_argument("--steps", type=int, default=60, help="updates per training run, warm-up included")
     parser.add_argument("--warmup", type=int, default=10)
@@ -224,7 +228,7 @@ def main() -> None:
     data = load_config(args.config).data
     args.work.mkdir(parents=True, exist_ok=True)
     write_pieces(args.config, args.work)
-    config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang)
+    config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang, args.device)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     pin = ["taskset", "-c", str(args.core)] if args.core is not None else []
     if not (args.work / "run" / "vocab.src").is_file():
@@ -239,7 +243,8 @@ def main() -> None:
 
     facts = machine_facts(args.threads)
     print(f"# {describe(facts)}; our training.precision: {args.precision}", flush=True)
-    result: dict = {"machine": facts, "threads": args.threads, "core": args.core, "precision": args.precision}
+    result: dict = {"machine": facts, "device": args.device, "threads": args.threads, "core": args.core,
+                    "precision": args.precision}
     if args.task in ("train", "all"):
         result["train"] = compare_training(args, config, env, pin)
     if args.task in ("decode", "all"):
