@@ -123,18 +123,23 @@ class CliServer:
             folder = Path(tmp)
             if stdin is not None:
                 (folder / "stdin").write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
-            request = {"args": list(args), "cwd": str(cwd or Path.cwd()), "timeout": timeout,
-                       "stdin": str(folder / "stdin") if stdin is not None else None,
+            request = {"args": list(args), "cwd": str(cwd or Path.cwd()), "env": dict(os.environ),
+                       "timeout": timeout, "stdin": str(folder / "stdin") if stdin is not None else None,
                        "stdout": str(folder / "stdout"), "stderr": str(folder / "stderr")}
+            if self.process.poll() is not None:
+                raise RuntimeError("tests/cli_server.py ended")
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             reply = self.process.stdout.readline()
             if not reply:
                 raise RuntimeError("tests/cli_server.py ended")
+            result = json.loads(reply)
             out, err = (folder / "stdout").read_bytes(), (folder / "stderr").read_bytes()
             if text:
                 out, err = out.decode(), err.decode()
-            return subprocess.CompletedProcess(["nmt", *args], json.loads(reply)["returncode"], out, err)
+            if result["timed_out"]:
+                raise subprocess.TimeoutExpired(["nmt", *args], timeout, out, err)
+            return subprocess.CompletedProcess(["nmt", *args], result["returncode"], out, err)
 
     def close(self) -> None:
         self.process.stdin.close()
