@@ -24,10 +24,10 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for `training.precision`, or None for plain float32.
 
     auto: float32 on CUDA devices, bfloat16 on CPUs that compute it natively (AVX512-BF16/AMX), else
-    float32. On an H100 these RNN models trained 1.2-1.4x faster and decoded faster in float32 than
-    under bf16 autocast (docs/benchmarks.md, GPU section): their time goes to the per-step kernel
-    launches, which autocast's casts add to. fp16 runs on CUDA only (with a gradient scaler); on the CPU
-    it falls back to bfloat16.
+    float32. On an H100 these RNN models trained 1.2-1.4x faster in float32 than under bf16 autocast,
+    and decoded faster once started (docs/benchmarks.md, GPU section), probably because their time
+    goes to many small per-step kernels, to which autocast adds casts. fp16 runs on CUDA only (with a
+    gradient scaler); on the CPU it falls back to bfloat16.
     """
     if precision == "fp32" or (precision == "auto" and device.type == "cuda"):
         return None
@@ -56,7 +56,8 @@ def active_autocast_dtype(device_type: str) -> torch.dtype | None:
 def use_deterministic_algorithms() -> None:
     """Make every kernel deterministic, so that a resumed CUDA run repeats the uninterrupted one exactly.
 
-    cuBLAS needs a fixed workspace for that; the variable only counts before its first use in the process.
+    Process-wide and not undone: meant for a process that runs one training (`nmt train`). cuBLAS needs a
+    fixed workspace for it; the variable only counts before cuBLAS's first use in the process.
     """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)

@@ -9,8 +9,11 @@ import torch
 import yaml
 
 from nmt.config import load_config
+from nmt.device import autocast_dtype
 from nmt.train.checkpoint import CheckpointError, load_checkpoint
 from nmt.train.trainer import RunDirError, Trainer
+
+from .conftest import nmt_server
 
 
 def config_for(prepared, run_dir, **training):
@@ -39,6 +42,29 @@ def test_resume_reaches_the_same_parameters(prepared, tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert load_checkpoint(tmp_path / "b" / "last.pt")["step"] == 8
+
+
+def test_deterministic_kernels_train_and_resume_exactly(prepared, tmp_path):
+    """training.deterministic switches torch to deterministic kernels for the whole process, so each run
+    goes through `nmt train` in its own process (tests/cli_server.py); every op used must have one."""
+    common = ["-c", str(prepared), "--set", "training.deterministic=true", "--set", "training.validate_every=3",
+              "--set", "training.val_max_sentences=10", "--set", "training.threads=1"]
+    for run, updates, extra in (("a", 6, []), ("b", 3, []), ("b", 6, ["--resume"])):
+        result = nmt_server().run("train", *common, "--set", f"training.run_dir={tmp_path / run}",
+                                  "--set", f"training.max_updates={updates}", *extra, text=True)
+        assert result.returncode == 0, result.stderr
+    a, b = (load_checkpoint(tmp_path / run / "last.pt") for run in ("a", "b"))
+    assert a["step"] == b["step"] == 6
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+
+def test_auto_precision_is_float32_on_cuda_and_explicit_ones_are_kept():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")       # no GPU needed: only the choice is checked
+    assert autocast_dtype("auto", cuda) is None                 # measured faster than bf16 autocast on an H100
+    assert autocast_dtype("fp16", cuda) == torch.float16
+    assert autocast_dtype("fp32", cpu) is None
+    assert autocast_dtype("bf16", cpu) == torch.bfloat16
 
 
 def test_run_writes_checkpoints_and_metrics(prepared, tmp_path):

@@ -120,11 +120,11 @@ class Trainer:
         self.device = resolve_device(t.device)
         if t.threads:
             torch.set_num_threads(t.threads)
-        if t.deterministic:
-            use_deterministic_algorithms()
         self.data = DataFolder.open(config.data.out_dir)
         self.src_vocab, self.tgt_vocab = self.data.vocab("src"), self.data.vocab("tgt")
         self._prepare_run_dir(resume, overwrite, config_path)
+        if t.deterministic:                             # process-wide, so only once the run is certain
+            use_deterministic_algorithms()
 
         torch.manual_seed(t.seed)
         random.seed(t.seed)
