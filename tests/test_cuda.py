@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,8 @@ from nmt.config import load_config
 from nmt.decode.translator import Translator
 from nmt.model.attention import Memory, build_attention
 from nmt.train.trainer import Trainer
+
+from .test_trainer import deterministic_runs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 needs_bf16 = pytest.mark.skipif(not torch.cuda.is_available() or not torch.cuda.is_bf16_supported(),
@@ -50,12 +50,10 @@ def test_training_loss_falls_in_each_precision(prepared, tmp_path, precision):
 
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=needs_bf16)])
 def test_resume_is_exact_with_deterministic_kernels(prepared, tmp_path, precision):
-    worker = Path(__file__).with_name("cuda_resume_worker.py")
-    result = subprocess.run([sys.executable, str(worker), str(prepared), str(tmp_path), precision],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.split()
-    assert lines[-1] == "done" and lines[:-1] == [], f"parameters that differ after resuming: {lines[:-1]}"
+    a, b = deterministic_runs(prepared, tmp_path, "training.device=cuda", f"training.precision={precision}")
+    assert a["step"] == b["step"] == 6
+    differ = [key for key, value in a["model"].items() if not torch.equal(value, b["model"][key])]
+    assert differ == [], f"parameters that differ after resuming: {differ}"
 
 
 @pytest.mark.parametrize("kind", ["bahdanau", "luong_general"])

@@ -44,16 +44,21 @@ def test_resume_reaches_the_same_parameters(prepared, tmp_path):
     assert load_checkpoint(tmp_path / "b" / "last.pt")["step"] == 8
 
 
-def test_deterministic_kernels_train_and_resume_exactly(prepared, tmp_path):
-    """training.deterministic switches torch to deterministic kernels for the whole process, so each run
-    goes through `nmt train` in its own process (tests/cli_server.py); every op used must have one."""
+def deterministic_runs(prepared, folder, *settings: str) -> tuple[dict, dict]:
+    """`nmt train` with deterministic kernels for 6 updates straight (run a), and for 3 then resumed to 6
+    (run b), each in its own process (tests/cli_server.py): the switch is process-wide. Their last.pt."""
     common = ["-c", str(prepared), "--set", "training.deterministic=true", "--set", "training.validate_every=3",
-              "--set", "training.val_max_sentences=10", "--set", "training.threads=1"]
+              "--set", "training.val_max_sentences=10", *[item for s in settings for item in ("--set", s)]]
     for run, updates, extra in (("a", 6, []), ("b", 3, []), ("b", 6, ["--resume"])):
-        result = nmt_server().run("train", *common, "--set", f"training.run_dir={tmp_path / run}",
+        result = nmt_server().run("train", *common, "--set", f"training.run_dir={folder / run}",
                                   "--set", f"training.max_updates={updates}", *extra, text=True)
         assert result.returncode == 0, result.stderr
-    a, b = (load_checkpoint(tmp_path / run / "last.pt") for run in ("a", "b"))
+    return load_checkpoint(folder / "a" / "last.pt"), load_checkpoint(folder / "b" / "last.pt")
+
+
+def test_deterministic_kernels_train_and_resume_exactly(prepared, tmp_path):
+    """Every op a run uses must have a deterministic kernel, and resuming repeats the straight run."""
+    a, b = deterministic_runs(prepared, tmp_path, "training.threads=1")
     assert a["step"] == b["step"] == 6
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
