@@ -234,6 +234,18 @@ def test_finished_run_says_so_and_resume_applies_safe_changes(prepared, tmp_path
     assert load_checkpoint(run / "last.pt")["step"] == 5
     assert assert_steps_once(run) == [1, 2, 3, 4, 5]
 
+    # The data folder changed since (e.g. rebuilt by a newer nmt): a finished run still says it is done,
+    # one that would train on refuses with one line.
+    recorded = json.loads((run / "data_manifest.json").read_text())
+    (run / "data_manifest.json").write_text(json.dumps({**recorded, "fingerprint": "other"}))
+    resume = [sys.executable, "-m", "nmt", *args, "--resume", "--set", "training.lr=0.0005"]
+    done = subprocess.run([*resume, "--set", "training.max_updates=5"], capture_output=True, text=True)
+    assert done.returncode == 0 and "already finished at update 5" in done.stderr, done.stderr
+    refused = subprocess.run([*resume, "--set", "training.max_updates=6"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "holds other data" in refused.stderr, refused.stderr
+    assert refused.stderr.count("\n") == 1 and load_checkpoint(run / "last.pt")["step"] == 5
+    assert yaml.safe_load((run / "config.yaml").read_text())["training"]["max_updates"] == 5   # not recorded
+
 
 def test_sigterm_in_preprocess_leaves_nothing(tmp_path, corpus_dir):
     config = make_config(tmp_path, corpus_dir)

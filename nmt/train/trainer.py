@@ -214,8 +214,8 @@ class Trainer:
             shutil.copyfile(self.data.root / SHORTLIST_FILE, self.run_dir / SHORTLIST_FILE)
         shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
 
-    def _check_resume_config(self, saved: Config) -> None:
-        """Refuse changes that move the data stream; apply, log and record the others."""
+    def _check_resume_config(self, saved: Config) -> dict[str, tuple[Any, Any]]:
+        """Refuse changes that move the data stream; return the others as {key: (before, after)}."""
         old, new = _flatten(saved.to_dict()), _flatten(self.config.to_dict())
         changed = {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
                    if old.get(k) != new.get(k) and k not in ("training.run_dir", "data.out_dir")}
@@ -223,21 +223,30 @@ class Trainer:
             if key.startswith("data.") or key in DATA_STREAM_KEYS:
                 raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): it changes the data "
                                   f"stream the checkpoint continues; keep it or start a new run")
-        recorded = self.run_dir / "data_manifest.json"
-        if recorded.is_file():
-            try:
-                fingerprint = json.loads(recorded.read_text(encoding="utf-8")).get("fingerprint")
-            except (ValueError, AttributeError):
-                fingerprint = None
-            if fingerprint and fingerprint != self.data.manifest.get("fingerprint"):
-                raise RunDirError(f"--resume: the data folder {self.data.root} holds other data than this run was "
-                                  f"trained on ({recorded}); keep the data or start a new run")
+        return changed
+
+    def _record_resume_changes(self, changed: dict[str, tuple[Any, Any]]) -> None:
+        """Log the accepted changes and store the config they give in the run folder."""
         if not self.is_main:
             return
         for key, (before, after) in changed.items():
             tqdm.write(f"resume: {key} {before!r} -> {after!r}", file=sys.stderr)
         if changed:
             atomic_write(self.run_dir / "config.yaml", lambda h: h.write(dump_config(self.config)), mode="w")
+
+    def _data_mismatch(self) -> str | None:
+        """Why the data folder is not the one this run was trained on, if it is not."""
+        recorded = self.run_dir / "data_manifest.json"
+        if not recorded.is_file():
+            return None
+        try:
+            fingerprint = json.loads(recorded.read_text(encoding="utf-8")).get("fingerprint")
+        except (ValueError, AttributeError):
+            return None
+        if fingerprint and fingerprint != self.data.manifest.get("fingerprint"):
+            return (f"--resume: the data folder {self.data.root} holds other data than this run was "
+                    f"trained on ({recorded}); keep the data or start a new run")
+        return None
 
     def _trim_metrics(self) -> None:
         """Drop events after the restored step (logged, then lost to a kill) and any torn last line."""
@@ -298,7 +307,7 @@ class Trainer:
         saved = stored_config(state["config"])
         if saved.model != self.config.model:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} was trained with a different `model` section")
-        self._check_resume_config(saved)
+        changed = self._check_resume_config(saved)
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as exc:
@@ -315,6 +324,10 @@ class Trainer:
         self.progress = Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
                                  bad_validations=prog["bad_validations"],
                                  best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"])
+        mismatch = self._data_mismatch()
+        if mismatch and not self.finished_reason():    # a finished run reads no data: let it say it is done
+            raise RunDirError(mismatch)
+        self._record_resume_changes(changed)
 
     def _save(self, name: str) -> None:
         if self.is_main:
