@@ -21,6 +21,7 @@ from nmt.device import active_autocast_dtype
 from nmt.model.attention import AdditiveAttention, Attention, Memory, masked_softmax
 from nmt.model.dropout import Dropout
 from nmt.model.recurrent import RecurrentStack
+from nmt.model.shared_grads import SharedGrads
 
 
 def autocast_once(weight: Tensor) -> Tensor:
@@ -255,20 +256,28 @@ class BahdanauDecoder(Decoder):
             weights["hidden_and_query"] = (self._hidden_and_query(), None)
         return weights
 
-    def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
-                    fused: Tensor | None) -> tuple[DecoderState, Tensor]:
-        """Attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) = W_e E y_{i-1} + b_i."""
+    def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, fused: Tensor | None,
+                    shared: SharedGrads | None = None) -> tuple[DecoderState, Tensor]:
+        """Attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) = W_e E y_{i-1} + b_i.
+        `shared`: in teacher-forced training, the products with [W_h; W_a] and W_ctx h_j go through it."""
         s_prev = state.top                                              # (rows, dec_hidden)
         if fused is not None:
             int8 = self._int8("hidden_and_query")
-            projected = int8(s_prev) if int8 else F.linear(s_prev, fused)   # (rows, gates*dec_hidden + attn_dim)
+            if shared is not None:
+                projected = shared.linear(s_prev)
+            else:
+                projected = int8(s_prev) if int8 else F.linear(s_prev, fused)   # (rows, gates*dec_hidden + attn_dim)
             gates = self.rnn.hidden_weight(0).size(0)
             gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
         else:
             gh0, query = None, self.attention.query_proj(s_prev)
         energies = self.attention.energies(memory.group(query), memory.keys)
         weights = masked_softmax(energies, memory.mask)                  # (batch, rows per sentence, src_len)
-        gi0 = input_proj + memory.weighted_sum(weights, memory.values_in, s_prev.shape)   # + Σ_j α_ij W_ctx h_j
+        if shared is not None:
+            context_in = shared.weighted_sum(weights).view(*s_prev.shape[:-1], -1)
+        else:
+            context_in = memory.weighted_sum(weights, memory.values_in, s_prev.shape)
+        gi0 = input_proj + context_in                                   # + Σ_j α_ij W_ctx h_j
         _, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
         return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1)   # (rows, src_len)
 
@@ -294,9 +303,13 @@ class BahdanauDecoder(Decoder):
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
         token_in, token_out = self._split_terms(self.token_terms(tgt_in))   # (batch, tgt_len, ...), all steps at once
         fused = self._step_weights()
+        shared = None
+        if fused is not None and torch.is_grad_enabled():              # their gradients once, after the loop
+            shared = SharedGrads(fused, memory.values_in)
+            state = replace(state, hidden=shared.attach(state.hidden))
         states, weights = [], []
         for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
-            state, alpha = self._recurrence(input_t, state, memory, fused)
+            state, alpha = self._recurrence(input_t, state, memory, fused, shared)
             states.append(state.top)
             weights.append(alpha)
         s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
