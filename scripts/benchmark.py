@@ -73,7 +73,7 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     torch.set_num_threads(args.threads)
     translator = Translator.load(args.checkpoint, args.device, beam_size=beam, precision=args.precision,
                                  length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
-                                 quantize=args.quantize)
+                                 quantize=args.quantize, **shortlist_overrides(args))
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)
@@ -98,10 +98,15 @@ def child(task: str, args: argparse.Namespace) -> None:
 def decoding_options(args: argparse.Namespace) -> list[str]:
     """The decoding overrides given to this script, as options for `nmt translate` and the children."""
     options = []
-    for name in ("length_penalty", "batch_tokens", "quantize"):
+    for name in ("length_penalty", "batch_tokens", "quantize", "shortlist_k"):
         if getattr(args, name) is not None:
             options += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return options
+
+
+def shortlist_overrides(args: argparse.Namespace) -> dict:
+    """`--shortlist-k K`: decode with the vocabulary shortlist the checkpoint embeds, K pieces per source piece."""
+    return {} if args.shortlist_k is None else {"shortlist": True, "shortlist_k": args.shortlist_k}
 
 
 def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = ()) -> dict:
@@ -131,7 +136,7 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
                str(beam), "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
                "-q", "-i", str(args.source),
                "-o", str(out)]
-        cmd += decoding_options(args)
+        cmd += decoding_options(args) + (["--shortlist"] if args.shortlist_k is not None else [])
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
         seconds = time.perf_counter() - start
@@ -157,6 +162,8 @@ def main() -> None:
     parser.add_argument("--length-penalty", type=float, help="decoding.length_penalty (default: the checkpoint's)")
     parser.add_argument("--batch-tokens", type=int, help="decoding.batch_tokens (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["none", "int8"], help="decoding.quantize (default: the checkpoint's)")
+    parser.add_argument("--shortlist-k", type=int, help="decode with the checkpoint's vocabulary shortlist, "
+                                                          "K target pieces per source piece (default: off)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")

@@ -104,7 +104,8 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
     return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device=args.device,
                               precision=args.precision, updates=args.steps - args.warmup, warmup=args.warmup,
                               source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens,
-                              quantize=args.quantize, matmul_precision="highest")
+                              quantize=args.quantize, shortlist_k=args.shortlist_k,
+                              matmul_precision="highest")
 
 
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
@@ -218,6 +219,8 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.0, help="GNMT length penalty for both systems")
     parser.add_argument("--batch-tokens", type=int, help="our decoding.batch_tokens (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["none", "int8"], help="our decoding.quantize (default: checkpoint)")
+    parser.add_argument("--shortlist-k", type=int, help="ours with the checkpoint's vocabulary shortlist, "
+                                                          "K target pieces per source piece (default: off)")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
     args = parser.parse_args()
     if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):
