@@ -13,8 +13,12 @@ to float rounding.
 
 How the sums find their place in the backward pass: `attach` passes the loop's initial state
 through a node that also takes W and V. The state's gradient reaches that node only after the
-backward pass of step 0, which comes after every later step's, so by then every step has
-recorded its pair; the node returns dW and dV as its inputs' gradients.
+backward pass of step 0, which comes after every later step's (each step's state derives from the
+attached one; nothing in the loop detaches it), so by then every step has recorded its pair; the
+node returns dW and dV as its inputs' gradients. Records carry the id of the backward pass that
+made them, and the node sums only its own pass's: a pass that never reached it (`autograd.grad`
+for other inputs, an exception) leaves nothing behind that a later pass would count. The records
+hold every step's gradient until the node runs: (steps*rows) x (out + d) floats per batch.
 """
 
 from __future__ import annotations
@@ -32,14 +36,13 @@ class SharedGrads:
 
     def __init__(self, weight: Tensor, values: Tensor) -> None:
         self.weight, self.values = weight, values          # (out, in) W; (batch, src_len, d) V
-        self.linear_inputs: list[Tensor] = []       # per step s_{i-1}: (rows, in)
-        self.linear_grads: list[Tensor] = []        # per step dL/dy_i: (rows, out)
-        self.sum_weights: list[Tensor] = []         # per step α_i: (batch, q, src_len)
-        self.sum_grads: list[Tensor] = []           # per step dL/dx_i: (batch, q, d)
+        # One record per step and backward pass: (pass id, the step's input, its output's gradient).
+        self.linear_records: list[tuple[int, Tensor, Tensor]] = []   # s_{i-1} (rows, in), dL/dy_i (rows, out)
+        self.sum_records: list[tuple[int, Tensor, Tensor]] = []     # α_i (batch, q, src_len), dL/dx_i (batch, q, d)
 
     def attach(self, state: Tensor) -> Tensor:
         """The initial state, passed through the node that returns dW and dV (see the module doc)."""
-        return _Sums.apply(state, self.weight, self.values, self)
+        return _SumRecords.apply(state, self.weight, self.values, self)
 
     def linear(self, x: Tensor) -> Tensor:
         """W x for one step: (rows, in) -> (rows, out)."""
@@ -52,53 +55,58 @@ class SharedGrads:
 
 class _StepLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, grads: SharedGrads) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, records: SharedGrads) -> Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.grads = grads
+        ctx.records = records
         return F.linear(x, weight)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         x, weight = ctx.saved_tensors
-        ctx.grads.linear_inputs.append(x)
-        ctx.grads.linear_grads.append(grad)
+        ctx.records.linear_records.append((_backward_pass(), x.detach(), grad))
         return grad.mm(weight.to(grad.dtype)), None, None
 
 
 class _StepWeightedSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, weights: Tensor, values: Tensor, grads: SharedGrads) -> Tensor:
+    def forward(ctx: Any, weights: Tensor, values: Tensor, records: SharedGrads) -> Tensor:
         ctx.save_for_backward(weights, values)
-        ctx.grads = grads
+        ctx.records = records
         return weights.bmm(values)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         weights, values = ctx.saved_tensors
-        ctx.grads.sum_weights.append(weights)
-        ctx.grads.sum_grads.append(grad)
+        ctx.records.sum_records.append((_backward_pass(), weights.detach(), grad))
         return grad.bmm(values.transpose(1, 2).to(grad.dtype)), None, None
 
 
-class _Sums(torch.autograd.Function):
+class _SumRecords(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, state: Tensor, weight: Tensor, values: Tensor, grads: SharedGrads) -> Tensor:
-        ctx.grads = grads
+    def forward(ctx: Any, state: Tensor, weight: Tensor, values: Tensor, records: SharedGrads) -> Tensor:
+        ctx.records = records
         ctx.weight_dtype, ctx.values_dtype = weight.dtype, values.dtype
         return state.clone()
 
     @staticmethod
     def backward(ctx: Any, grad_state: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None, None]:
-        grads = ctx.grads
+        records, this_pass = ctx.records, _backward_pass()
+        linear = [(x, g) for task, x, g in records.linear_records if task == this_pass]
+        sums = [(a, g) for task, a, g in records.sum_records if task == this_pass]
+        records.linear_records.clear()
+        records.sum_records.clear()
         grad_weight = grad_values = None
-        if grads.linear_grads:
-            outputs = torch.cat(grads.linear_grads)                               # (steps*rows, out)
-            inputs = torch.cat(grads.linear_inputs).to(outputs.dtype)             # (steps*rows, in)
-            grad_weight = outputs.t().mm(inputs).to(ctx.weight_dtype)          # (out, in)
-        if grads.sum_grads:
-            outputs = torch.cat(grads.sum_grads, 1)                               # (batch, steps*q, d)
-            weights = torch.cat(grads.sum_weights, 1).to(outputs.dtype)           # (batch, steps*q, src_len)
-            grad_values = weights.transpose(1, 2).bmm(outputs).to(ctx.values_dtype)   # (batch, src_len, d)
-        for records in (grads.linear_inputs, grads.linear_grads, grads.sum_weights, grads.sum_grads):
-            records.clear()
+        if linear:
+            outputs = torch.cat([g for _, g in linear])                               # (steps*rows, out)
+            inputs = torch.cat([x for x, _ in linear]).to(outputs.dtype)             # (steps*rows, in)
+            grad_weight = outputs.t().mm(inputs).to(ctx.weight_dtype)                # (out, in)
+        if sums:
+            outputs = torch.cat([g for _, g in sums], 1)                               # (batch, steps*q, d)
+            weights = torch.cat([a for a, _ in sums], 1).to(outputs.dtype)            # (batch, steps*q, src_len)
+            grad_values = weights.transpose(1, 2).bmm(outputs).to(ctx.values_dtype)  # (batch, src_len, d)
         return grad_state, grad_weight, grad_values, None
+
+
+def _backward_pass() -> int:
+    """The id of the autograd pass running now (what torch.utils.checkpoint uses too)."""
+    return torch._C._current_graph_task_id()
