@@ -262,11 +262,12 @@ class BahdanauDecoder(Decoder):
         `shared`: in teacher-forced training, the products with [W_h; W_a] and W_ctx h_j go through it."""
         s_prev = state.top                                              # (rows, dec_hidden)
         if fused is not None:
-            int8 = self._int8("hidden_and_query")
             if shared is not None:
-                projected = shared.linear(s_prev)
+                projected = shared.linear(s_prev)                       # (rows, gates*dec_hidden + attn_dim)
+            elif int8 := self._int8("hidden_and_query"):
+                projected = int8(s_prev)
             else:
-                projected = int8(s_prev) if int8 else F.linear(s_prev, fused)   # (rows, gates*dec_hidden + attn_dim)
+                projected = F.linear(s_prev, fused)
             gates = self.rnn.hidden_weight(0).size(0)
             gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
         else:
@@ -274,7 +275,7 @@ class BahdanauDecoder(Decoder):
         energies = self.attention.energies(memory.group(query), memory.keys)
         weights = masked_softmax(energies, memory.mask)                  # (batch, rows per sentence, src_len)
         if shared is not None:
-            context_in = shared.weighted_sum(weights).view(*s_prev.shape[:-1], -1)
+            context_in = shared.weighted_sum(weights, s_prev.shape)
         else:
             context_in = memory.weighted_sum(weights, memory.values_in, s_prev.shape)
         gi0 = input_proj + context_in                                   # + Σ_j α_ij W_ctx h_j

@@ -48,9 +48,9 @@ class SharedGrads:
         """W x for one step: (rows, in) -> (rows, out)."""
         return _StepLinear.apply(x, self.weight, self)
 
-    def weighted_sum(self, weights: Tensor) -> Tensor:
-        """Σ_j α_ij V_j for one step: weights (batch, q, src_len) -> (batch, q, d)."""
-        return _StepWeightedSum.apply(weights, self.values, self)
+    def weighted_sum(self, weights: Tensor, query_shape: torch.Size) -> Tensor:
+        """Σ_j α_ij V_j for one step, like `Memory.weighted_sum`: (batch, q, src_len) -> (*query_shape[:-1], d)."""
+        return _StepWeightedSum.apply(weights, self.values, self).view(*query_shape[:-1], self.values.size(-1))
 
 
 class _StepLinear(torch.autograd.Function):
