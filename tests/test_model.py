@@ -123,6 +123,27 @@ def test_teacher_forced_gradients_equal_step_by_step(small_batch, attention, rnn
         torch.testing.assert_close(p.grad, stepped[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_teacher_forced_gradients_under_bf16_autocast_match_step_by_step(small_batch):
+    """The shared-gradient sums (nmt.model.shared_grads) also serve bf16 autocast training on the CPU: the
+    inputs and gradients they record are bf16, their sums are cast back to the weights' float32."""
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny("bahdanau"), src_vocab, tgt_vocab)
+
+    def gradients(ratio: float) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in, teacher_forcing=ratio)
+        sequence_loss(logits, batch.tgt_out, 0.0).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    stepped, shared = gradients(0.999999999), gradients(1.0)    # below 1: the per-step path, every step forced
+    floor = 1e-4 * torch.cat([g.flatten() for g in stepped.values()]).norm()   # near-zero gradients (biases)
+    for name, reference in stepped.items():
+        assert shared[name].dtype == torch.float32 and torch.isfinite(shared[name]).all(), name
+        assert (shared[name] - reference).norm() <= 2e-2 * reference.norm() + floor, name
+
+
 @pytest.mark.parametrize("init", ["uniform", "default"])
 def test_luong_input_feeding_weights_start_at_zero_and_learn(small_batch, init):
     batch, src_vocab, tgt_vocab = small_batch

@@ -305,7 +305,9 @@ class BahdanauDecoder(Decoder):
         token_in, token_out = self._split_terms(self.token_terms(tgt_in))   # (batch, tgt_len, ...), all steps at once
         fused = self._step_weights()
         shared = None
-        if fused is not None and torch.is_grad_enabled():              # their gradients once, after the loop
+        # Their gradients once, after the loop: on the CPU, where per-step products with `batch` rows are slow.
+        # A CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save.
+        if fused is not None and torch.is_grad_enabled() and tgt_in.device.type == "cpu":
             shared = SharedGrads(fused, memory.values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
         states, weights = [], []

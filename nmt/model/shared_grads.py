@@ -19,6 +19,9 @@ node returns dW and dV as its inputs' gradients. Records carry the id of the bac
 made them, and the node sums only its own pass's: a pass that never reached it (`autograd.grad`
 for other inputs, an exception) leaves nothing behind that a later pass would count. The records
 hold every step's gradient until the node runs: (steps*rows) x (out + d) floats per batch.
+
+Used on the CPU only (BahdanauDecoder.teacher_forced): on a GPU, where steps are bound by kernel
+launches, an H100 showed no gain within its run-to-run spread.
 """
 
 from __future__ import annotations
