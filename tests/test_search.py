@@ -5,6 +5,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, EOS, UNK
+from nmt.decode import search
 from nmt.decode.search import beam_search, greedy_search, length_penalty
 from nmt.model.seq2seq import Seq2Seq
 
@@ -89,6 +90,25 @@ def test_batched_beam_equals_one_sentence_at_a_time(attention):
                             max_len_ratio=1.5, n_best=2)
         assert [h.tokens for h in alone[0]] == [h.tokens for h in batched[i]]
         assert [h.score for h in alone[0]] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
+
+
+@pytest.mark.parametrize("drop_fraction", [0.0, 0.25, 1.0])
+def test_batched_greedy_equals_one_sentence_at_a_time(drop_fraction, monkeypatch):
+    """Rows that ended are decoded on until they are `DROP_ENDED_FRACTION` of the batch (0: dropped at
+    once; 1: kept to the end); what they compute meanwhile must not reach any output."""
+    monkeypatch.setattr(search, "DROP_ENDED_FRACTION", drop_fraction)
+    model = random_model("bahdanau")
+    src = torch.cat([source_batch(seed)[0] for seed in (1, 2, 3)])       # 15 sentences, 2 to 9 pieces
+    lengths = src.ne(0).sum(1)
+    batched = greedy_search(model, src, lengths, max_len_ratio=1.5, return_attention=True)
+    assert len({len(h.tokens) for h in batched}) > 2                      # rows end at different steps
+    for i in range(src.size(0)):
+        n = int(lengths[i])
+        alone = greedy_search(model, src[i : i + 1, :n], lengths[i : i + 1], max_len_ratio=1.5,
+                              return_attention=True)[0]
+        assert alone.tokens == batched[i].tokens
+        assert alone.score == pytest.approx(batched[i].score, abs=1e-5)
+        torch.testing.assert_close(alone.attention, batched[i].attention, atol=1e-5, rtol=0)
 
 
 def test_n_best_sorted_and_distinct():
