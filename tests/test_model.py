@@ -123,6 +123,26 @@ def test_teacher_forced_gradients_equal_step_by_step(small_batch, attention, rnn
         torch.testing.assert_close(p.grad, stepped[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_inference_memory_projects_only_the_real_positions(attention):
+    """In inference the per-batch projections (keys; Bahdanau's W_ctx h_j and W_cc h_j) skip padded
+    positions: training's full projections at the real positions, zeros at the padded ones."""
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(attention), 50, 40).eval()
+    values = torch.randn(3, 7, model.encoder.output_size)                # (batch, src_len, enc_out)
+    mask = torch.arange(7) < torch.tensor([7, 4, 1]).unsqueeze(1)        # (batch, src_len)
+    full = model.decoder.memory(values, mask)
+    with torch.no_grad():
+        real = model.decoder.memory(values, mask)
+    if not model.decoder.attention.projects_keys:
+        assert real.keys is values
+    projected = ["values_in", "values_out"] if attention == "bahdanau" else []
+    for name in projected + (["keys"] if model.decoder.attention.projects_keys else []):
+        whole, skipped = getattr(full, name), getattr(real, name)
+        torch.testing.assert_close(skipped[mask], whole[mask].to(skipped.dtype), rtol=1e-5, atol=1e-6)
+        assert torch.all(skipped[~mask] == 0), name
+
+
 def test_teacher_forced_gradients_under_bf16_autocast_match_step_by_step(small_batch):
     """The shared-gradient sums (nmt.model.shared_grads) also serve bf16 autocast training on the CPU: the
     inputs and gradients they record are bf16, their sums are cast back to the weights' float32."""

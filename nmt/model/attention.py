@@ -17,6 +17,7 @@ its (beam, d) block of queries, like the steps of a teacher-forced target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,19 @@ def masked_softmax(scores: Tensor, src_mask: Tensor) -> Tensor:
     """scores: (batch, [queries,] src_len); src_mask: (batch, src_len), True at real tokens."""
     mask = src_mask if scores.dim() == 2 else src_mask.unsqueeze(1)
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
+def at_real_positions(project: Callable[[Tensor], Tensor], values: Tensor, mask: Tensor) -> Tensor:
+    """`project` over the real source positions only, zeros at the padded ones (which attention masks):
+    (batch, src_len, d) -> (batch, src_len, d'). In inference only: decoding sorts its input by length
+    and cuts it by a token budget, so a greedy batch is about a quarter padding (test_2016_flickr),
+    while training's length buckets carry little."""
+    if torch.is_grad_enabled() or bool(mask.all()):
+        return project(values)
+    projected = project(values[mask])                                   # (real positions, d')
+    padded = projected.new_zeros(*mask.shape, projected.size(-1))
+    padded[mask] = projected
+    return padded
 
 
 @dataclass
@@ -60,6 +74,8 @@ class Memory:
 class Attention(nn.Module):
     """Base class: α = masked_softmax(score(s, keys)), c = α · h."""
 
+    projects_keys = False              # whether `project_keys` is more than the identity
+
     def project_keys(self, values: Tensor) -> Tensor:
         """(batch, src_len, enc_out) -> (batch, src_len, key_dim); the identity unless overridden."""
         return values
@@ -80,6 +96,8 @@ class Attention(nn.Module):
 
 class AdditiveAttention(Attention):
     """e_ij = v_aᵀ tanh(W_a s + U_a h_j); the keys are 2·U_a h_j (see `energies`)."""
+
+    projects_keys = True
 
     def __init__(self, query_size: int, value_size: int, attention_dim: int) -> None:
         super().__init__()
@@ -131,6 +149,8 @@ class LuongDotAttention(Attention):
 
 class LuongGeneralAttention(Attention):
     """Luong general: e_ij = s_iᵀ W_a h_j; the keys are W_a h_j."""
+
+    projects_keys = True
 
     def __init__(self, query_size: int, value_size: int) -> None:
         super().__init__()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.device import active_autocast_dtype
-from nmt.model.attention import AdditiveAttention, Attention, Memory, masked_softmax
+from nmt.model.attention import AdditiveAttention, Attention, Memory, at_real_positions, masked_softmax
 from nmt.model.dropout import Dropout
 from nmt.model.recurrent import RecurrentStack
 from nmt.model.shared_grads import SharedGrads
@@ -126,7 +126,8 @@ class Decoder(nn.Module):
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         """What every step attends over, with the attention keys projected once per batch."""
-        return Memory(values, self.attention.project_keys(values), mask)
+        keys = at_real_positions(self.attention.project_keys, values, mask) if self.attention.projects_keys else values
+        return Memory(values, keys, mask)
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         return DecoderState(hidden, cell, None)
@@ -236,8 +237,10 @@ class BahdanauDecoder(Decoder):
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         memory = super().memory(values, mask)
         context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
-        memory.values_in = F.linear(values, context_weight)            # (batch, src_len, gates*dec_hidden)
-        memory.values_out = F.linear(values, self._pre_output_weight("context"))   # (batch, src_len, dec_hidden)
+        context_out_weight = self._pre_output_weight("context")
+        memory.values_in = at_real_positions(lambda h: F.linear(h, context_weight), values, mask)
+        memory.values_out = at_real_positions(lambda h: F.linear(h, context_out_weight), values, mask)
+        # (batch, src_len, gates*dec_hidden) W_ctx h_j and (batch, src_len, dec_hidden) W_cc h_j
         return memory
 
     def _step_weights(self) -> Tensor | None:
