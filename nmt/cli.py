@@ -166,6 +166,9 @@ def translate(
     max_len_ratio: float | None = typer.Option(None, "--max-len-ratio", min=0.0, help="At most ratio*source+10."),
     max_input_len: int | None = typer.Option(None, "--max-input-len", min=1, help="Truncate longer inputs."),
     coverage_penalty: float | None = typer.Option(None, "--coverage-penalty", min=0.0, help="GNMT beta (beam)."),
+    early_stop: bool | None = typer.Option(None, "--early-stop/--no-early-stop",
+                                           help="Beam: a sentence ends when its best candidate ends (OpenNMT-py's "
+                                                "rule): fewer steps, may miss a longer best hypothesis."),
     replace_unk: bool | None = typer.Option(None, "--replace-unk/--no-replace-unk",
                                             help="Copy the most attended source piece for each <unk>."),
     sampling: bool | None = typer.Option(None, "--sampling/--no-sampling", help="Sample instead of searching."),
@@ -226,8 +229,9 @@ def translate(
             checkpoint, device, beam_size=beam_size, length_penalty=length_penalty, batch_tokens=batch_tokens,
             no_repeat_ngram=no_repeat_ngram, precision=precision, min_len=min_len, max_len=max_len,
             max_len_ratio=max_len_ratio, max_input_len=max_input_len, coverage_penalty=coverage_penalty,
-            replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            quantize=quantize, shortlist=shortlist, shortlist_k=shortlist_k, shortlist_file=shortlist_file)
+            early_stop=early_stop, replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k,
+            top_p=top_p, seed=seed, quantize=quantize, shortlist=shortlist, shortlist_k=shortlist_k,
+            shortlist_file=shortlist_file)
         translator.check_n_best(n_best)
     except (ConfigError, ModelFileError) as exc:
         fail(str(exc))

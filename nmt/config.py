@@ -144,6 +144,7 @@ class DecodingConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # as training.precision
     max_len: int = _bounded(0, ge=0)               # cap on output pieces, EOS included; 0 = only max_len_ratio
     coverage_penalty: float = _bounded(0.0, ge=0.0)   # GNMT beta (beam search); 0 disables
+    early_stop: bool = False                       # beam: stop when the best candidate ends (OpenNMT-py; inexact)
     replace_unk: bool = False                      # copy the most attended source piece for every <unk>
     sampling: bool = False                         # sample instead of searching (back-translation)
     temperature: float = _bounded(1.0, gt=0.0)     # sampling: logits / temperature

@@ -356,7 +356,7 @@ class Translator:
             return [[h] for h in hyps]
         return beam_search(self.model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
                            d.min_len, n_best, d.no_repeat_ngram, return_attention, max_len, prefix,
-                           d.coverage_penalty)
+                           d.coverage_penalty, d.early_stop)
 
     def _sampler(self) -> Sampler:
         d = self.decoding
