@@ -73,7 +73,7 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     torch.set_num_threads(args.threads)
     translator = Translator.load(args.checkpoint, args.device, beam_size=beam, precision=args.precision,
                                  length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
-                                 quantize=args.quantize, **shortlist_overrides(args))
+                                 quantize=args.quantize, early_stop=args.early_stop, **shortlist_overrides(args))
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)
@@ -101,7 +101,7 @@ def decoding_options(args: argparse.Namespace) -> list[str]:
     for name in ("length_penalty", "batch_tokens", "quantize", "shortlist_k"):
         if getattr(args, name) is not None:
             options += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return options
+    return options + (["--early-stop"] if args.early_stop else [])
 
 
 def shortlist_overrides(args: argparse.Namespace) -> dict:
@@ -164,6 +164,8 @@ def main() -> None:
     parser.add_argument("--quantize", choices=["none", "int8"], help="decoding.quantize (default: the checkpoint's)")
     parser.add_argument("--shortlist-k", type=int, help="decode with the checkpoint's vocabulary shortlist, "
                                                           "K target pieces per source piece (default: off)")
+    parser.add_argument("--early-stop", action="store_true", help="beam search with decoding.early_stop "
+                                                                    "(OpenNMT-py's stopping rule)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")

@@ -104,7 +104,7 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
     return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device=args.device,
                               precision=args.precision, updates=args.steps - args.warmup, warmup=args.warmup,
                               source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens,
-                              quantize=args.quantize, shortlist_k=args.shortlist_k,
+                              quantize=args.quantize, shortlist_k=args.shortlist_k, early_stop=args.early_stop,
                               matmul_precision="highest")
 
 
@@ -221,6 +221,8 @@ def main() -> None:
     parser.add_argument("--quantize", choices=["none", "int8"], help="our decoding.quantize (default: checkpoint)")
     parser.add_argument("--shortlist-k", type=int, help="ours with the checkpoint's vocabulary shortlist, "
                                                           "K target pieces per source piece (default: off)")
+    parser.add_argument("--early-stop", action="store_true", help="our beam search with OpenNMT-py's stopping "
+                                                                    "rule (decoding.early_stop)")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
     args = parser.parse_args()
     if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):
@@ -247,7 +249,10 @@ def main() -> None:
     facts = machine_facts(args.threads)
     print(f"# {describe(facts)}; our training.precision: {args.precision}", flush=True)
     result: dict = {"machine": facts, "device": args.device, "threads": args.threads, "core": args.core,
-                    "precision": args.precision}
+                    "precision": args.precision,
+                    "our_decoding": {"length_penalty": args.alpha, "batch_tokens": args.batch_tokens,
+                                     "quantize": args.quantize, "shortlist_k": args.shortlist_k,
+                                     "early_stop": args.early_stop}}
     if args.task in ("train", "all"):
         result["train"] = compare_training(args, config, env, pin)
     if args.task in ("decode", "all"):
