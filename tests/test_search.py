@@ -6,7 +6,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, EOS, UNK
 from nmt.decode import search
-from nmt.decode.search import beam_search, greedy_search, length_penalty
+from nmt.decode.search import Sampler, beam_search, greedy_search, length_penalty, sample
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -111,6 +111,29 @@ def test_batched_greedy_equals_one_sentence_at_a_time(drop_fraction, monkeypatch
         assert alone.tokens == batched[i].tokens
         assert alone.score == pytest.approx(batched[i].score, abs=1e-5)
         torch.testing.assert_close(alone.attention, batched[i].attention, atol=1e-5, rtol=0)
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_sampling_draws_for_live_rows_only(monkeypatch):
+    """Ended rows kept in the batch draw nothing: the same seed gives the same samples whenever they are
+    dropped, and a row past its own length limit (only EOS allowed, and EOS blocked by no_repeat_ngram 1)
+    cannot make the sampler see an all -inf row."""
+    model = random_model("bahdanau")
+    lengths = torch.tensor([9, 9, 9, 9, 2])                              # one short sentence: a short limit
+    src = torch.zeros(5, 9, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, : n - 1] = torch.randint(4, 30, (n - 1,))
+        src[i, n - 1] = EOS
+    drawn = {}
+    for fraction in (0.0, 0.25, 1.0):
+        monkeypatch.setattr(search, "DROP_ENDED_FRACTION", fraction)
+        drawn[fraction] = [[h.tokens for hyps in sample(model, src, lengths, Sampler(generator=generator(seed)),
+                                                        num_samples=2, no_repeat_ngram=1) for h in hyps]
+                           for seed in range(20)]
+    assert drawn[0.25] == drawn[0.0] and drawn[1.0] == drawn[0.0]
 
 
 def test_n_best_sorted_and_distinct():

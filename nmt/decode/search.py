@@ -200,8 +200,9 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
             _force_tokens(logp, prefix[rows, t])
         if sampler is None:
             best, prev = logp.max(-1)                                    # (rows,)
-        else:
-            prev = sampler(logp)
+        else:                                    # ended rows draw nothing: their logp may be all -inf, and
+            prev = torch.full_like(going, EOS, dtype=torch.long)        # the generator's stream stays the live rows'
+            prev[going] = sampler(logp[going])
             best = logp.gather(1, prev.unsqueeze(1)).squeeze(1)
         live = rows[going] if ended else rows                           # ended rows record nothing
         tokens[live, t] = prev[going] if ended else prev
@@ -266,7 +267,8 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
 
     `max_len` caps the output length (EOS included) below the ratio-based limit; `prefix` (batch,
     prefix_len), PAD-padded, forces each sentence's first tokens; `coverage` is the GNMT β;
-    `early_stop` ends a sentence once its best candidate of a step is EOS and it has `n_best` finished."""
+    `early_stop` ends a sentence once the best candidate of one of its steps was EOS and it has `n_best`
+    finished (OpenNMT-py's rule)."""
     batch, k, device = src.size(0), beam_size, src.device
     n_best = min(n_best, k)
     memory, state = model.encode(src, src_lengths)        # one row per sentence; beams share the memory
@@ -292,6 +294,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
     fin_lengths = torch.zeros(batch, k, dtype=torch.long, device=device)
     fin_attn = torch.zeros(batch, k, steps, src_len, device=device) if return_attention else None
     active = torch.arange(batch, device=device)                               # sentences still searching
+    top_ended = torch.zeros(batch, dtype=torch.bool, device=device)           # early_stop: a best candidate ended
 
     for t in range(steps):
         n_active = active.numel()
@@ -364,8 +367,9 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         last_kept = fin_best[:, n_best - 1]                                       # (active,) the n_best-th finished
         done = (last_kept > NEG_INF) & (last_kept >= bound)
         done |= best_alive == NEG_INF                                             # nothing left to extend
-        if early_stop:                                                            # the best candidate ended
-            done |= is_eos[:, 0] & (last_kept > NEG_INF)
+        if early_stop:                                       # a step's best candidate ended, now or before
+            top_ended[active] |= is_eos[:, 0]
+            done |= top_ended[active] & (last_kept > NEG_INF)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
