@@ -31,17 +31,21 @@ def masked_softmax(scores: Tensor, src_mask: Tensor) -> Tensor:
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
-def at_real_positions(project: Callable[[Tensor], Tensor], values: Tensor, mask: Tensor) -> Tensor:
-    """`project` over the real source positions only, zeros at the padded ones (which attention masks):
-    (batch, src_len, d) -> (batch, src_len, d'). In inference only: decoding sorts its input by length
-    and cuts it by a token budget, so a greedy batch is about a quarter padding (test_2016_flickr),
+def at_real_positions(values: Tensor, mask: Tensor, *projections: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """Each projection over the real source positions only, zeros at the padded ones (which attention
+    masks): (batch, src_len, d) -> (batch, src_len, d'). In inference only: decoding sorts its input by
+    length and cuts it by a token budget, so a greedy batch is about a quarter padding (test_2016_flickr),
     while training's length buckets carry little."""
     if torch.is_grad_enabled() or bool(mask.all()):
-        return project(values)
-    projected = project(values[mask])                                   # (real positions, d')
-    padded = projected.new_zeros(*mask.shape, projected.size(-1))
-    padded[mask] = projected
-    return padded
+        return [project(values) for project in projections]
+    real = values[mask]                                                  # (real positions, d)
+    outputs = []
+    for project in projections:
+        projected = project(real)                                        # (real positions, d')
+        padded = projected.new_zeros(*mask.shape, projected.size(-1))
+        padded[mask] = projected
+        outputs.append(padded)
+    return outputs
 
 
 @dataclass

@@ -126,7 +126,9 @@ class Decoder(nn.Module):
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
         """What every step attends over, with the attention keys projected once per batch."""
-        keys = at_real_positions(self.attention.project_keys, values, mask) if self.attention.projects_keys else values
+        if not self.attention.projects_keys:
+            return Memory(values, values, mask)
+        keys, = at_real_positions(values, mask, self.attention.project_keys)
         return Memory(values, keys, mask)
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
@@ -235,13 +237,13 @@ class BahdanauDecoder(Decoder):
                 torch.cat([bias, self.pre_output.bias]))
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
-        memory = super().memory(values, mask)
         context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
         context_out_weight = self._pre_output_weight("context")
-        memory.values_in = at_real_positions(lambda h: F.linear(h, context_weight), values, mask)
-        memory.values_out = at_real_positions(lambda h: F.linear(h, context_out_weight), values, mask)
-        # (batch, src_len, gates*dec_hidden) W_ctx h_j and (batch, src_len, dec_hidden) W_cc h_j
-        return memory
+        keys, values_in, values_out = at_real_positions(
+            values, mask, self.attention.project_keys,                  # 2·U_a h_j (batch, src_len, attn_dim)
+            lambda h: F.linear(h, context_weight),                      # W_ctx h_j (batch, src_len, gates*dec_hidden)
+            lambda h: F.linear(h, context_out_weight))                  # W_cc h_j (batch, src_len, dec_hidden)
+        return Memory(values, keys, mask, values_in, values_out)
 
     def _step_weights(self) -> Tensor | None:
         """[W_h; W_a], so that one product gives the RNN's W_h s_{i-1} and attention's W_a s_{i-1}."""
