@@ -160,6 +160,7 @@ def test_stopping_at_n_best_keeps_the_same_best_hypotheses(alpha):
             assert [h.tokens for h in hyps] == [h.tokens for h in reference[:n_best]]
             assert [h.score for h in hyps] == pytest.approx([h.score for h in reference[:n_best]])
 
+
 def test_early_stop_decodes_fewer_rows_and_never_beats_the_exact_search(monkeypatch):
     """OpenNMT-py's rule stops a sentence when its best candidate ends. Its best hypothesis is one the
     exact search also finished, so it never scores higher (with alpha 2 and this model, 3 of 15 differ);

@@ -204,12 +204,13 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
             prev = torch.full_like(going, EOS, dtype=torch.long)        # the generator's stream stays the live rows'
             prev[going] = sampler(logp[going])
             best = logp.gather(1, prev.unsqueeze(1)).squeeze(1)
-        live = rows[going] if ended else rows                           # ended rows record nothing
-        tokens[live, t] = prev[going] if ended else prev
-        scores[live] += best[going] if ended else best
+        recording = going.nonzero().squeeze(1) if ended else slice(None)   # ended rows record nothing
+        live = rows[recording]
+        tokens[live, t] = prev[recording]
+        scores[live] += best[recording]
         lengths[live] += 1
         if attention is not None:
-            attention[live, t] = (weights[going] if ended else weights).float()
+            attention[live, t] = weights[recording].float()
         going &= prev != EOS
         ended = rows.numel() - int(going.sum())
         if ended and ended >= DROP_ENDED_FRACTION * rows.numel():
