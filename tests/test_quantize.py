@@ -23,6 +23,16 @@ def test_int8_linear_is_close_to_float32():
     assert 0 < error < 0.02                              # quantized (not the float path), and close
 
 
+def test_int8_rows_are_the_full_products_rows():
+    """A shortlist's cut of the int8 output product: the same int8 values and scales, so the same numbers."""
+    torch.manual_seed(0)
+    weight, bias, inputs = torch.randn(300, 64) * 0.1, torch.randn(300), torch.randn(50, 64)
+    full = _int8_linear(weight, bias)
+    rows = torch.tensor([0, 1, 2, 3, 17, 120, 299])
+    assert torch.equal(full.rows(rows)(inputs), full(inputs)[:, rows])
+    assert not torch.equal(full.rows(rows)(inputs), F.linear(inputs, weight[rows], bias[rows]))   # int8, not float
+
+
 def _step_log_probs(model: Seq2Seq, src: torch.Tensor, lengths: torch.Tensor, steps: int) -> torch.Tensor:
     """Log-probabilities of `steps` teacher-free steps fed with token 2 (BOS) then the argmax."""
     out = []
@@ -65,6 +75,31 @@ def test_quantized_model_steps_close_to_float32(model_options):
     float_model = Seq2Seq.from_config(config, src_vocab=120, tgt_vocab=90).eval()
     float_model.load_state_dict(before)
     assert torch.equal(model(src, lengths, tgt_in)[0], float_model(src, lengths, tgt_in)[0])   # training: float32
+
+
+@pytest.mark.parametrize("attention,product", [("bahdanau", "memory"), ("luong_general", "keys"),
+                                                ("luong_concat", "keys")])
+def test_int8_memory_is_close_to_float32(attention, product):
+    """The once-per-batch products (keys; Bahdanau's keys and projected annotations as one) run in int8."""
+    torch.manual_seed(0)
+    config = ModelConfig(embedding_dim=32, encoder_hidden=32, decoder_hidden=48, attention_dim=40, dropout=0.0,
+                         attention=attention)
+    model = Seq2Seq.from_config(config, src_vocab=120, tgt_vocab=90).eval()
+    values, mask = torch.randn(5, 7, 64), torch.ones(5, 7, dtype=torch.bool)
+    mask[2, 4:] = False
+    with torch.no_grad(), model.decoder.frozen_weights():
+        exact = model.decoder.memory(values, mask)
+        quantize_int8(model)
+        assert product in model.decoder.int8_products
+        approx = model.decoder.memory(values, mask)
+    for name in ("keys", "values_in", "values_out"):
+        a, b = getattr(approx, name), getattr(exact, name)
+        if b is None:
+            assert a is None
+            continue
+        assert a.shape == b.shape and not torch.equal(a, b), name                 # int8 ran
+        assert (a - b).abs().max() < 0.02 * b.abs().max(), name
+        assert not a[2, 4:].any(), name                                           # padded positions stay zero
 
 
 def test_int8_translations_match_float32(trained_run):

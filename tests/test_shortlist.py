@@ -120,6 +120,17 @@ def test_a_shortlist_of_every_piece_gives_the_full_vocabulary_outputs(translator
         assert torch.equal(x.attention, y.attention)
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_int8_with_a_shortlist_of_every_piece_gives_the_int8_full_vocabulary_outputs(trained_run, sources, beam_size):
+    """The shortlist cuts the int8 output product (not a float32 copy of its rows): the same scores."""
+    plain = Translator.load(trained_run / "best.pt", "cpu", batch_tokens=300, beam_size=beam_size, quantize="int8")
+    listed = Translator(plain.model, plain.src_vocab, plain.tgt_vocab, _decoding(plain, shortlist=True),
+                        plain.device, full_shortlist(plain))
+    for x, y in zip(plain.translate(sources), listed.translate(sources), strict=True):
+        assert [h.tokens for h in x.hypotheses] == [h.tokens for h in y.hypotheses]
+        assert [h.score for h in x.hypotheses] == pytest.approx([h.score for h in y.hypotheses], abs=1e-5)
+
+
 def _decoding(translator: Translator, **changes):
     from dataclasses import replace
 

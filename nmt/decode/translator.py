@@ -329,6 +329,7 @@ class Translator:
 
     # ------------------------------------------------------------------ internals
 
+    @torch.no_grad()
     def _search(self, src: Tensor, n_best: int, return_attention: bool, decoding: DecodingConfig | None = None,
                 prefix: Tensor | None = None) -> list[list[Hypothesis]]:
         d = decoding or self.decoding

@@ -84,6 +84,10 @@ class Attention(nn.Module):
         """(batch, src_len, enc_out) -> (batch, src_len, key_dim); the identity unless overridden."""
         return values
 
+    def key_weights(self) -> tuple[Tensor, Tensor | None] | None:
+        """`project_keys` as x Wᵀ + b: weight (key_dim, enc_out) and bias, for int8 decoding; None for the identity."""
+        return None
+
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, d); keys: (batch, src_len, key_dim) -> energies (batch, queries, src_len)."""
         raise NotImplementedError
@@ -112,6 +116,9 @@ class AdditiveAttention(Attention):
     def project_keys(self, values: Tensor) -> Tensor:
         keys = 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
         return keys if torch.is_grad_enabled() else keys.float()            # see `energies`
+
+    def key_weights(self) -> tuple[Tensor, Tensor | None]:
+        return 2 * self.key_proj.weight, 2 * self.key_proj.bias
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
@@ -162,6 +169,9 @@ class LuongGeneralAttention(Attention):
 
     def project_keys(self, values: Tensor) -> Tensor:
         return self.key_proj(values)                                         # (batch, src_len, dec_hidden)
+
+    def key_weights(self) -> tuple[Tensor, Tensor | None]:
+        return self.key_proj.weight, None
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         return query.bmm(keys.transpose(1, 2))                               # (batch, queries, src_len)

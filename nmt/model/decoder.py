@@ -61,7 +61,7 @@ class Decoder(nn.Module):
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
         self._frozen: dict[tuple, Tensor] | None = None               # derived weights, inside frozen_weights()
         self.int8_products: dict[str, nn.Module] = {}                  # see nmt.decode.quantize; not parameters
-        self._subset: tuple[Tensor, Tensor, Tensor] | None = None     # keep, W_s[keep], b[keep]: output_subset()
+        self._subset: tuple[Tensor, Callable[[Tensor], Tensor]] | None = None  # keep, h̃ -> its logits: output_subset()
 
     @contextmanager
     def frozen_weights(self) -> Iterator[None]:
@@ -88,11 +88,17 @@ class Decoder(nn.Module):
         keep: (subset,) ascending target ids beginning with the special ids, so that these keep
         their numbers. Inside, `step` takes and returns subset positions: its input tokens are
         positions in `keep`, its logits are (batch, subset) from the rows W_s[keep], b_s[keep],
-        sliced once here. `subset_ids` maps positions back to vocabulary ids.
+        sliced once here (int8 ones cut by the int8 product's `rows`, see nmt.decode.quantize). `subset_ids`
+        maps positions back to vocabulary ids.
         """
-        bias = self.output.bias[keep] if self.output.bias is not None else None
-        self._subset = (keep, autocast_once(self.output.weight[keep]),
-                        autocast_once(bias) if bias is not None else None)
+        int8 = self._int8("output")
+        if int8 is not None and hasattr(int8, "rows"):
+            product = int8.rows(keep)
+        else:
+            bias = self.output.bias[keep] if self.output.bias is not None else None
+            weight, bias = autocast_once(self.output.weight[keep]), autocast_once(bias) if bias is not None else None
+            product = lambda features: F.linear(features, weight, bias)  # noqa: E731
+        self._subset = (keep, product)
         try:
             yield
         finally:
@@ -115,7 +121,11 @@ class Decoder(nn.Module):
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         """The weight (out, in) and bias of every matrix product a decoding step makes, by name, for
         `nmt.decode.quantize` to replace with int8 ones; subclasses add theirs."""
-        return {"output": (self.output.weight, self.output.bias)}
+        weights = {"output": (self.output.weight, self.output.bias)}
+        keys = self.attention.key_weights()
+        if keys is not None:
+            weights["keys"] = keys
+        return weights
 
     def _int8(self, name: str) -> nn.Module | None:
         """The int8 replacement of product `name` (a module: float in, float out), only in inference
@@ -128,7 +138,7 @@ class Decoder(nn.Module):
         """What every step attends over, with the attention keys projected once per batch."""
         if not self.attention.projects_keys:
             return Memory(values, values, mask)
-        keys, = at_real_positions(values, mask, self.attention.project_keys)
+        keys, = at_real_positions(values, mask, self._int8("keys") or self.attention.project_keys)
         return Memory(values, keys, mask)
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
@@ -165,9 +175,9 @@ class Decoder(nn.Module):
 
         Inside `output_subset`, tokens and logits index the subset: logits (batch, subset)."""
         if self._subset is not None:
-            keep, weight, bias = self._subset
+            keep, product = self._subset
             attn_hidden, state, weights = self.step_features(keep[prev_tokens], state, memory)
-            return F.linear(self.dropout(attn_hidden), weight, bias), state, weights
+            return product(self.dropout(attn_hidden)), state, weights
         attn_hidden, state, weights = self.step_features(prev_tokens, state, memory)
         int8 = self._int8("output")
         return (int8 or self.output)(self.dropout(attn_hidden)), state, weights
@@ -237,6 +247,10 @@ class BahdanauDecoder(Decoder):
                 torch.cat([bias, self.pre_output.bias]))
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
+        if int8 := self._int8("memory"):                                # the three products below as one
+            projected, = at_real_positions(values, mask, int8)           # (batch, src_len, attn_dim + 4*dec_hidden)
+            keys, values_in, values_out = projected.split(self._memory_sizes(), dim=-1)
+            return Memory(values, keys, mask, values_in, values_out)
         context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
         context_out_weight = self._pre_output_weight("context")
         keys, values_in, values_out = at_real_positions(
@@ -254,8 +268,17 @@ class BahdanauDecoder(Decoder):
     def _hidden_and_query(self) -> Tensor:
         return torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight])
 
+    def _memory_sizes(self) -> list[int]:
+        """Widths of the keys, W_ctx h_j and W_cc h_j."""
+        return [self.attention.key_proj.out_features, self.rnn.hidden_weight(0).size(0), self.hidden_size]
+
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         weights = super().int8_weights()
+        key_weight, key_bias = weights.pop("keys")                      # [2·U_a; W_ctx; W_cc], once per batch
+        context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
+        zeros = key_bias.new_zeros(context_weight.size(0) + self.hidden_size)
+        weights["memory"] = (torch.cat([key_weight, context_weight, self._pre_output_weight("context")]),
+                             torch.cat([key_bias, zeros]))
         weights["pre_output_state"] = (self._pre_output_weight("state"), None)
         if self.rnn.layers == 1:
             weights["hidden_and_query"] = (self._hidden_and_query(), None)
