@@ -29,6 +29,20 @@ def test_translate_returns_one_translation_per_line(translator):
     assert isinstance(results[0].score, float)
 
 
+def test_derived_weights_are_built_once_per_translator_not_per_call(model_file, monkeypatch):
+    """A one-line call used to spend about half its time rebuilding the decoder's token table."""
+    own = Translator.load(model_file, device="cpu", precision="fp32", beam_size=1)
+    builds = []
+    decoder_type = type(own.model.decoder)
+    real = decoder_type.token_projection
+    monkeypatch.setattr(decoder_type, "token_projection", lambda self: builds.append(1) or real(self))
+    first = own.translate(["Ein Hund läuft."])[0].text
+    assert len(builds) == 1                                           # built at the first call ...
+    assert own.translate(["Ein Hund läuft."])[0].text == first
+    own.translate(["Zwei Männer spielen Fußball im Park.", "Eine Frau liest."])
+    assert len(builds) == 1                                           # ... and reused by every later one
+
+
 def test_beam_size_per_call_matches_a_translator_built_with_it(translator, model_file):
     lines = ["Ein Hund läuft über die Wiese.", "Eine Frau liest ein Buch."]
     greedy = Translator.load(model_file, device="cpu", precision="fp32", beam_size=1)

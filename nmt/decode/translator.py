@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -85,7 +86,13 @@ class Translation:
 
 
 class Translator:
-    """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines."""
+    """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines.
+
+    The Translator owns its model from then on: it moves it, puts it in eval mode, may quantize it,
+    and builds the weights derived from its parameters (the decoder's token table, stacked step
+    weights) once for its whole life, not once per call: a one-line call would otherwise spend
+    about half its time rebuilding them. Do not train the model further under a Translator.
+    """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None) -> None:
@@ -102,6 +109,8 @@ class Translator:
             if isinstance(self.model, Seq2Seq):          # an ensemble's members were quantized as they loaded
                 quantize_int8(self.model)
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
+        self._derived_weights = ExitStack()                         # held open for the Translator's life
+        self._derived_weights.enter_context(self.model.decoder.frozen_weights())
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
@@ -190,13 +199,12 @@ class Translator:
             rows_per_line = n_best if decoding.sampling else decoding.beam_size
             budget = max(1, decoding.batch_tokens // max(1, rows_per_line))
             wants_attention = return_attention or decoding.replace_unk
-            with self.model.decoder.frozen_weights():                        # derived weights once per chunk
-                for rows in cut_by_budget(order, lengths, budget, 0):
-                    src = pad_rows(flat, offsets, rows, None, EOS)
-                    prefix = _pad_prefixes(prefix_ids, rows) if prefix_ids is not None else None
-                    found = self._search(src, n_best, wants_attention, decoding, prefix)
-                    for row, hyps in zip(rows.tolist(), found, strict=True):
-                        results[row] = hyps
+            for rows in cut_by_budget(order, lengths, budget, 0):
+                src = pad_rows(flat, offsets, rows, None, EOS)
+                prefix = _pad_prefixes(prefix_ids, rows) if prefix_ids is not None else None
+                found = self._search(src, n_best, wants_attention, decoding, prefix)
+                for row, hyps in zip(rows.tolist(), found, strict=True):
+                    results[row] = hyps
         texts = self.tgt_vocab.decode([h[0].tokens if h else [] for h in results])
         if decoding.replace_unk:
             texts = [self._replace_unk(line, h[0]) if h and UNK in h[0].tokens else text
