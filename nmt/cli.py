@@ -198,6 +198,7 @@ def translate(
     from tqdm import tqdm
 
     from nmt.decode.translator import OutputFiles, Translator
+    from nmt.device import reuse_freed_memory
     from nmt.model.modelfile import ModelFileError
 
     try:
@@ -224,6 +225,7 @@ def translate(
         import torch
 
         torch.set_num_threads(threads)
+    reuse_freed_memory()
     try:
         translator = Translator.load(
             checkpoint, device, beam_size=beam_size, length_penalty=length_penalty, batch_tokens=batch_tokens,

@@ -97,3 +97,28 @@ def limit_kernel_cache() -> None:
     this early: the `nmt` command, `Translator.load` and `nmt serve`. Importing nmt does not.
     """
     os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+
+
+def reuse_freed_memory() -> None:
+    """Have glibc keep freed blocks of up to 32 MiB for reuse instead of handing them back to the kernel.
+
+    Every decoding step allocates tensors of several MiB (the additive attention's (rows, src_len,
+    attn_dim) pass, a batch's projected memory). By default glibc returns such blocks to the kernel
+    when they are freed (mmap'ed blocks, and the top of the heap beyond its trim threshold), so the
+    next step's first touch of a fresh block faults its pages in again, 4 KiB at a time. With these
+    settings greedy decoding ran 7-14% faster on an AVX2 EPYC (docs/benchmarks.md). A process-wide
+    setting: `nmt translate` and `nmt serve` call it, importing nmt does not. Skipped where the user
+    set glibc's malloc variables, and a no-op where the C library has no `mallopt`.
+    """
+    if "GLIBC_TUNABLES" in os.environ or any(name.startswith("MALLOC_") for name in os.environ):
+        return
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3          # glibc's <malloc.h>
+    mallopt(m_mmap_threshold, 32 << 20)                                 # glibc's largest allowed value
+    mallopt(m_trim_threshold, 1 << 30)
+    mallopt(m_top_pad, 64 << 20)

@@ -318,11 +318,13 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     """
     import torch
 
+    from nmt.device import reuse_freed_memory
     from nmt.model.modelfile import load_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if threads:
         torch.set_num_threads(threads)
+    reuse_freed_memory()
     translator = Translator.load(model, device, precision=precision, quantize=quantize)
     languages = dict(load_model(model).card.get("languages") or {})
     app = create_app(translator, settings, languages)
