@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -106,10 +107,13 @@ def reuse_freed_memory() -> None:
     attn_dim) pass, a batch's projected memory). By default glibc returns such blocks to the kernel
     when they are freed (mmap'ed blocks, and the top of the heap beyond its trim threshold), so the
     next step's first touch of a fresh block faults its pages in again, 4 KiB at a time. With these
-    settings greedy decoding ran 7-14% faster on an AVX2 EPYC (docs/benchmarks.md). A process-wide
-    setting: `nmt translate` and `nmt serve` call it, importing nmt does not. Skipped where the user
-    set glibc's malloc variables, and a no-op where the C library has no `mallopt`.
+    settings greedy decoding ran 7-14% faster on an AVX2 EPYC (docs/benchmarks.md); the price is that
+    the process keeps its peak heap mapped (a long-running `nmt serve` stays at its busiest size).
+    A process-wide setting: `nmt translate` and `nmt serve` call it, importing nmt does not. Linux
+    only; skipped where the user set glibc's malloc variables; a no-op without `mallopt` (musl).
     """
+    if not sys.platform.startswith("linux"):
+        return
     if "GLIBC_TUNABLES" in os.environ or any(name.startswith("MALLOC_") for name in os.environ):
         return
     import ctypes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -41,6 +42,20 @@ def test_derived_weights_are_built_once_per_translator_not_per_call(model_file, 
     assert own.translate(["Ein Hund läuft."])[0].text == first
     own.translate(["Zwei Männer spielen Fußball im Park.", "Eine Frau liest."])
     assert len(builds) == 1                                           # ... and reused by every later one
+
+
+def test_an_ensembles_members_keep_their_derived_weights(model_file, monkeypatch):
+    """load_ensemble discards the member Translators it built; their members' weights must stay held."""
+    pair = Translator.load([model_file, model_file], device="cpu", precision="fp32", beam_size=1)
+    gc.collect()
+    builds = []
+    decoder_type = type(pair.model.decoder.models[0].decoder)
+    real = decoder_type.token_projection
+    monkeypatch.setattr(decoder_type, "token_projection", lambda self: builds.append(1) or real(self))
+    pair.translate(["Ein Hund läuft."])
+    assert len(builds) == 2                                           # one table per member ...
+    pair.translate(["Zwei Männer spielen Fußball im Park."])
+    assert len(builds) == 2                                           # ... kept for the next call
 
 
 def test_beam_size_per_call_matches_a_translator_built_with_it(translator, model_file):

@@ -44,3 +44,9 @@ def test_leaves_malloc_alone_when_the_user_tuned_it(libc, monkeypatch, variable)
 def test_a_c_library_without_mallopt_is_a_no_op(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda name: object())
     device.reuse_freed_memory()                     # no AttributeError
+
+
+def test_not_on_other_platforms(libc, monkeypatch):
+    monkeypatch.setattr("sys.platform", "win32")                    # where CDLL(None) raises TypeError
+    device.reuse_freed_memory()
+    assert libc.calls == []

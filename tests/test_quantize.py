@@ -77,16 +77,19 @@ def test_quantized_model_steps_close_to_float32(model_options):
     assert torch.equal(model(src, lengths, tgt_in)[0], float_model(src, lengths, tgt_in)[0])   # training: float32
 
 
-@pytest.mark.parametrize("attention,product", [("bahdanau", "memory"), ("luong_general", "keys"),
-                                                ("luong_concat", "keys")])
-def test_int8_memory_is_close_to_float32(attention, product):
+@pytest.mark.parametrize("attention,product,options", [
+    ("bahdanau", "memory", {}), ("bahdanau", "memory", {"rnn_type": "lstm", "decoder_layers": 2}),
+    ("luong_general", "keys", {}), ("luong_concat", "keys", {})])
+@pytest.mark.parametrize("padded", [True, False])
+def test_int8_memory_is_close_to_float32(attention, product, options, padded):
     """The once-per-batch products (keys; Bahdanau's keys and projected annotations as one) run in int8."""
     torch.manual_seed(0)
     config = ModelConfig(embedding_dim=32, encoder_hidden=32, decoder_hidden=48, attention_dim=40, dropout=0.0,
-                         attention=attention)
+                         attention=attention, **options)
     model = Seq2Seq.from_config(config, src_vocab=120, tgt_vocab=90).eval()
     values, mask = torch.randn(5, 7, 64), torch.ones(5, 7, dtype=torch.bool)
-    mask[2, 4:] = False
+    if padded:
+        mask[2, 4:] = False
     with torch.no_grad(), model.decoder.frozen_weights():
         exact = model.decoder.memory(values, mask)
         quantize_int8(model)
@@ -98,8 +101,8 @@ def test_int8_memory_is_close_to_float32(attention, product):
             assert a is None
             continue
         assert a.shape == b.shape and not torch.equal(a, b), name                 # int8 ran
-        assert (a - b).abs().max() < 0.02 * b.abs().max(), name
-        assert not a[2, 4:].any(), name                                           # padded positions stay zero
+        assert (a - b).abs().max() < 0.03 * b.abs().max(), name
+        assert not padded or not a[2, 4:].any(), name                             # padded positions stay zero
 
 
 def test_int8_translations_match_float32(trained_run):

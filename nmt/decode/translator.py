@@ -105,6 +105,8 @@ class Translator:
             if decoding.precision in ("bf16", "fp16"):
                 raise ConfigError(f"--quantize int8 computes in float32 around its int8 products; "
                                   f"drop --precision {decoding.precision} (or decoding.precision)")
+            if device.type != "cpu":                     # an ensemble's members loaded on the CPU
+                raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
             self.amp_dtype = None
             if isinstance(self.model, Seq2Seq):          # an ensemble's members were quantized as they loaded
                 quantize_int8(self.model)

@@ -60,6 +60,7 @@ class Decoder(nn.Module):
         self.embedding_dim, self.hidden_size, self.context_size = embedding_dim, hidden, context_size
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
         self._frozen: dict[tuple, Tensor] | None = None               # derived weights, inside frozen_weights()
+        self._frozen_blocks = 0                                        # frozen_weights() blocks open
         self.int8_products: dict[str, nn.Module] = {}                  # see nmt.decode.quantize; not parameters
         self._subset: tuple[Tensor, Callable[[Tensor], Tensor]] | None = None  # keep, h̃ -> its logits: output_subset()
 
@@ -69,17 +70,19 @@ class Decoder(nn.Module):
         translation run): weights derived from them are built once and reused by every step.
 
         Outside such a block they are rebuilt at every call. (Parameter versions cannot tell when
-        to rebuild: fused optimizers update parameters in place without counting it.) Nested
-        blocks share the outermost block's weights.
+        to rebuild: fused optimizers update parameters in place without counting it.) Blocks may
+        nest or overlap (a Translator holds one for its life, an ensemble's for each member): they
+        share the weights, which are dropped when the last open block ends.
         """
-        if self._frozen is not None:
-            yield
-            return
-        self._frozen = {}
+        if self._frozen is None:
+            self._frozen = {}
+        self._frozen_blocks += 1
         try:
             yield
         finally:
-            self._frozen = None
+            self._frozen_blocks -= 1
+            if self._frozen_blocks == 0:
+                self._frozen = None
 
     @contextmanager
     def output_subset(self, keep: Tensor) -> Iterator[None]:
