@@ -69,8 +69,10 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
     import torch
 
     from nmt.decode.translator import Translator
+    from nmt.device import reuse_freed_memory
 
     torch.set_num_threads(args.threads)
+    reuse_freed_memory()                                               # as `nmt translate` does
     translator = Translator.load(args.checkpoint, args.device, beam_size=beam, precision=args.precision,
                                  length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
                                  quantize=args.quantize, early_stop=args.early_stop, **shortlist_overrides(args))
