@@ -95,7 +95,7 @@ class Decoder(nn.Module):
         maps positions back to vocabulary ids.
         """
         int8 = self._int8("output")
-        if int8 is not None and hasattr(int8, "rows"):
+        if int8 is not None:                                            # an Int8Linear, which cuts its rows
             product = int8.rows(keep)
         else:
             bias = self.output.bias[keep] if self.output.bias is not None else None
@@ -249,13 +249,19 @@ class BahdanauDecoder(Decoder):
         return (torch.cat([weight, self._pre_output_weight("embedding")]),
                 torch.cat([bias, self.pre_output.bias]))
 
+    def _context_weights(self) -> tuple[Tensor, Tensor]:
+        """W_ctx (gates*dec_hidden, enc_out), the RNN input's columns for c_i, and W_cc (dec_hidden, enc_out),
+        the pre-output's: both are applied to every h_j once per batch instead of to c_i at every step."""
+        return (self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size),
+                self._pre_output_weight("context"))
+
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
+        context_weight, context_out_weight = self._context_weights()
         if int8 := self._int8("memory"):                                # the three products below as one
-            projected, = at_real_positions(values, mask, int8)           # (batch, src_len, attn_dim + 4*dec_hidden)
-            keys, values_in, values_out = projected.split(self._memory_sizes(), dim=-1)
+            projected, = at_real_positions(values, mask, int8)  # (batch, src_len, attn_dim + (gates+1)*dec_hidden)
+            sizes = [self.attention.key_proj.out_features, context_weight.size(0), context_out_weight.size(0)]
+            keys, values_in, values_out = projected.split(sizes, dim=-1)
             return Memory(values, keys, mask, values_in, values_out)
-        context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
-        context_out_weight = self._pre_output_weight("context")
         keys, values_in, values_out = at_real_positions(
             values, mask, self.attention.project_keys,                  # 2·U_a h_j (batch, src_len, attn_dim)
             lambda h: F.linear(h, context_weight),                      # W_ctx h_j (batch, src_len, gates*dec_hidden)
@@ -271,17 +277,12 @@ class BahdanauDecoder(Decoder):
     def _hidden_and_query(self) -> Tensor:
         return torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight])
 
-    def _memory_sizes(self) -> list[int]:
-        """Widths of the keys, W_ctx h_j and W_cc h_j."""
-        return [self.attention.key_proj.out_features, self.rnn.hidden_weight(0).size(0), self.hidden_size]
-
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         weights = super().int8_weights()
         key_weight, key_bias = weights.pop("keys")                      # [2·U_a; W_ctx; W_cc], once per batch
-        context_weight = self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size)
-        zeros = key_bias.new_zeros(context_weight.size(0) + self.hidden_size)
-        weights["memory"] = (torch.cat([key_weight, context_weight, self._pre_output_weight("context")]),
-                             torch.cat([key_bias, zeros]))
+        context_weight, context_out_weight = self._context_weights()
+        zeros = key_bias.new_zeros(context_weight.size(0) + context_out_weight.size(0))
+        weights["memory"] = (torch.cat([key_weight, context_weight, context_out_weight]), torch.cat([key_bias, zeros]))
         weights["pre_output_state"] = (self._pre_output_weight("state"), None)
         if self.rnn.layers == 1:
             weights["hidden_and_query"] = (self._hidden_and_query(), None)
