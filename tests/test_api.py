@@ -30,13 +30,18 @@ def test_translate_returns_one_translation_per_line(translator):
     assert isinstance(results[0].score, float)
 
 
+def count_table_builds(monkeypatch, decoder_type: type) -> list:
+    """A list that grows by one whenever a decoder of `decoder_type` builds its token table's weights."""
+    builds = []
+    real = decoder_type.token_projection
+    monkeypatch.setattr(decoder_type, "token_projection", lambda self: builds.append(1) or real(self))
+    return builds
+
+
 def test_derived_weights_are_built_once_per_translator_not_per_call(model_file, monkeypatch):
     """A one-line call used to spend about half its time rebuilding the decoder's token table."""
     own = Translator.load(model_file, device="cpu", precision="fp32", beam_size=1)
-    builds = []
-    decoder_type = type(own.model.decoder)
-    real = decoder_type.token_projection
-    monkeypatch.setattr(decoder_type, "token_projection", lambda self: builds.append(1) or real(self))
+    builds = count_table_builds(monkeypatch, type(own.model.decoder))
     first = own.translate(["Ein Hund läuft."])[0].text
     assert len(builds) == 1                                           # built at the first call ...
     assert own.translate(["Ein Hund läuft."])[0].text == first
@@ -48,10 +53,7 @@ def test_an_ensembles_members_keep_their_derived_weights(model_file, monkeypatch
     """load_ensemble discards the member Translators it built; their members' weights must stay held."""
     pair = Translator.load([model_file, model_file], device="cpu", precision="fp32", beam_size=1)
     gc.collect()
-    builds = []
-    decoder_type = type(pair.model.decoder.models[0].decoder)
-    real = decoder_type.token_projection
-    monkeypatch.setattr(decoder_type, "token_projection", lambda self: builds.append(1) or real(self))
+    builds = count_table_builds(monkeypatch, type(pair.model.decoder.models[0].decoder))
     pair.translate(["Ein Hund läuft."])
     assert len(builds) == 2                                           # one table per member ...
     pair.translate(["Zwei Männer spielen Fußball im Park."])
