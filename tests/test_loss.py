@@ -8,24 +8,30 @@ from nmt.train.loss import output_cross_entropy
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("chunk_rows", [7, 1000])
-def test_fused_loss_equals_linear_plus_cross_entropy(label_smoothing, chunk_rows):
+@pytest.mark.parametrize("vocab,bias", [(50, True), (50, False), (48, True)])   # padded to 64 inside, or not
+def test_fused_loss_equals_linear_plus_cross_entropy(label_smoothing, chunk_rows, vocab, bias):
     torch.manual_seed(0)
     features = torch.randn(3, 9, 16, requires_grad=True)
-    layer = torch.nn.Linear(16, 50)
-    targets = torch.randint(4, 50, (3, 9))
+    layer = torch.nn.Linear(16, vocab, bias=bias)
+    targets = torch.randint(4, vocab, (3, 9))
     targets[1, 6:] = PAD
     targets[2, 2:] = PAD
+    targets[0, 0] = vocab - 1                       # the last real row of W_s, next to the padding
     fused = output_cross_entropy(features, layer.weight, layer.bias, targets, label_smoothing, chunk_rows)
     (fused * 0.5).backward()
-    got = [features.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()]
-    features.grad = layer.weight.grad = layer.bias.grad = None
+    parameters = [layer.weight, layer.bias] if bias else [layer.weight]
+    got = [features.grad.clone()] + [p.grad.clone() for p in parameters]
+    features.grad = None
+    for p in parameters:
+        p.grad = None
 
     logits = layer(features)
-    plain = F.cross_entropy(logits.reshape(-1, 50), targets.reshape(-1), ignore_index=PAD,
+    plain = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=PAD,
                             label_smoothing=label_smoothing, reduction="sum")
     (plain * 0.5).backward()
     assert torch.allclose(fused, plain, rtol=1e-5)
-    for mine, reference in zip(got, [features.grad, layer.weight.grad, layer.bias.grad], strict=True):
+    for mine, reference in zip(got, [features.grad] + [p.grad for p in parameters], strict=True):
+        assert mine.shape == reference.shape
         assert torch.allclose(mine, reference, atol=1e-5)
     assert torch.all(got[0][2, 2:] == 0)            # padded positions get no gradient
 

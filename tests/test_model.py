@@ -9,6 +9,7 @@ from nmt.data.preprocess import DataFolder
 from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
 from nmt.device import make_optimizer
+from nmt.model.output_rows import padded_rows
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -263,3 +264,32 @@ def test_derived_weights_follow_a_fused_optimizer_step(small_batch, attention):
     assert [h.tokens for h in after] == [h.tokens for h in expected]
     assert [h.tokens for h in after] != [h.tokens for h in before]
     assert torch.allclose(first, reference, atol=1e-5)
+
+
+def test_padded_rows_rounds_up_to_16_with_the_fill():
+    weight, bias = torch.randn(37, 5), torch.randn(37)
+    padded = padded_rows(weight)
+    assert padded.shape == (48, 5) and torch.equal(padded[:37], weight) and torch.all(padded[37:] == 0)
+    assert torch.all(padded_rows(bias, float("-inf"))[37:] == float("-inf"))
+    assert padded_rows(torch.randn(32, 5)).shape == (32, 5)
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_inference_logits_through_padded_rows_equal_the_output_layer(attention):
+    """Inside frozen_weights a step multiplies by W_s padded to 16s rows (37 -> 48) and cuts the logits
+    back; with a shortlist, W_s[keep] padded likewise (9 -> 16): the plain layer's logits either way."""
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(attention), 50, 37).eval()
+    src, lengths = torch.randint(4, 50, (3, 6)), torch.tensor([6, 4, 2])
+    keep = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34])
+    positions = torch.tensor([4, 5, 8])                                 # tokens 5, 8, 34 as shortlist positions
+    with torch.no_grad():
+        memory, state = model.encode(src, lengths)
+        plain, _, _ = model.decoder.step(keep[positions], state, memory)        # outside the block: nn.Linear
+        with model.decoder.frozen_weights():
+            padded, _, _ = model.decoder.step(keep[positions], state, memory)
+            with model.decoder.output_subset(keep):
+                subset, _, _ = model.decoder.step(positions, state, memory)
+    assert padded.shape == (3, 37) and subset.shape == (3, 9)
+    torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(subset, plain[:, keep], rtol=1e-5, atol=1e-5)

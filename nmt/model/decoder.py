@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from nmt.device import active_autocast_dtype
 from nmt.model.attention import AdditiveAttention, Attention, Memory, at_real_positions, masked_softmax
 from nmt.model.dropout import Dropout
+from nmt.model.output_rows import padded_rows
 from nmt.model.recurrent import RecurrentStack
 from nmt.model.shared_grads import SharedGrads
 
@@ -99,8 +100,9 @@ class Decoder(nn.Module):
             product = int8.rows(keep)
         else:
             bias = self.output.bias[keep] if self.output.bias is not None else None
-            weight, bias = autocast_once(self.output.weight[keep]), autocast_once(bias) if bias is not None else None
-            product = lambda features: F.linear(features, weight, bias)  # noqa: E731
+            weight = autocast_once(padded_rows(self.output.weight[keep]))  # (subset padded to 16s, dec_hidden)
+            bias = autocast_once(padded_rows(bias)) if bias is not None else None
+            product = lambda features: F.linear(features, weight, bias)[:, : keep.numel()]  # noqa: E731
         self._subset = (keep, product)
         try:
             yield
@@ -182,8 +184,20 @@ class Decoder(nn.Module):
             attn_hidden, state, weights = self.step_features(keep[prev_tokens], state, memory)
             return product(self.dropout(attn_hidden)), state, weights
         attn_hidden, state, weights = self.step_features(prev_tokens, state, memory)
-        int8 = self._int8("output")
-        return (int8 or self.output)(self.dropout(attn_hidden)), state, weights
+        return self._logits(self.dropout(attn_hidden)), state, weights
+
+    def _logits(self, features: Tensor) -> Tensor:
+        """W_s h̃ + b_s: (rows, dec_hidden) -> (rows, vocab). In inference inside `frozen_weights`, the int8
+        product or W_s padded to a multiple of 16 rows (built once; see nmt.model.output_rows), its logits
+        cut back to the vocabulary (a view: every search takes a log-softmax of it first)."""
+        if int8 := self._int8("output"):
+            return int8(features)
+        if self._frozen is None or torch.is_grad_enabled():
+            return self.output(features)
+        weight = self.derived_weight("padded_output", lambda: padded_rows(self.output.weight))
+        bias = None if self.output.bias is None else self.derived_weight(
+            "padded_output_bias", lambda: padded_rows(self.output.bias))
+        return F.linear(features, weight, bias)[:, : self.output.out_features]
 
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: Memory, teacher_forcing: float = 1.0,
                 features_only: bool = False) -> tuple[Tensor, Tensor]:

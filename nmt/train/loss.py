@@ -18,6 +18,7 @@ from torch import Tensor
 
 from nmt.data.tokenizer import PAD
 from nmt.device import active_autocast_dtype
+from nmt.model.output_rows import padded_rows
 
 
 class _FusedOutputCrossEntropy(torch.autograd.Function):
@@ -26,31 +27,32 @@ class _FusedOutputCrossEntropy(torch.autograd.Function):
                 label_smoothing: float, chunk_rows: int, compute_dtype: torch.dtype) -> Tensor:
         """features: (tokens, hidden); weight: (vocab, hidden); targets: (tokens,) -> summed loss ()."""
         vocab = weight.size(0)
+        w = padded_rows(weight.to(compute_dtype))                               # (vocab padded to 16s, hidden)
+        padded_bias = padded_rows(bias if bias is not None else weight.new_zeros(vocab, dtype=torch.float32),
+                                  float("-inf"))                                  # -inf at the padding
         grad_features = torch.empty_like(features)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device)
+        grad_weight = torch.zeros(w.shape, dtype=torch.float32, device=weight.device)
+        grad_bias = torch.zeros(w.size(0), dtype=torch.float32, device=weight.device)
         total = torch.zeros((), dtype=torch.float32, device=features.device)
-        w = weight.to(compute_dtype)
         for start in range(0, features.size(0), chunk_rows):
             f = features[start : start + chunk_rows].to(compute_dtype)            # (chunk, hidden)
             y = targets[start : start + chunk_rows]                               # (chunk,)
-            logits = F.linear(f, w).float()                                       # (chunk, vocab)
-            if bias is not None:
-                logits += bias
+            logits = F.linear(f, w).float()                                       # (chunk, padded vocab)
+            logits += padded_bias
             log_probs = logits.log_softmax(-1)
             nll = -log_probs.gather(1, y.unsqueeze(1)).squeeze(1)
             if label_smoothing:
-                nll = (1 - label_smoothing) * nll - label_smoothing * log_probs.mean(-1)
+                nll = (1 - label_smoothing) * nll - label_smoothing * log_probs[:, :vocab].mean(-1)
             total += nll.sum()
-            grad = log_probs.exp_()                                              # softmax, in place
+            grad = log_probs.exp_()                                              # softmax, in place; 0 at the padding
             grad.scatter_add_(1, y.unsqueeze(1), grad.new_full((len(y), 1), -(1 - label_smoothing)))
             if label_smoothing:
-                grad -= label_smoothing / vocab
+                grad[:, :vocab] -= label_smoothing / vocab
             grad_bias += grad.sum(0)
             grad = grad.to(compute_dtype)
             grad_features[start : start + chunk_rows] = grad @ w                  # (chunk, hidden)
             grad_weight += (grad.t() @ f).float()                                 # (vocab, hidden)
-        ctx.save_for_backward(grad_features, grad_weight, grad_bias)
+        ctx.save_for_backward(grad_features, grad_weight[:vocab], grad_bias[:vocab])
         ctx.weight_dtype, ctx.has_bias = weight.dtype, bias is not None
         return total
 
