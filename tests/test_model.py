@@ -293,3 +293,23 @@ def test_inference_logits_through_padded_rows_equal_the_output_layer(attention):
     assert padded.shape == (3, 37) and subset.shape == (3, 9)
     torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(subset, plain[:, keep], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{}, {"rnn": "lstm", "decoder_layers": 2}])
+def test_bahdanau_steps_over_an_unfolded_memory_equal_the_folded_ones(small_batch, options):
+    """Greedy search's memory leaves W_ctx and W_cc out (a step multiplies c_i by them instead): the same
+    logits, states and weights as steps over the folded memory that beam search and training use."""
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny(**options), src_vocab, tgt_vocab).eval()
+    with torch.no_grad(), model.decoder.frozen_weights():
+        folded, state = model.encode(batch.src, batch.src_lengths)
+        unfolded, _ = model.encode(batch.src, batch.src_lengths, fold_context=False)
+        assert folded.values_in is not None and unfolded.values_in is None and unfolded.values_out is None
+        state_f = state_u = state
+        for i in range(batch.tgt_in.size(1)):
+            logits_f, state_f, weights_f = model.decoder.step(batch.tgt_in[:, i], state_f, folded)
+            logits_u, state_u, weights_u = model.decoder.step(batch.tgt_in[:, i], state_u, unfolded)
+            torch.testing.assert_close(logits_u, logits_f, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(state_u.hidden, state_f.hidden, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(weights_u, weights_f, rtol=1e-5, atol=1e-6)

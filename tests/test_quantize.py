@@ -77,12 +77,13 @@ def test_quantized_model_steps_close_to_float32(model_options):
     assert torch.equal(model(src, lengths, tgt_in)[0], float_model(src, lengths, tgt_in)[0])   # training: float32
 
 
-@pytest.mark.parametrize("attention,product,options", [
-    ("bahdanau", "memory", {}), ("bahdanau", "memory", {"rnn_type": "lstm", "decoder_layers": 2}),
-    ("luong_general", "keys", {}), ("luong_concat", "keys", {})])
+@pytest.mark.parametrize("attention,products,options", [
+    ("bahdanau", ["keys", "context"], {}), ("bahdanau", ["keys", "context"], {"rnn_type": "lstm", "decoder_layers": 2}),
+    ("luong_general", ["keys"], {}), ("luong_concat", ["keys"], {})])
 @pytest.mark.parametrize("padded", [True, False])
-def test_int8_memory_is_close_to_float32(attention, product, options, padded):
-    """The once-per-batch products (keys; Bahdanau's keys and projected annotations as one) run in int8."""
+@pytest.mark.parametrize("fold_context", [True, False])
+def test_int8_memory_is_close_to_float32(attention, products, options, padded, fold_context):
+    """The once-per-batch products (keys; Bahdanau's projected annotations when folded) run in int8."""
     torch.manual_seed(0)
     config = ModelConfig(embedding_dim=32, encoder_hidden=32, decoder_hidden=48, attention_dim=40, dropout=0.0,
                          attention=attention, **options)
@@ -91,10 +92,12 @@ def test_int8_memory_is_close_to_float32(attention, product, options, padded):
     if padded:
         mask[2, 4:] = False
     with torch.no_grad(), model.decoder.frozen_weights():
-        exact = model.decoder.memory(values, mask)
+        exact = model.decoder.memory(values, mask, fold_context)
         quantize_int8(model)
-        assert product in model.decoder.int8_products
-        approx = model.decoder.memory(values, mask)
+        assert all(product in model.decoder.int8_products for product in products)
+        approx = model.decoder.memory(values, mask, fold_context)
+    if attention == "bahdanau":
+        assert (approx.values_in is None) == (not fold_context)
     for name in ("keys", "values_in", "values_out"):
         a, b = getattr(approx, name), getattr(exact, name)
         if b is None:

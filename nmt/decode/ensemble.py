@@ -88,8 +88,9 @@ class Ensemble(nn.Module):
         self.members = nn.ModuleList(models)
         self.decoder = EnsembleDecoder(list(models))
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EnsembleMemory, EnsembleState]:
-        encoded = [model.encode(src, src_lengths) for model in self.members]
+    def encode(self, src: Tensor, src_lengths: Tensor,
+               fold_context: bool = True) -> tuple[EnsembleMemory, EnsembleState]:
+        encoded = [model.encode(src, src_lengths, fold_context) for model in self.members]
         return EnsembleMemory([m for m, _ in encoded]), EnsembleState([s for _, s in encoded])
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:

@@ -5,8 +5,8 @@ x86), not hand-written ones.
 "Dynamic" means the weights are quantized once, per output channel, and each product quantizes
 its input on the fly from the input's own range, accumulates in int32 and returns float32; so the
 rest of the model (attention, softmax, search) runs unchanged in float32. The products done once
-per batch are int8 too: the attention keys, and for Bahdanau the keys with both projected
-annotations (W_ctx h_j, W_cc h_j) as one product; in greedy search they were a quarter of the time.
+per batch are int8 too: the attention keys, and for Bahdanau the projected annotations
+[W_ctx; W_cc] h_j (the same int8 product multiplies c_i at each step of greedy search).
 
 With a vocabulary shortlist the output product is cut to the batch's rows of W_s (`Int8Linear.rows`):
 the same int8 values and scales, repacked once per batch, so the shortlist and int8 gains multiply.

@@ -172,7 +172,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
     With a `sampler`, a token drawn from the distribution instead, `num_samples` rows per sentence
     (sentence-major: rows i*num_samples .. (i+1)*num_samples-1 belong to sentence i).
     prefix: (batch, prefix_len) tokens to force first, PAD-padded; None for none."""
-    memory, state = model.encode(src, src_lengths)
+    memory, state = model.encode(src, src_lengths, fold_context=False)   # one row per sentence: see Decoder.memory
     if num_samples > 1:                                                 # one row per sample
         rows = torch.arange(src.size(0), device=src.device).repeat_interleave(num_samples)
         memory, state, src = memory.index_select(rows), state.index_select(rows), src[rows]

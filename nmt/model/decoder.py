@@ -139,8 +139,14 @@ class Decoder(nn.Module):
             return None
         return self.int8_products.get(name)
 
-    def memory(self, values: Tensor, mask: Tensor) -> Memory:
-        """What every step attends over, with the attention keys projected once per batch."""
+    def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True) -> Memory:
+        """What every step attends over, with the attention keys projected once per batch.
+
+        `fold_context`: whether products with the context c_i may be folded into the memory (W c_i =
+        Σ_j α_ij W h_j, W h_j once per batch; Bahdanau's decoder does). That pays when a sentence's memory
+        serves several rows per step (beam search) or all steps at once (training: `teacher_forced` needs
+        it). Greedy search passes False: with one row per sentence, W c_i per step costs about as many
+        products as W h_j per batch, and a step reads a 4x narrower memory."""
         if not self.attention.projects_keys:
             return Memory(values, values, mask)
         keys, = at_real_positions(values, mask, self._int8("keys") or self.attention.project_keys)
@@ -238,9 +244,11 @@ class BahdanauDecoder(Decoder):
     Products with c_i are folded into the attention: W c_i = Σ_j α_ij (W h_j), and W h_j is
     computed once per batch (`Memory.values_in` for the RNN input's W_ctx, `Memory.values_out`
     for the pre-output's W_cc), so a step costs weighted sums instead of matrix products and c_i
-    itself is never formed. The terms of E y_{i-1} (W_e E y + b_i, W_ce E y + b_c) come from
-    `token_terms`: all steps at once in training, a table lookup in inference. With one layer,
-    W_a s_{i-1} and the RNN's W_h s_{i-1} are one matrix product.
+    itself is never formed. Greedy search asks for an unfolded memory (`memory(fold_context=False)`):
+    with one row per sentence the folding saves no products and makes every step read 4x more.
+    The terms of E y_{i-1} (W_e E y + b_i, W_ce E y + b_c) come from `token_terms`: all steps at
+    once in training, a table lookup in inference. With one layer, W_a s_{i-1} and the RNN's
+    W_h s_{i-1} are one matrix product.
     """
 
     attention: AdditiveAttention
@@ -263,23 +271,27 @@ class BahdanauDecoder(Decoder):
         return (torch.cat([weight, self._pre_output_weight("embedding")]),
                 torch.cat([bias, self.pre_output.bias]))
 
-    def _context_weights(self) -> tuple[Tensor, Tensor]:
-        """W_ctx (gates*dec_hidden, enc_out), the RNN input's columns for c_i, and W_cc (dec_hidden, enc_out),
-        the pre-output's: both are applied to every h_j once per batch instead of to c_i at every step."""
-        return (self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size),
-                self._pre_output_weight("context"))
+    def _context_weight(self) -> Tensor:
+        """[W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out): the RNN input's columns for c_i and the
+        pre-output's, one product for both."""
+        return torch.cat([self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size),
+                          self._pre_output_weight("context")])
 
-    def memory(self, values: Tensor, mask: Tensor) -> Memory:
-        context_weight, context_out_weight = self._context_weights()
-        if int8 := self._int8("memory"):                                # the three products below as one
-            projected, = at_real_positions(values, mask, int8)  # (batch, src_len, attn_dim + (gates+1)*dec_hidden)
-            sizes = [self.attention.key_proj.out_features, context_weight.size(0), context_out_weight.size(0)]
-            keys, values_in, values_out = projected.split(sizes, dim=-1)
-            return Memory(values, keys, mask, values_in, values_out)
-        keys, values_in, values_out = at_real_positions(
-            values, mask, self.attention.project_keys,                  # 2·U_a h_j (batch, src_len, attn_dim)
-            lambda h: F.linear(h, context_weight),                      # W_ctx h_j (batch, src_len, gates*dec_hidden)
-            lambda h: F.linear(h, context_out_weight))                  # W_cc h_j (batch, src_len, dec_hidden)
+    def _context_product(self, inputs: Tensor) -> Tensor:
+        """[W_ctx; W_cc] x: (..., enc_out) -> (..., gates*dec_hidden + dec_hidden), int8 when decoding in int8."""
+        if int8 := self._int8("context"):
+            return int8(inputs)
+        return F.linear(inputs, self.derived_weight("context", self._context_weight))
+
+    def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True) -> Memory:
+        """Keys 2·U_a h_j and, folded, W_ctx h_j and W_cc h_j (`values_in`, `values_out`) for every position;
+        unfolded, a step forms c_i and multiplies it by [W_ctx; W_cc] instead."""
+        keys_product = self._int8("keys") or self.attention.project_keys  # 2·U_a h_j (batch, src_len, attn_dim)
+        if not fold_context:
+            keys, = at_real_positions(values, mask, keys_product)
+            return Memory(values, keys, mask)
+        keys, context = at_real_positions(values, mask, keys_product, self._context_product)
+        values_in, values_out = self._split_terms(context)   # (batch, src_len, gates*dec_hidden | dec_hidden)
         return Memory(values, keys, mask, values_in, values_out)
 
     def _step_weights(self) -> Tensor | None:
@@ -293,19 +305,17 @@ class BahdanauDecoder(Decoder):
 
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         weights = super().int8_weights()
-        key_weight, key_bias = weights.pop("keys")                      # [2·U_a; W_ctx; W_cc], once per batch
-        context_weight, context_out_weight = self._context_weights()
-        zeros = key_bias.new_zeros(context_weight.size(0) + context_out_weight.size(0))
-        weights["memory"] = (torch.cat([key_weight, context_weight, context_out_weight]), torch.cat([key_bias, zeros]))
+        weights["context"] = (self._context_weight(), None)
         weights["pre_output_state"] = (self._pre_output_weight("state"), None)
         if self.rnn.layers == 1:
             weights["hidden_and_query"] = (self._hidden_and_query(), None)
         return weights
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, fused: Tensor | None,
-                    shared: SharedGrads | None = None) -> tuple[DecoderState, Tensor]:
+                    shared: SharedGrads | None = None) -> tuple[DecoderState, Tensor, Tensor | None]:
         """Attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) = W_e E y_{i-1} + b_i.
-        `shared`: in teacher-forced training, the products with [W_h; W_a] and W_ctx h_j go through it."""
+        `shared`: in teacher-forced training, the products with [W_h; W_a] and W_ctx h_j go through it.
+        Returns the new state, the weights (rows, src_len) and, for an unfolded memory, W_cc c_i (else None)."""
         s_prev = state.top                                              # (rows, dec_hidden)
         if fused is not None:
             if shared is not None:
@@ -320,13 +330,17 @@ class BahdanauDecoder(Decoder):
             gh0, query = None, self.attention.query_proj(s_prev)
         energies = self.attention.energies(memory.group(query), memory.keys)
         weights = masked_softmax(energies, memory.mask)                  # (batch, rows per sentence, src_len)
+        context_term = None
         if shared is not None:
             context_in = shared.weighted_sum(weights, s_prev.shape)
-        else:
-            context_in = memory.weighted_sum(weights, memory.values_in, s_prev.shape)
-        gi0 = input_proj + context_in                                   # + Σ_j α_ij W_ctx h_j
+        elif memory.values_in is not None:
+            context_in = memory.weighted_sum(weights, memory.values_in, s_prev.shape)  # Σ_j α_ij W_ctx h_j
+        else:                                                            # unfolded: c_i, then one product
+            context = memory.weighted_sum(weights, memory.values, s_prev.shape)        # (rows, enc_out) c_i
+            context_in, context_term = self._split_terms(self._context_product(context))
+        gi0 = input_proj + context_in                                   # + W_ctx c_i
         _, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
-        return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1)   # (rows, src_len)
+        return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1), context_term   # weights (rows, src_len)
 
     def _pre_output(self, s: Tensor, context_term: Tensor, token_term: Tensor) -> Tensor:
         """h̃ = tanh(W_cs s + W_cc c + (W_ce E y + b_c)), the last two terms already computed."""
@@ -337,14 +351,16 @@ class BahdanauDecoder(Decoder):
         return torch.tanh(F.linear(s, state_weight) + context_term + token_term)
 
     def _split_terms(self, terms: Tensor) -> tuple[Tensor, Tensor]:
-        """token_terms -> the RNN input's W_e E y + b_i and the pre-output's W_ce E y + b_c."""
+        """Terms for the RNN input (gates*dec_hidden) and for the pre-output (dec_hidden) -> the two: token_terms
+        into W_e E y + b_i and W_ce E y + b_c, context products into W_ctx c (or h_j) and W_cc c (or h_j)."""
         return terms.split([terms.size(-1) - self.hidden_size, self.hidden_size], dim=-1)
 
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
                       memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         token_in, token_out = self._split_terms(self.token_terms(prev_tokens))   # (rows, gates*dec_hidden | dec_hidden)
-        state, weights = self._recurrence(token_in, state, memory, self._step_weights())
-        context_term = memory.weighted_sum(memory.group(weights), memory.values_out, weights.shape)  # W_cc c_i
+        state, weights, context_term = self._recurrence(token_in, state, memory, self._step_weights())
+        if context_term is None:                                         # a folded memory: Σ_j α_ij W_cc h_j
+            context_term = memory.weighted_sum(memory.group(weights), memory.values_out, weights.shape)
         return self._pre_output(state.top, context_term, token_out), state, weights   # h̃_i (rows, dec_hidden)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
@@ -358,7 +374,7 @@ class BahdanauDecoder(Decoder):
             state = replace(state, hidden=shared.attach(state.hidden))
         states, weights = [], []
         for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
-            state, alpha = self._recurrence(input_t, state, memory, fused, shared)
+            state, alpha, _ = self._recurrence(input_t, state, memory, fused, shared)
             states.append(state.top)
             weights.append(alpha)
         s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)

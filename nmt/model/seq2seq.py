@@ -77,10 +77,11 @@ class Seq2Seq(nn.Module):
             decoder.zero_feed_weights()
         return model
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
-        """Run the encoder once and precompute the attention keys for every decoder step."""
+    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Memory, DecoderState]:
+        """Run the encoder once and precompute the attention keys for every decoder step
+        (`fold_context`: see `Decoder.memory`)."""
         encoded = self.encoder(src, src_lengths)
-        memory = self.decoder.memory(encoded.outputs, src != PAD)
+        memory = self.decoder.memory(encoded.outputs, src != PAD, fold_context)
         hidden, cell = self.bridge(encoded)
         return memory, self.decoder.initial_state(hidden, cell)
 
