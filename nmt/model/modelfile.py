@@ -68,7 +68,7 @@ class LoadedModel:
 
     def build(self) -> Seq2Seq:
         """The model with these weights (float32 parameters whatever the stored dtype), in eval mode."""
-        model = Seq2Seq.from_config(self.config.model, len(self.src_vocab), len(self.tgt_vocab))
+        model = Seq2Seq.from_config(self.config.model, len(self.src_vocab), len(self.tgt_vocab), initialize=False)
         try:
             model.load_state_dict(self.weights)
         except RuntimeError as exc:

@@ -45,7 +45,9 @@ class Seq2Seq(nn.Module):
         self.encoder, self.bridge, self.decoder = encoder, bridge, decoder
 
     @classmethod
-    def from_config(cls, config: ModelConfig, src_vocab: int, tgt_vocab: int) -> Seq2Seq:
+    def from_config(cls, config: ModelConfig, src_vocab: int, tgt_vocab: int, initialize: bool = True) -> Seq2Seq:
+        """The model `config` describes. `initialize=False` skips `config.init` (for weights about to be
+        loaded: a third of building the reference model); the layers' own default initialisation still runs."""
         encoder = Encoder(src_vocab, config.embedding_dim, config.encoder_hidden, config.encoder_layers,
                           config.bidirectional, config.rnn_type, config.dropout)
         try:
@@ -70,10 +72,10 @@ class Seq2Seq(nn.Module):
         bridge = Bridge(config.bridge, encoder.output_size, config.decoder_hidden, config.decoder_layers,
                         config.rnn_type == "lstm")
         model = cls(encoder, bridge, decoder)
-        if config.init == "uniform":        # as OpenNMT's param_init: U(-0.1, 0.1) for every parameter (but W_f)
+        if initialize and config.init == "uniform":  # as OpenNMT's param_init: U(-0.1, 0.1), every parameter (but W_f)
             for parameter in model.parameters():
                 nn.init.uniform_(parameter, -config.init_scale, config.init_scale)
-        if isinstance(decoder, LuongDecoder):
+        if initialize and isinstance(decoder, LuongDecoder):
             decoder.zero_feed_weights()
         return model
 
