@@ -33,11 +33,12 @@ def test_int8_rows_are_the_full_products_rows():
     assert not torch.equal(full.rows(rows)(inputs), F.linear(inputs, weight[rows], bias[rows]))   # int8, not float
 
 
-def _step_log_probs(model: Seq2Seq, src: torch.Tensor, lengths: torch.Tensor, steps: int) -> torch.Tensor:
+def _step_log_probs(model: Seq2Seq, src: torch.Tensor, lengths: torch.Tensor, steps: int,
+                    fold_context: bool = True) -> torch.Tensor:
     """Log-probabilities of `steps` teacher-free steps fed with token 2 (BOS) then the argmax."""
     out = []
     with torch.no_grad(), model.decoder.frozen_weights():
-        memory, state = model.encode(src, lengths)
+        memory, state = model.encode(src, lengths, fold_context)
         tokens = torch.full((src.size(0),), 2)
         for _ in range(steps):
             logits, state, _ = model.decoder.step(tokens, state, memory)
@@ -68,6 +69,13 @@ def test_quantized_model_steps_close_to_float32(model_options):
     approx = _step_log_probs(model, src, lengths, steps=1)
     assert not torch.equal(approx, exact[:, :1])                    # the int8 products ran
     assert (approx - exact[:, :1]).abs().max() < 0.05
+    if model_options["attention"] == "bahdanau":                     # greedy's unfolded memory: int8 [W_ctx; W_cc] c_i
+        context_product, calls = model.decoder.int8_products["context"], []
+        model.decoder.int8_products["context"] = lambda x: calls.append(x.shape) or context_product(x)
+        unfolded = _step_log_probs(model, src, lengths, steps=3, fold_context=False)
+        model.decoder.int8_products["context"] = context_product
+        assert calls == [(6, 64)] * 3                                 # once per step, on c_i (rows, enc_out)
+        assert (unfolded - exact[:, :3]).abs().max() < 0.05
     for name, value in model.state_dict().items():                  # float parameters untouched, none added
         assert torch.equal(value, before[name]), name
     assert model.state_dict().keys() == before.keys()

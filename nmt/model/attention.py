@@ -57,6 +57,7 @@ class Memory:
     mask: Tensor                      # (batch, src_len) True at real tokens
     values_in: Tensor | None = None   # (batch, src_len, gates*dec_hidden) W_ctx h_j, for Bahdanau's RNN input
     values_out: Tensor | None = None  # (batch, src_len, dec_hidden) W_cc h_j, for Bahdanau's pre-output
+    # (both None for Luong, and for Bahdanau's unfolded memory in greedy search: Decoder.memory)
 
     def index_select(self, index: Tensor) -> Memory:
         """Sentences `index` of the batch, e.g. to drop those whose search is over."""

@@ -364,6 +364,8 @@ class BahdanauDecoder(Decoder):
         return self._pre_output(state.top, context_term, token_out), state, weights   # h̃_i (rows, dec_hidden)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
+        if memory.values_in is None:
+            raise ValueError("teacher-forced decoding needs a folded memory (Decoder.memory(fold_context=True))")
         token_in, token_out = self._split_terms(self.token_terms(tgt_in))   # (batch, tgt_len, ...), all steps at once
         fused = self._step_weights()
         shared = None
