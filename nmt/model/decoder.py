@@ -149,8 +149,12 @@ class Decoder(nn.Module):
         products as W h_j per batch, and a step reads a 4x narrower memory."""
         if not self.attention.projects_keys:
             return Memory(values, values, mask)
-        keys, = at_real_positions(values, mask, self._int8("keys") or self.attention.project_keys)
+        keys, = at_real_positions(values, mask, self._keys_product())
         return Memory(values, keys, mask)
+
+    def _keys_product(self) -> Callable[[Tensor], Tensor]:
+        """h_j -> the attention keys: the int8 product when decoding in int8, else `attention.project_keys`."""
+        return self._int8("keys") or self.attention.project_keys
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         return DecoderState(hidden, cell, None)
@@ -286,11 +290,10 @@ class BahdanauDecoder(Decoder):
     def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True) -> Memory:
         """Keys 2·U_a h_j and, folded, W_ctx h_j and W_cc h_j (`values_in`, `values_out`) for every position;
         unfolded, a step forms c_i and multiplies it by [W_ctx; W_cc] instead."""
-        keys_product = self._int8("keys") or self.attention.project_keys  # 2·U_a h_j (batch, src_len, attn_dim)
         if not fold_context:
-            keys, = at_real_positions(values, mask, keys_product)
-            return Memory(values, keys, mask)
-        keys, context = at_real_positions(values, mask, keys_product, self._context_product)
+            return super().memory(values, mask)
+        # 2·U_a h_j and [W_ctx; W_cc] h_j over the real positions, one gather for both
+        keys, context = at_real_positions(values, mask, self._keys_product(), self._context_product)
         values_in, values_out = self._split_terms(context)   # (batch, src_len, gates*dec_hidden | dec_hidden)
         return Memory(values, keys, mask, values_in, values_out)
 
