@@ -313,3 +313,41 @@ def test_bahdanau_steps_over_an_unfolded_memory_equal_the_folded_ones(small_batc
             torch.testing.assert_close(logits_u, logits_f, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(state_u.hidden, state_f.hidden, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(weights_u, weights_f, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layers,bidirectional", [(1, True), (2, True), (2, False)])
+def test_training_gru_encoder_equals_the_packed_call(layers, bidirectional):
+    """With gradients on the CPU a GRU encoder runs unpacked, one call per layer and direction (its backward
+    direction over each sentence reversed within its length): same outputs, final states and gradients as
+    the packed call it replaces, including for the sentences shorter than the batch."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from nmt.model.encoder import Encoder
+
+    torch.manual_seed(0)
+    encoder = Encoder(40, 6, 5, layers, bidirectional, "gru", dropout=0.0).double().train()
+    lengths = torch.tensor([7, 2, 5, 1, 7])
+    src = torch.randint(4, 40, (5, 7))
+    src[torch.arange(7) >= lengths.unsqueeze(1)] = PAD
+    out_grad = torch.randn(5, 7, encoder.output_size, dtype=torch.float64)
+    final_grad = torch.randn(5, encoder.output_size, dtype=torch.float64)
+
+    def gradients(outputs: torch.Tensor, final: torch.Tensor) -> list[torch.Tensor]:
+        encoder.zero_grad()
+        ((outputs * out_grad).sum() + (final * final_grad).sum()).backward()
+        return [p.grad.clone() for p in encoder.parameters()]
+
+    unpacked = encoder(src, lengths)
+    unpacked_grads = gradients(unpacked.outputs, unpacked.final)
+    packed_out, packed_final = encoder.rnn(pack_padded_sequence(encoder.embed(src), lengths, batch_first=True,
+                                                                enforce_sorted=False))
+    packed = encoder._output(pad_packed_sequence(packed_out, batch_first=True, total_length=7)[0], packed_final)
+    packed_grads = gradients(packed.outputs, packed.final)
+
+    assert torch.allclose(unpacked.outputs, packed.outputs, atol=1e-12)
+    assert (unpacked.outputs[src == PAD] == 0).all()
+    assert torch.allclose(unpacked.final, packed.final, atol=1e-12)
+    for unpacked_grad, packed_grad in zip(unpacked_grads, packed_grads, strict=True):
+        assert torch.allclose(unpacked_grad, packed_grad, atol=1e-12)
+    with torch.no_grad():                                             # inference keeps the packed call
+        assert torch.allclose(encoder(src, lengths).outputs, packed.outputs, atol=1e-12)
