@@ -1,0 +1,139 @@
+#!/usr/bin/env python
+"""Where a training update's time goes, and how far it is from the machine's matrix-product speed.
+
+Times the phases of each update on the reference model (the encoder with the attention memory,
+the teacher-forced decoder loop, the fused output layer and loss, the backward pass, clipping and
+the optimiser step), then counts the floating-point work of every matrix product under
+torch.profiler and measures this core's float32 GEMM speed, which together give the ceiling: the
+target tokens/s if nothing but the products took time, at that speed.
+
+    taskset -c 1 python scripts/profile_training.py --threads 1 --precision fp32
+
+The data folder of the config must exist (`nmt preprocess --config ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def product_flops(event) -> float:
+    """Floating-point operations of one profiled mm / addmm / bmm call, from its recorded shapes."""
+    shapes = event.input_shapes
+    a, b = (shapes[1], shapes[2]) if event.key == "aten::addmm" else (shapes[0], shapes[1])
+    if event.key == "aten::bmm":
+        return 2.0 * a[0] * a[1] * a[2] * b[2]
+    return 2.0 * a[0] * a[1] * b[1]
+
+
+def gemm_speed(seconds: float = 1.5) -> float:
+    """Float32 GFLOP/s of a 2048^3 matrix product on the threads set."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    start, runs = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        a @ b
+        runs += 1
+    return 2 * 2048**3 * runs / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="fp32", help="training.precision")
+    parser.add_argument("--updates", type=int, default=20, help="timed updates (the profiled ones come after)")
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from machine_facts import describe, machine_facts
+
+    from nmt.config import load_config
+    from nmt.device import limit_kernel_cache
+    from nmt.train.trainer import Trainer
+
+    limit_kernel_cache()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as run_dir:
+        overrides = [f"training.run_dir={run_dir}/run", "training.device=cpu", f"training.precision={args.precision}"]
+        trainer = Trainer(load_config(args.config, overrides))
+        print("#", describe(machine_facts(args.threads, str(trainer.amp_dtype or torch.float32).replace("torch.", ""))))
+        if trainer.amp_dtype is not None:
+            raise SystemExit("the phase split times float32 training only; pass --precision fp32")
+        profile(trainer, args)
+
+
+def profile(trainer, args: argparse.Namespace) -> None:
+    """Print the phase split of `args.updates` updates, then the products' share and the ceiling."""
+    from nmt.train.loss import output_cross_entropy
+
+    model, optimizer = trainer.model, trainer.optimizer
+    clip = trainer.config.training.clip_grad_norm
+    batches = [trainer.train_ids.collate(rows) for rows in trainer.sampler.batches(0)[: args.warmup + 2 * args.updates]]
+    phases: collections.Counter[str] = collections.Counter()
+    tokens = 0
+    model.train()
+    for i, batch in enumerate(batches[: args.warmup + args.updates]):
+        if i == args.warmup:
+            phases.clear()
+            tokens = 0
+        optimizer.zero_grad(set_to_none=True)
+        marks = [time.perf_counter()]
+        memory, state = model.encode(batch.src, batch.src_lengths)
+        marks.append(time.perf_counter())
+        features, _ = model.decoder.teacher_forced(batch.tgt_in, state, memory)
+        features = model.decoder.dropout(features)
+        marks.append(time.perf_counter())
+        output = model.decoder.output
+        loss = output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
+                                    trainer.config.training.label_smoothing)
+        marks.append(time.perf_counter())
+        (loss / batch.n_tgt_tokens).backward()
+        marks.append(time.perf_counter())
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        marks.append(time.perf_counter())
+        names = ["encoder and memory, forward", "decoder loop, forward", "output layer and loss (its gradients too)",
+                 "backward", "clipping and optimiser"]
+        for name, (start, end) in zip(names, itertools.pairwise(marks), strict=True):
+            phases[name] += end - start
+        tokens += batch.n_tgt_tokens
+    total = sum(phases.values())
+    print(f"{args.updates} updates, {tokens / total:.0f} target tokens/s")
+    for name, seconds in phases.items():
+        print(f"  {name:45s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        start, profiled_tokens = time.perf_counter(), 0
+        for batch in batches[args.warmup + args.updates :]:
+            profiled_tokens += trainer._update([batch], 1.0)[1]
+        profiled_seconds = time.perf_counter() - start
+    flops = seconds = 0.0
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key in PRODUCTS and event.input_shapes:
+            flops += product_flops(event) * event.count
+            seconds += event.self_cpu_time_total / 1e6
+    per_token = flops / profiled_tokens
+    speed = gemm_speed()
+    print(f"matrix products: {per_token / 1e6:.1f} MFLOP per target token, {100 * seconds / profiled_seconds:.0f}% of "
+          f"the profiled updates' time, at {flops / seconds / 1e9:.1f} GFLOP/s")
+    print(f"this core's float32 GEMM (2048^3): {speed:.1f} GFLOP/s -> ceiling {speed * 1e9 / per_token:.0f} target "
+          f"tokens/s with nothing but the products, at that speed; measured {tokens / total:.0f} "
+          f"({100 * tokens / total / (speed * 1e9 / per_token):.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
