@@ -1,0 +1,32 @@
+"""scripts/profile_training.py on the tiny test model: its phase split and products' count are real measurements."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_profile_training_script_small(prepared):
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
+                             "--updates", "2", "--warmup", "1", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert out.startswith("# ") and "float32" in out.splitlines()[0]            # the machine and precision
+    shares = [float(share) for share in re.findall(r" s +([0-9.]+)%$", out, re.MULTILINE)]
+    assert len(shares) == 5 and abs(sum(shares) - 100) < 0.5                     # five phases, the whole update
+    flop = re.search(r"matrix products: ([0-9.]+) MFLOP per target token, ([0-9]+)% of", out)
+    assert flop and float(flop.group(1)) > 0 and 0 < int(flop.group(2)) <= 100
+    ceiling = re.search(r"ceiling ([0-9]+) target tokens/s .* measured ([0-9]+) \(([0-9]+)%\)", out)
+    assert ceiling and int(ceiling.group(1)) > 0 and int(ceiling.group(2)) > 0
+
+
+def test_profile_training_refuses_mixed_precision(prepared):
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
+                             "--updates", "1", "--warmup", "1", "--precision", "bf16"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "pass --precision fp32" in result.stderr
