@@ -9,7 +9,10 @@ target tokens/s if nothing but the products took time, at that speed.
 
     taskset -c 1 python scripts/profile_training.py --threads 1 --precision fp32
 
-The data folder of the config must exist (`nmt preprocess --config ...`).
+The phases are timed in the script's own loop (the trainer's update without batch collation), and
+the products' share of the time comes from updates under the profiler, whose overhead on the many
+small operations makes that share a little low. The data folder of the config must exist
+(`nmt preprocess --config ...`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")
+UNCOUNTED = ("aten::baddbmm", "aten::addbmm", "aten::addmv", "aten::mv", "aten::_addmm_activation")
 
 
 def product_flops(event) -> float:
@@ -81,7 +85,11 @@ def profile(trainer, args: argparse.Namespace) -> None:
 
     model, optimizer = trainer.model, trainer.optimizer
     clip = trainer.config.training.clip_grad_norm
-    batches = [trainer.train_ids.collate(rows) for rows in trainer.sampler.batches(0)[: args.warmup + 2 * args.updates]]
+    epoch = trainer.sampler.batches(0)
+    if len(epoch) < args.warmup + 2 * args.updates:
+        raise SystemExit(f"only {len(epoch)} batches per epoch: lower --updates or --warmup "
+                         f"(it takes warmup + 2 * updates = {args.warmup + 2 * args.updates})")
+    batches = [trainer.train_ids.collate(rows) for rows in epoch[: args.warmup + 2 * args.updates]]
     phases: collections.Counter[str] = collections.Counter()
     tokens = 0
     model.train()
@@ -122,6 +130,9 @@ def profile(trainer, args: argparse.Namespace) -> None:
             profiled_tokens += trainer._update([batch], 1.0)[1]
         profiled_seconds = time.perf_counter() - start
     flops = seconds = 0.0
+    uncounted = sorted({event.key for event in prof.key_averages() if event.key in UNCOUNTED})
+    if uncounted:
+        print(f"warning: products not counted below: {', '.join(uncounted)}")
     for event in prof.key_averages(group_by_input_shape=True):
         if event.key in PRODUCTS and event.input_shapes:
             flops += product_flops(event) * event.count

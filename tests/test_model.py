@@ -315,8 +315,8 @@ def test_bahdanau_steps_over_an_unfolded_memory_equal_the_folded_ones(small_batc
             torch.testing.assert_close(weights_u, weights_f, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("layers,bidirectional", [(1, True), (2, True), (2, False)])
-def test_training_gru_encoder_equals_the_packed_call(layers, bidirectional):
+@pytest.mark.parametrize("layers,bidirectional", [(1, True), (1, False), (2, True), (2, False)])
+def test_training_gru_encoder_equals_the_packed_call(layers, bidirectional, monkeypatch):
     """With gradients on the CPU a GRU encoder runs unpacked, one call per layer and direction (its backward
     direction over each sentence reversed within its length): same outputs, final states and gradients as
     the packed call it replaces, including for the sentences shorter than the batch."""
@@ -326,11 +326,14 @@ def test_training_gru_encoder_equals_the_packed_call(layers, bidirectional):
 
     torch.manual_seed(0)
     encoder = Encoder(40, 6, 5, layers, bidirectional, "gru", dropout=0.0).double().train()
-    lengths = torch.tensor([7, 2, 5, 1, 7])
-    src = torch.randint(4, 40, (5, 7))
+    unpacked_calls = []
+    run_unpacked = encoder._gru_unpacked
+    monkeypatch.setattr(encoder, "_gru_unpacked", lambda *a: unpacked_calls.append(1) or run_unpacked(*a))
+    lengths = torch.tensor([7, 1, 7, 7, 6, 7, 7, 7, 7, 7])                # 10% padding: unpacked
+    src = torch.randint(4, 40, (10, 7))
     src[torch.arange(7) >= lengths.unsqueeze(1)] = PAD
-    out_grad = torch.randn(5, 7, encoder.output_size, dtype=torch.float64)
-    final_grad = torch.randn(5, encoder.output_size, dtype=torch.float64)
+    out_grad = torch.randn(10, 7, encoder.output_size, dtype=torch.float64)
+    final_grad = torch.randn(10, encoder.output_size, dtype=torch.float64)
 
     def gradients(outputs: torch.Tensor, final: torch.Tensor) -> list[torch.Tensor]:
         encoder.zero_grad()
@@ -338,6 +341,7 @@ def test_training_gru_encoder_equals_the_packed_call(layers, bidirectional):
         return [p.grad.clone() for p in encoder.parameters()]
 
     unpacked = encoder(src, lengths)
+    assert unpacked_calls == [1]
     unpacked_grads = gradients(unpacked.outputs, unpacked.final)
     packed_out, packed_final = encoder.rnn(pack_padded_sequence(encoder.embed(src), lengths, batch_first=True,
                                                                 enforce_sorted=False))
@@ -351,3 +355,7 @@ def test_training_gru_encoder_equals_the_packed_call(layers, bidirectional):
         assert torch.allclose(unpacked_grad, packed_grad, atol=1e-12)
     with torch.no_grad():                                             # inference keeps the packed call
         assert torch.allclose(encoder(src, lengths).outputs, packed.outputs, atol=1e-12)
+    short = lengths.clamp(max=2)                                      # mostly padding: the packed call
+    src[torch.arange(7) >= short.unsqueeze(1)] = PAD
+    encoder(src, short)
+    assert unpacked_calls == [1]

@@ -18,11 +18,17 @@ def test_profile_training_script_small(prepared):
     out = result.stdout
     assert out.startswith("# ") and "float32" in out.splitlines()[0]            # the machine and precision
     shares = [float(share) for share in re.findall(r" s +([0-9.]+)%$", out, re.MULTILINE)]
-    assert len(shares) == 5 and abs(sum(shares) - 100) < 0.5                     # five phases, the whole update
+    assert len(shares) == 5 and all(share > 0 for share in shares)                # five phases, each timed
     flop = re.search(r"matrix products: ([0-9.]+) MFLOP per target token, ([0-9]+)% of", out)
     assert flop and float(flop.group(1)) > 0 and 0 < int(flop.group(2)) <= 100
     ceiling = re.search(r"ceiling ([0-9]+) target tokens/s .* measured ([0-9]+) \(([0-9]+)%\)", out)
     assert ceiling and int(ceiling.group(1)) > 0 and int(ceiling.group(2)) > 0
+
+
+def test_profile_training_says_when_an_epoch_is_too_short(prepared):
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
+                             "--updates", "100000"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "batches per epoch" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_profile_training_refuses_mixed_precision(prepared):
