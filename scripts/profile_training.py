@@ -30,6 +30,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")
 UNCOUNTED = ("aten::baddbmm", "aten::addbmm", "aten::addmv", "aten::mv", "aten::_addmm_activation")
+PHASES = ("encoder and memory, forward", "decoder loop, forward", "output layer and loss (its gradients too)",
+          "backward", "clipping and optimiser")
 
 
 def product_flops(event) -> float:
@@ -101,8 +103,7 @@ def profile(trainer, args: argparse.Namespace) -> None:
         marks = [time.perf_counter()]
         memory, state = model.encode(batch.src, batch.src_lengths)
         marks.append(time.perf_counter())
-        features, _ = model.decoder.teacher_forced(batch.tgt_in, state, memory)
-        features = model.decoder.dropout(features)
+        features, _ = model.decoder(batch.tgt_in, state, memory, features_only=True)   # h̃ after dropout
         marks.append(time.perf_counter())
         output = model.decoder.output
         loss = output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
@@ -114,9 +115,7 @@ def profile(trainer, args: argparse.Namespace) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         marks.append(time.perf_counter())
-        names = ["encoder and memory, forward", "decoder loop, forward", "output layer and loss (its gradients too)",
-                 "backward", "clipping and optimiser"]
-        for name, (start, end) in zip(names, itertools.pairwise(marks), strict=True):
+        for name, (start, end) in zip(PHASES, itertools.pairwise(marks), strict=True):
             phases[name] += end - start
         tokens += batch.n_tgt_tokens
     total = sum(phases.values())
