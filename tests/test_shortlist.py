@@ -1,6 +1,7 @@
 """Vocabulary shortlist: gathering in preprocess, carrying into checkpoints and model files, decoding."""
 
 import json
+import threading
 from collections import Counter
 from itertools import product
 
@@ -12,7 +13,7 @@ import nmt.data.shortlist as gathering
 from nmt.config import load_config
 from nmt.data.preprocess import DataFolder
 from nmt.data.shortlist import CooccurrenceCounts, load_shortlist, vocab_fingerprint
-from nmt.decode.shortlist import Shortlist
+from nmt.decode.shortlist import SPECIALS, Shortlist
 from nmt.decode.translator import Translator
 from nmt.model.modelfile import export_model
 from tests.test_errors import assert_one_error, run_cli
@@ -151,6 +152,34 @@ def test_an_ensemble_decodes_with_the_first_models_shortlist(trained_run, source
     pair = Translator.load([trained_run / "best.pt", trained_run / "best.pt"], "cpu", beam_size=3, shortlist=True)
     assert pair.shortlist is not None
     assert [t.text for t in pair.translate(sources)] == [t.text for t in single.translate(sources)]
+
+
+def test_threads_sharing_a_translator_get_their_own_shortlists(trained_run, sources):
+    """A shortlist is set on the shared model for one search: concurrent calls must not see another's."""
+    plain = Translator.load(trained_run / "best.pt", "cpu", beam_size=3, batch_tokens=60)
+    generator = torch.Generator().manual_seed(0)           # a few targets per source piece: small, varied subsets
+    targets = torch.randint(SPECIALS, len(plain.tgt_vocab), (len(plain.src_vocab), 3), generator=generator)
+    listed = Translator(plain.model, plain.src_vocab, plain.tgt_vocab, _decoding(plain, shortlist=True),
+                        plain.device, Shortlist(targets, torch.arange(SPECIALS), len(plain.tgt_vocab)))
+    parts = [sources[i::4] for i in range(4)]
+    expected = [[t.text for t in listed.translate(part)] for part in parts]
+    results: list[list[list[str]]] = [[] for _ in parts]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(3):
+                results[i].append([t.text for t in listed.translate(parts[i])])
+        except BaseException as exc:      # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(parts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert results == [[texts] * 3 for texts in expected]
 
 
 def test_select_keeps_specials_frequent_rows_and_prefix(translator):

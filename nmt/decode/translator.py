@@ -27,9 +27,10 @@ import json
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -92,6 +93,10 @@ class Translator:
     and builds the weights derived from its parameters (the decoder's token table, stacked step
     weights) once for its whole life, not once per call: a one-line call would otherwise spend
     about half its time rebuilding them. Do not train the model further under a Translator.
+
+    Threads may share a Translator (and Translators a model): a search sets per-call state on the
+    model (a shortlist's output rows), so searches of one model run one batch at a time. On one
+    CPU, two searches side by side were no faster than one with two threads (`--threads`).
     """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
@@ -113,6 +118,7 @@ class Translator:
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
         self._derived_weights = ExitStack()                         # held open for the Translator's life
         self._derived_weights.enter_context(self.model.decoder.frozen_weights())
+        self._locks = _search_locks(self.model)
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
@@ -241,7 +247,7 @@ class Translator:
         cost = src_lengths + np.diff(tgt_offsets) + 1
         order = np.argsort(-src_lengths, kind="stable")
         results: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * len(sources)
-        with self.model.decoder.frozen_weights(), autocast(self.device, self.amp_dtype):
+        with self.model.decoder.frozen_weights(), autocast(self.device, self.amp_dtype), self._exclusive():
             for rows in cut_by_budget(order, cost, self.decoding.batch_tokens, 0):
                 src = pad_rows(src_flat, src_offsets, rows, None, EOS)
                 tgt = pad_rows(tgt_flat, tgt_offsets, rows, None, None)
@@ -348,7 +354,7 @@ class Translator:
         max_len = d.max_len or None
         if prefix is not None:
             prefix = prefix.to(self.device)
-        with autocast(self.device, self.amp_dtype):
+        with autocast(self.device, self.amp_dtype), self._exclusive():
             if d.sampling:
                 return sample(self.model, src, src_lengths, self._sampler(), n_best, d.max_len_ratio, d.min_len,
                               return_attention, max_len, d.no_repeat_ngram, prefix)
@@ -358,6 +364,14 @@ class Translator:
             with self.model.decoder.output_subset(keep):                     # the search runs on subset positions
                 prefix = subset_positions(keep, prefix) if prefix is not None else None
                 return self._greedy_or_beam(src, src_lengths, n_best, return_attention, d, max_len, prefix)
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the model's search locks (see `_search_locks`)."""
+        with ExitStack() as stack:
+            for lock in self._locks:
+                stack.enter_context(lock)
+            yield
 
     def _greedy_or_beam(self, src: Tensor, src_lengths: Tensor, n_best: int, return_attention: bool,
                         d: DecodingConfig, max_len: int | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
@@ -386,6 +400,19 @@ class Translator:
             if token == UNK and surfaces:
                 pieces[t] = surfaces[best[t]]
         return self.tgt_vocab.sp.decode_pieces(pieces)
+
+
+_SEARCH_LOCKS: weakref.WeakKeyDictionary[Seq2Seq, threading.Lock] = weakref.WeakKeyDictionary()
+_SEARCH_LOCKS_GUARD = threading.Lock()
+
+
+def _search_locks(model: Seq2Seq | Ensemble) -> list[threading.Lock]:
+    """One lock per Seq2Seq (an ensemble's members each), in one order for every caller, so that
+    Translators sharing a model, or a member, never search it at once and never deadlock."""
+    members = model.decoder.models if isinstance(model, Ensemble) else [model]
+    unique = sorted({id(member): member for member in members}.values(), key=id)
+    with _SEARCH_LOCKS_GUARD:
+        return [_SEARCH_LOCKS.setdefault(member, threading.Lock()) for member in unique]
 
 
 def _same_vocab(a: Vocab, b: Vocab) -> bool:
