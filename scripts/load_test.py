@@ -71,7 +71,7 @@ def offline(args: argparse.Namespace, requests: list[list[str]], env: dict) -> t
     return outputs, seconds
 
 
-def start_server(args: argparse.Namespace, env: dict) -> tuple[subprocess.Popen, int, list[str]]:
+def start_server(args: argparse.Namespace, env: dict) -> tuple[subprocess.Popen, int, list[str], threading.Thread]:
     cmd = [sys.executable, "-m", "nmt", "serve", "--model", str(args.model), "--port", "0", "--host", "127.0.0.1",
            "--precision", "fp32", "--device", args.device, "--threads", str(args.threads), *args.serve_option]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
@@ -86,8 +86,9 @@ def start_server(args: argparse.Namespace, env: dict) -> tuple[subprocess.Popen,
         log.append(line)
         match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         port = int(match.group(1)) if match else None
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-    return proc, port, log
+    reader = threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True)
+    reader.start()
+    return proc, port, log, reader
 
 
 def post(conn: http.client.HTTPConnection, sentences: list[str]) -> tuple[int, dict, dict]:
@@ -171,7 +172,7 @@ def main() -> None:
     print(f"{len(requests)} requests, {n_sentences} sentences, {args.clients} clients, {args.threads} thread(s)",
           file=sys.stderr)
     expected, offline_seconds = offline(args, requests, env)
-    proc, port, log = start_server(args, env)
+    proc, port, log, reader = start_server(args, env)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         post(conn, requests[0])                                   # warm-up, not counted
@@ -180,6 +181,7 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
+        reader.join(timeout=30)                     # its last lines may still be in the pipe
     lat = result["latencies"]
     report = {
         "requests": len(requests), "sentences": n_sentences, "clients": args.clients, "threads": args.threads,

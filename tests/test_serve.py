@@ -178,13 +178,17 @@ def test_empty_list_health_and_unknown_routes(server):
 
 
 def test_one_log_line_per_request_with_latency(server):
+    health_lines = sum("GET /health" in line for line in server.log)
+    assert server.request("GET", "/health")[0] == 200
+    deadline = time.monotonic() + 60
+    while sum("GET /health" in line for line in server.log) == health_lines:   # the reader has caught up
+        assert time.monotonic() < deadline, server.log[-5:]
+        time.sleep(0.05)
     before = len(server.log)
     server.translate(["Ein Hund.", "Eine Katze."])
     server.request("POST", "/translate", b"{")
-    # The server writes each line before its response, but the reader thread may still be
-    # appending an earlier test's lines after `before` was taken; pipe order keeps ours last.
     ours = re.compile(r"POST /translate (200 2|400 0) sentences [\d.]+ ms$")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         lines = [line for line in server.log[before:] if ours.search(line)]
         if len(lines) >= 2:
@@ -215,13 +219,14 @@ def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, o
             else:
                 assert status == 200 and body["translations"] == expected
 
-        in_flight: list[tuple[int, dict, dict]] = []
-        thread = threading.Thread(target=lambda: in_flight.append(server.translate(heavy)))
-        thread.start()
-        time.sleep(1.0)                                          # the request is being translated
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
+        conn.request("POST", "/translate", json.dumps(heavy).encode())   # sent, not yet answered
+        assert server.request("GET", "/health")[0] == 200                # so the server has read it
+        time.sleep(0.2)
         server.proc.send_signal(signal.SIGTERM)
-        thread.join(timeout=300)
-        assert in_flight and in_flight[0][0] == 200 and in_flight[0][2]["translations"] == expected
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read())["translations"] == expected
+        conn.close()
         assert server.proc.wait(timeout=60) == 143
         with pytest.raises(OSError):
             server.request("GET", "/health")

@@ -24,11 +24,12 @@ from .conftest import make_config
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_WITHIN = 5.0
+SAVE_DELAY = 3                      # seconds slow_save adds to one write of last.pt
 
 
 
 def slow_save(at: int) -> str:
-    """A wrapper that makes the `at`-th write of last.pt take 3 s more, announced on stderr."""
+    """A wrapper that makes the `at`-th write of last.pt take SAVE_DELAY s more, announced on stderr."""
     return f"""
 import nmt.folders as f
 _commit, _count = f.PendingFile.commit, [0]
@@ -37,11 +38,24 @@ def commit(self):
         _count[0] += 1
         if _count[0] == {at}:
             print("SAVING", file=sys.stderr, flush=True)
-            time.sleep(3)
+            time.sleep({SAVE_DELAY})
     _commit(self)
 f.PendingFile.commit = commit
 """
 
+
+SIGNAL_HANDLED = """
+import signal as _signal
+_install = _signal.signal
+def _announcing(sig, handler):
+    if callable(handler):
+        inner = handler
+        def handler(signum, frame):
+            inner(signum, frame)       # the first signal returns; a second one raises before the print
+            print("HANDLED", file=sys.stderr, flush=True)
+    return _install(sig, handler)
+_signal.signal = _announcing
+"""
 
 SLOW_READ = """
 import nmt.textio as t
@@ -162,7 +176,7 @@ def test_signal_during_a_checkpoint_write_lets_it_finish(prepared, tmp_path, sig
     proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2), slow_save(1))
     read_until(proc, "SAVING")
     code, seconds, err = stop(proc, sig)
-    assert code == 128 + sig and seconds < STOP_WITHIN, (code, seconds, err)
+    assert code == 128 + sig and seconds < SAVE_DELAY + STOP_WITHIN, (code, seconds, err)   # the write goes on
     state = load_checkpoint(run / "last.pt")                  # complete, and at the update it stopped at
     assert state["step"] == max(events(run, "train"))
     assert temporaries(run) == []
@@ -170,10 +184,11 @@ def test_signal_during_a_checkpoint_write_lets_it_finish(prepared, tmp_path, sig
 
 def test_second_signal_during_a_write_gives_up_at_once(prepared, tmp_path):
     run = tmp_path / "run"
-    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2), slow_save(1))
+    proc = start(train_args(prepared, run, max_updates=100000, validate_every=100000, save_every=2),
+                 slow_save(1) + SIGNAL_HANDLED)
     read_until(proc, "SAVING")
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
+    read_until(proc, "HANDLED")                             # two signals at once would arrive as one
     code, seconds, err = stop(proc, signal.SIGTERM)
     assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
     assert "Traceback" not in err

@@ -138,8 +138,9 @@ def test_sigterm_saves_last_checkpoint_and_exits_143(prepared, tmp_path):
          "--set", "training.max_updates=100000", "--set", "training.log_every=1",
          "--set", "training.validate_every=100000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300
+    while not (run / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "training did not start"
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -206,8 +207,9 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(prepared, tmp_path):
             "--set", "training.validate_every=100000", "--set", "training.log_every=1"]
     proc = subprocess.Popen([sys.executable, "-m", "nmt", *args, "--set", "training.max_updates=100000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not (run / "last.pt").exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300
+    while not (run / "last.pt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint was saved"
         time.sleep(0.1)
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)

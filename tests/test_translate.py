@@ -3,7 +3,7 @@ import random
 import select
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import sacrebleu
@@ -193,13 +193,18 @@ def test_micro_batches_keep_order_and_close_at_the_size_limit():
 def test_micro_batches_close_when_the_input_pauses():
     from nmt.decode.translator import micro_batches
 
+    first_batch_taken = threading.Event()
+
     def slow():
         yield "a\n"
         yield "b\r\n"
-        time.sleep(1.5)
+        assert first_batch_taken.wait(60)           # "c" comes only after the pause closed a batch
         yield "c\n"
 
-    assert list(micro_batches(slow(), 100, 0.3)) == [["a", "b"], ["c"]]
+    batches = micro_batches(slow(), 100, 0.3)
+    assert next(batches) == ["a", "b"]
+    first_batch_taken.set()
+    assert list(batches) == [["c"]]
 
 
 def test_stream_error_comes_after_every_earlier_translation(translator, sources):
