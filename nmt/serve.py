@@ -12,7 +12,10 @@ waiting request, then up to `max_wait` seconds more to collect others with the s
 options, until `max_batch_sentences`; their sentences are decoded as one length-sorted batch and
 each request gets its own results, in its own order. A request that finds `max_queue` requests
 waiting is answered 503 with Retry-After instead of hanging. Bodies over `max_body_bytes` and
-requests over `max_sentences` get 413; anything malformed gets 400 with a message. On SIGTERM
+requests over `max_sentences` get 413; anything malformed gets 400 with a message. A request
+whose translation fails gets 500 with the reason, and the requests batched with it are translated
+again on their own; should the model thread itself stop, every waiting request gets 500 and
+`/health` and new requests 503 ("failed"), so a supervisor can restart the server. On SIGTERM
 (or Ctrl-C) the server stops accepting connections, finishes the requests it has, and exits.
 One log line per request on stderr: method, path, status, sentences, latency.
 """
@@ -91,36 +94,57 @@ class Batcher:
         self.translator, self.settings = translator, settings
         self.jobs: queue.Queue = queue.Queue(maxsize=settings.max_queue)
         self.thread = threading.Thread(target=self._run, name="nmt-model", daemon=True)
+        self.held: deque = deque()            # jobs taken while batching other options: they go next
+        self.failure: str | None = None       # why the model thread stopped, if it did
+        self._submitting = threading.Lock()   # a job is queued before a failure or refused after it
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
         """Translate every job already queued, then end the thread."""
-        self.jobs.put(_STOP)
-        self.thread.join()
+        if self.thread.is_alive():
+            self.jobs.put(_STOP)
+            self.thread.join()
 
     def submit(self, job: Job) -> None:
-        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting."""
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued); "
-                                    "retry shortly") from None
+        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting or the model thread stopped."""
+        with self._submitting:
+            if self.failure is not None:
+                raise RequestError(503, f"the model thread stopped ({self.failure}); restart the server")
+            try:
+                self.jobs.put_nowait(job)
+            except queue.Full:
+                raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued); "
+                                        "retry shortly") from None
 
     def _run(self) -> None:
-        held: deque = deque()                 # jobs taken while batching other options: they go next
+        """Serve jobs until stopped; should anything end the thread, every waiting request gets the error."""
+        try:
+            self._serve_jobs()
+        except BaseException as exc:
+            log.exception("the model thread stopped")
+            with self._submitting:
+                self.failure = f"{type(exc).__name__}: {exc}"[:200]
+                waiting = list(self.held)
+                while not self.jobs.empty():
+                    waiting.append(self.jobs.get_nowait())
+            for job in waiting:
+                if job is not _STOP:
+                    _fail(job, exc)
+
+    def _serve_jobs(self) -> None:
         stopping = False
-        while held or not stopping:
-            first = held.popleft() if held else self.jobs.get()
+        while self.held or not stopping:
+            first = self.held.popleft() if self.held else self.jobs.get()
             if first is _STOP:
                 stopping = True
                 continue
-            batch, others = self._collect(first, held)
+            batch, others = self._collect(first, self.held)
             if _STOP in others:
                 stopping = True
                 others.remove(_STOP)
-            held.extend(others)
+            self.held.extend(others)
             self._translate(batch)
 
     def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
@@ -160,16 +184,30 @@ class Batcher:
         beam_size, n_best = batch[0].options
         try:
             results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size)
-        except Exception as exc:              # the clients get a 500 with the reason; the server keeps running
+        except Exception as exc:              # the client gets a 500 with the reason; the server keeps running
+            if len(batch) > 1:                # one request's failure (say, out of memory) is not the others'
+                for job in batch:
+                    self._translate([job])
+                return
             log.exception("translation failed")
-            for job in batch:
-                job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+            _fail(batch[0], exc)
             return
+        except BaseException as exc:          # the thread ends (see _run); this batch's clients hear why
+            for job in batch:
+                _fail(job, exc)
+            raise
         start = 0
         for job in batch:
             part = results[start:start + len(job.sentences)]
             start += len(job.sentences)
             job.loop.call_soon_threadsafe(_set_result, job.future, part)
+
+
+def _fail(job: Job, exc: BaseException) -> None:
+    """Answer the job with `exc`; one that is not an Exception (it would end the event loop) as a RuntimeError."""
+    if not isinstance(exc, Exception):
+        exc = RuntimeError(f"the model thread stopped ({type(exc).__name__}: {exc})"[:200])
+    job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
@@ -284,9 +322,10 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        status = "ok" if state["accepting"] else "shutting down"
+        status = ("failed" if batcher.failure is not None else
+                  "ok" if state["accepting"] else "shutting down")
         return JSONResponse({"status": status, "languages": languages or {}, "queued": batcher.jobs.qsize()},
-                            status_code=200 if state["accepting"] else 503)
+                            status_code=200 if status == "ok" else 503)
 
     @app.post("/translate")
     async def translate(request: Request) -> JSONResponse:

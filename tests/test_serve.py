@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import random
@@ -19,6 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from nmt.decode.translator import Translator
+from nmt.serve import Batcher, Job, RequestError, ServeSettings
 
 from .conftest import read_gz
 
@@ -232,6 +234,59 @@ def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, o
             server.request("GET", "/health")
     finally:
         server.stop()
+
+
+class ScriptedTranslator:
+    """Stands in for a Translator in the model thread: "BOOM" raises an error, "EXIT" a SystemExit."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None) -> list[str]:
+        self.calls.append(sentences)
+        if "BOOM" in sentences:
+            raise RuntimeError("boom")
+        if "EXIT" in sentences:
+            raise SystemExit("exit")
+        return [s.upper() for s in sentences]
+
+
+def run_jobs(translator: ScriptedTranslator, requests: list[list[str]]) -> tuple[Batcher, list[object]]:
+    """Queue `requests` before the model thread starts (so they are batched together), then await each."""
+    async def main() -> tuple[Batcher, list[object]]:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(translator, ServeSettings(max_wait=0.5))
+        jobs = [Job(sentences, 1, 1, loop, loop.create_future()) for sentences in requests]
+        for job in jobs:
+            batcher.submit(job)
+        batcher.start()
+        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs), return_exceptions=True), 60)
+        await asyncio.to_thread(batcher.stop)
+        return batcher, results
+    return asyncio.run(main())
+
+
+def test_a_failing_request_does_not_fail_the_requests_batched_with_it():
+    translator = ScriptedTranslator()
+    batcher, results = run_jobs(translator, [["a"], ["BOOM"], ["b", "c"]])
+    assert translator.calls[0] == ["a", "BOOM", "b", "c"]              # they were one batch
+    assert results[0] == ["A"] and results[2] == ["B", "C"]
+    assert isinstance(results[1], RuntimeError) and str(results[1]) == "boom"
+    assert batcher.failure is None
+
+
+def test_a_stopped_model_thread_answers_every_request_and_refuses_new_ones():
+    translator = ScriptedTranslator()
+    batcher, results = run_jobs(translator, [["EXIT"], ["a"]])
+    assert all(isinstance(r, RuntimeError) and "model thread stopped" in str(r) for r in results), results
+    assert batcher.failure == "SystemExit: exit" and not batcher.thread.is_alive()
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(RequestError, match="model thread stopped") as refused:
+            batcher.submit(Job(["b"], 1, 1, loop, loop.create_future()))
+    finally:
+        loop.close()
+    assert refused.value.status == 503
 
 
 def test_load_test_script_small(model_file, tmp_path):
