@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,42 @@ def test_readme_example_runs(model_file, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines and lines[0].strip(), result.stdout
+
+
+def test_derived_weight_blocks_count_right_across_threads(translator):
+    """Threads open and close frozen_weights() blocks at once: the count stays exact, so the weights a
+    Translator holds for its life are never dropped under it."""
+    decoder = translator.model.decoder
+    held = decoder._frozen_blocks
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                       # switch threads as often as possible
+
+    def open_and_close() -> None:
+        for _ in range(3000):
+            with decoder.frozen_weights():
+                pass
+
+    try:
+        threads = [threading.Thread(target=open_and_close) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert decoder._frozen_blocks == held and decoder._frozen is not None
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda t: t.translate("Ein Hund."), TypeError, "lines must be a list of strings, not one string"),
+    (lambda t: t.translate(["Ein Hund."], prefixes="A"), TypeError, "prefixes must be a list"),
+    (lambda t: t.score("Ein Hund.", "A dog."), TypeError, "sources must be a list"),
+    (lambda t: list(t.translate_stream("Ein Hund.")), TypeError, "not one string"),
+    (lambda t: t.translate(["Ein Hund."], beam_size=2.5), ValueError, "integers of at least 1, got 2.5"),
+    (lambda t: t.translate(["Ein Hund."], n_best=2.0), ValueError, "integers of at least 1"),
+    (lambda t: t.translate(["Ein Hund."], beam_size=0), ValueError, "integers of at least 1"),
+    (lambda t: Translator.load([]), ValueError, "at least one model path"),
+])
+def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call(translator)

@@ -151,6 +151,8 @@ class Translator:
         """Several models (files or checkpoints) decoding as one: the average of their log-probabilities
         at every step. They must share the source and target vocabularies and may differ in everything
         else; the decoding settings and the shortlist come from the first. One path gives a plain Translator."""
+        if not paths:
+            raise ValueError("an ensemble needs at least one model path")
         if len(paths) == 1:
             return cls.load(paths[0], device, shortlist_file, **decoding_overrides)
         members = [cls.load(path, "cpu", shortlist_file if i == 0 else None,
@@ -182,8 +184,11 @@ class Translator:
         first_line: the line number of lines[0], for warnings.
         prefixes: one per line ("" for none), forced as the start of each translation.
         """
-        if (beam_size is not None and beam_size < 1) or n_best < 1:
-            raise ValueError(f"beam_size and n_best must be at least 1, got {beam_size} and {n_best}")
+        _check_lines("lines", lines)
+        if prefixes is not None:
+            _check_lines("prefixes", prefixes)
+        if not (_whole(n_best) and n_best >= 1 and (beam_size is None or (_whole(beam_size) and beam_size >= 1))):
+            raise ValueError(f"beam_size and n_best must be integers of at least 1, got {beam_size!r} and {n_best!r}")
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
         if prefixes is not None and len(prefixes) != len(lines):
@@ -236,6 +241,8 @@ class Translator:
         """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
         source), that divided by the length penalty, and the length in pieces with EOS. The searches report
         the same log-probability for the same output."""
+        _check_lines("sources", sources)
+        _check_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.decoding.max_input_len
@@ -281,6 +288,8 @@ class Translator:
         batch's first line arrived. If reading raises, the results of every earlier line are
         yielded first, then the exception propagates. A (source, prefix) pair forces that prefix.
         """
+        if isinstance(lines, str):
+            raise TypeError("lines must be an iterable of lines (a list, a file), not one string")
         first = 1
         for chunk in micro_batches(lines, chunk_lines, max_wait):
             sources, prefixes = _split_prefixes(chunk)
@@ -413,6 +422,16 @@ def _search_locks(model: Seq2Seq | Ensemble) -> list[threading.Lock]:
     unique = sorted({id(member): member for member in members}.values(), key=id)
     with _SEARCH_LOCKS_GUARD:
         return [_SEARCH_LOCKS.setdefault(member, threading.Lock()) for member in unique]
+
+
+def _check_lines(name: str, lines: object) -> None:
+    """A list of strings, not one string (which would be translated character by character)."""
+    if isinstance(lines, str):
+        raise TypeError(f"{name} must be a list of strings, not one string; for one sentence pass [sentence]")
+
+
+def _whole(number: object) -> bool:
+    return isinstance(number, int) and not isinstance(number, bool)
 
 
 def _same_vocab(a: Vocab, b: Vocab) -> bool:

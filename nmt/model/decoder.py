@@ -9,6 +9,7 @@ feeding also the RNN and the attention.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -23,6 +24,8 @@ from nmt.model.dropout import Dropout
 from nmt.model.output_rows import padded_rows
 from nmt.model.recurrent import RecurrentStack
 from nmt.model.shared_grads import SharedGrads
+
+_FROZEN_BLOCKS_GUARD = threading.Lock()   # frozen_weights() blocks may open and close on several threads
 
 
 def autocast_once(weight: Tensor) -> Tensor:
@@ -75,15 +78,17 @@ class Decoder(nn.Module):
         nest or overlap (a Translator holds one for its life, an ensemble's for each member): they
         share the weights, which are dropped when the last open block ends.
         """
-        if self._frozen is None:
-            self._frozen = {}
-        self._frozen_blocks += 1
+        with _FROZEN_BLOCKS_GUARD:
+            if self._frozen is None:
+                self._frozen = {}
+            self._frozen_blocks += 1
         try:
             yield
         finally:
-            self._frozen_blocks -= 1
-            if self._frozen_blocks == 0:
-                self._frozen = None
+            with _FROZEN_BLOCKS_GUARD:
+                self._frozen_blocks -= 1
+                if self._frozen_blocks == 0:
+                    self._frozen = None
 
     @contextmanager
     def output_subset(self, keep: Tensor) -> Iterator[None]:
@@ -116,12 +121,13 @@ class Decoder(nn.Module):
     def derived_weight(self, name: str, build: Callable[[], Tensor]) -> Tensor:
         """A weight built from parameters (a slice, a stack, a product), cast for autocast; kept
         across steps inside `frozen_weights` in inference, rebuilt at every call otherwise."""
-        if self._frozen is None or torch.is_grad_enabled():
+        frozen = self._frozen
+        if frozen is None or torch.is_grad_enabled():
             return autocast_once(build())
         key = (name, active_autocast_dtype(self.output.weight.device.type))
-        if key not in self._frozen:
-            self._frozen[key] = autocast_once(build())
-        return self._frozen[key]
+        if key not in frozen:
+            frozen[key] = autocast_once(build())
+        return frozen[key]
 
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         """The weight (out, in) and bias of every matrix product a decoding step makes, by name, for
