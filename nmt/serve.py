@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import queue
 import signal
 import socket
@@ -41,6 +42,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nmt.decode.translator import Translation, Translator
 
@@ -262,14 +264,17 @@ def _int_option(options: dict[str, Any], key: str, default: int, low: int, high:
         return default
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         limit = f"{low}..{high}" + (" (at most beam_size)" if key == "n_best" else "")
-        raise RequestError(400, f"{key} must be an integer in {limit}, got {json.dumps(value)}")
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:40] + "..."      # not a large body echoed back
+        raise RequestError(400, f"{key} must be an integer in {limit}, got {shown}")
     return value
 
 
 def format_response(results: list[Translation], n_best: int) -> dict[str, Any]:
     response: dict[str, Any] = {"translations": [r.text for r in results]}
     if n_best > 1:
-        response["n_best"] = [[{"text": text, "score": round(score, 4)} for text, score in r.nbest] for r in results]
+        response["n_best"] = [[{"text": text, "score": round(score, 4) if math.isfinite(score) else None}
+                               for text, score in r.nbest] for r in results]
     return response
 
 
@@ -314,6 +319,11 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         log.info("%s %s %d %d sentences %.1f ms", request.method, request.url.path, response.status_code,
                  request.state.sentences, (time.perf_counter() - start) * 1000)
         return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unrouted(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """404, 405 and the like in the server's one error shape."""
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestError)
     async def refuse(_request: Request, exc: RequestError) -> JSONResponse:

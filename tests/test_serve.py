@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,7 +21,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from nmt.decode.translator import Translator
-from nmt.serve import Batcher, Job, RequestError, ServeSettings
+from nmt.serve import Batcher, Job, RequestError, ServeSettings, format_response
 
 from .conftest import read_gz
 
@@ -143,6 +144,7 @@ def test_concurrent_clients_each_get_their_own_results(server, offline, sources)
     (b'{"sentences": ["a"], "beam_size": true}', 400, "beam_size must be an integer"),
     (b'{"sentences": ["a"], "beam_size": 2.5}', 400, "beam_size must be an integer"),
     (b'{"sentences": ["a"], "beam_size": 2, "n_best": 3}', 400, "n_best must be an integer in 1..2"),
+    (json.dumps({"sentences": ["a"], "beam_size": [1] * 1000}).encode(), 400, "got [1, 1, 1"),
     (b"[" * 100000 + b"]" * 100000, 413, "request body"),
     (json.dumps(["ein Hund"] * 21).encode(), 413, "21 sentences in one request; the limit is 20"),
     (json.dumps(["x" * 5000]).encode(), 413, "request body of"),
@@ -150,6 +152,7 @@ def test_concurrent_clients_each_get_their_own_results(server, offline, sources)
 def test_bad_requests_get_a_status_and_a_message(server, body, status, message):
     got, _, payload = server.request("POST", "/translate", body, {"Content-Type": "application/json"})
     assert got == status and message in payload["error"], payload
+    assert list(payload) == ["error"] and len(payload["error"]) < 300     # one short message, never the body
 
 
 def test_deeply_nested_json_is_a_400_not_a_crash(server):
@@ -175,8 +178,10 @@ def test_empty_list_health_and_unknown_routes(server):
     assert status == 200 and body == {"translations": []}
     status, _, body = server.request("GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["languages"] == {"src": "de", "tgt": "en"}
-    assert server.request("GET", "/translate")[0] == 405
-    assert server.request("POST", "/nothing", b"[]")[0] == 404
+    status, _, body = server.request("GET", "/translate")
+    assert status == 405 and body == {"error": "Method Not Allowed"}
+    status, _, body = server.request("POST", "/nothing", b"[]")
+    assert status == 404 and body == {"error": "Not Found"}
 
 
 def test_one_log_line_per_request_with_latency(server):
@@ -234,6 +239,13 @@ def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, o
             server.request("GET", "/health")
     finally:
         server.stop()
+
+
+def test_a_score_that_is_not_a_number_is_sent_as_null():
+    result = SimpleNamespace(text="a", nbest=[("a", -1.23456), ("b", float("-inf")), ("c", float("nan"))])
+    response = format_response([result], n_best=3)
+    assert json.loads(json.dumps(response, allow_nan=False))["n_best"] == [
+        [{"text": "a", "score": -1.2346}, {"text": "b", "score": None}, {"text": "c", "score": None}]]
 
 
 class ScriptedTranslator:
