@@ -7,7 +7,7 @@ import gc
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from itertools import islice, zip_longest
 from pathlib import Path
@@ -17,7 +17,15 @@ import typer
 from nmt import __version__
 from nmt.config import ConfigError, load_config
 from nmt.data.corpus import DataError
-from nmt.folders import FolderError, PendingFile, check_output_path, register_file, remove_leftovers
+from nmt.folders import (
+    FolderError,
+    PendingFile,
+    check_output_path,
+    is_nmt_file,
+    read_marker,
+    register_file,
+    remove_leftovers,
+)
 from nmt.textio import TextInputError, iter_lines, open_text
 
 app = typer.Typer(
@@ -112,14 +120,21 @@ def train(
         raise typer.Exit(code=128 + trainer.stop_signal)
 
 
-def _check_outputs(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
-    """Every output file's folder exists, no output is a folder, and none is an input or another output."""
+def _check_outputs(inputs: dict[str, Path | None], outputs: dict[str, Path | None],
+                   models: Sequence[Path] = ()) -> None:
+    """Every output file's folder exists, no output is a folder, and none is an input (a model too), another
+    output, or a file of an nmt run or data folder (a checkpoint, say)."""
     seen: dict[Path, str] = {}
     for option, path in outputs.items():
         if path is None:
             continue
         check_output_path(path, option)
-        for other, earlier in [*inputs.items(), *((o, p) for p, o in seen.items())]:
+        marker = read_marker(path.parent)
+        if marker is not None and path.exists() and is_nmt_file(path.name, marker):
+            fail(f"{option} {path} is a file of the nmt {marker['kind']} folder {path.parent}; "
+                 "write the output to another file")
+        for other, earlier in [*inputs.items(), *(("--model", model) for model in models),
+                               *((o, p) for p, o in seen.items())]:
             if earlier is not None and (Path(earlier).resolve() == path.resolve()
                                         or (Path(earlier).exists() and path.exists()
                                             and Path(earlier).samefile(path))):
@@ -216,9 +231,9 @@ def translate(
         if n_best != 1 and n_best != num_samples:
             fail(f"--num-samples {num_samples} and --n-best {n_best} disagree; give one of them")
         n_best = num_samples
-    _check_outputs({"--input": input, "--prefix-file": prefix_file},
+    _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
                    {"--output": output, "--alignments": alignments, "--attention-out": attention_out,
-                    "--scores": scores})
+                    "--scores": scores}, checkpoint)
     if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
         fail(f"--plot-attention: {plot_attention} is a file, not a folder")
     if threads:
@@ -317,7 +332,7 @@ def score(
         handles = open_text(src), open_text(tgt)
     except TextInputError as exc:
         fail(str(exc))
-    _check_outputs({"--src": src, "--tgt": tgt}, {"--output": output})
+    _check_outputs({"--src": src, "--tgt": tgt}, {"--output": output}, checkpoint)
     if threads:
         import torch
 
@@ -374,7 +389,8 @@ def evaluate(
     from nmt import evaluate as ev
 
     if json_out is not None and str(json_out) != "-":
-        _check_outputs({"--ref": ref, "--hyp": hyp, "--src": src, "--compare": compare}, {"--json": json_out})
+        _check_outputs({"--ref": ref, "--hyp": hyp, "--src": src, "--compare": compare}, {"--json": json_out},
+                       [checkpoint] if checkpoint is not None else [])
     try:
         refs = ev.read_text(ref)
         if checkpoint is not None:

@@ -193,11 +193,11 @@ def register_file(path: str | Path) -> None:
     """Record in a run folder's marker that nmt wrote `path` there (e.g. `nmt average -o RUN/avg.pt`)."""
     path = Path(path)
     marker = read_marker(path.parent)
-    if marker is not None and marker.get("kind") == "run" and not _is_nmt_file(path.name, marker):
+    if marker is not None and marker.get("kind") == "run" and not is_nmt_file(path.name, marker):
         write_marker(path.parent, "run", [*marker.get("files", []), path.name])
 
 
-def _is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
+def is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
     """Data folders list their files in the marker; run folders have fixed names plus registered ones."""
     if name in (MARKER, LOCK) or _temp_owner(name) is not None or name in marker.get("files", ()):
         return True
@@ -211,7 +211,7 @@ def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str
     if not folder.is_dir():
         return []
     names = sorted(entry.name for entry in folder.iterdir())
-    return [name for name in names if not _is_nmt_file(name, marker or {"kind": None, "files": []})]
+    return [name for name in names if not is_nmt_file(name, marker or {"kind": None, "files": []})]
 
 
 def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, Any] | None:
@@ -234,7 +234,7 @@ def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
     """Delete what nmt wrote in `folder` (not the marker, not the lock); nothing else is touched."""
     folder = Path(folder)
     for entry in sorted(folder.iterdir()):
-        if entry.name in (MARKER, LOCK) or not _is_nmt_file(entry.name, marker):
+        if entry.name in (MARKER, LOCK) or not is_nmt_file(entry.name, marker):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -78,6 +78,7 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     state = torch.load(run / "best.pt", weights_only=True)
     state["config"]["model"]["decoder_hidden"] = 7                    # weights no longer fit the config
     torch.save(state, run / "mismatch.pt")
+    shutil.copy(run / "best.pt", root / "model.pt")                      # a model outside any nmt folder
     bad_corpus = root / "badcorpus"
     write_slice(bad_corpus, "train", 20)
     raw = (bad_corpus / "train.de").read_bytes().split(b"\n")
@@ -158,6 +159,15 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "weights do not fit config": (["translate", "--checkpoint", str(run / "mismatch.pt")], b"x\n"),
         "device tpu": ([*translate, "--device", "tpu"], b"x\n"),
         "output into missing folder": ([*translate, "-o", str(r / "nowhere" / "out.txt")], b"ein Hund\n"),
+        "output onto the model": (["translate", "-m", str(r / "model.pt"), "-q", "-o", str(r / "model.pt")],
+                                  b"ein Hund\n"),
+        "scores onto the model": (["translate", "-m", str(r / "model.pt"), "-q", "--scores", str(r / "model.pt")],
+                                  b"ein Hund\n"),
+        "output onto a run's checkpoint": ([*translate, "-o", str(run / "last.pt")], b"ein Hund\n"),
+        "score output onto the model": (["score", "-m", str(r / "model.pt"), "--src", str(r / "good.de"),
+                                         "--tgt", str(r / "ref.en"), "-o", str(r / "model.pt")], None),
+        "evaluate json onto the model": (["evaluate", "-m", str(r / "model.pt"), "--src", str(r / "good.de"),
+                                          "--ref", str(r / "ref.en"), "--json", str(r / "model.pt")], None),
         "output onto a folder": ([*translate, "-o", str(r / "adir")], b"ein Hund\n"),
         "alignments into missing folder": ([*translate, "--alignments", str(r / "no" / "al.txt")], b"ein Hund\n"),
         "attention onto a folder": ([*translate, "--attention-out", str(r / "adir")], b"ein Hund\n"),
@@ -213,7 +223,9 @@ CASES = [
     "run_dir is a data folder", "resume without last.pt", "resume changes seed", "resume changes batch_tokens",
     "resume changes data", "resume changes model", "train without data folder", "train on a tpu",
     "checkpoint missing", "checkpoint garbage", "checkpoint is a folder", "weights do not fit config", "device tpu",
-    "output into missing folder", "output onto a folder", "alignments into missing folder",
+    "output into missing folder", "output onto the model", "scores onto the model", "output onto a run's checkpoint",
+    "score output onto the model", "evaluate json onto the model", "output onto a folder",
+    "alignments into missing folder",
     "attention onto a folder", "input missing", "input is a folder", "input gzip garbage",
     "input invalid UTF-8 to file", "stdin invalid UTF-8 to file", "input is the output", "n-best above beam",
     "threads negative", "beam size zero", "batch tokens not a number", "precision fp8",
@@ -269,6 +281,9 @@ def test_messages_name_the_thing_to_fix(world):
         "threads negative": "--threads",
         "evaluate empty files": "is empty",
         "output into missing folder": f"--output: folder {r}/nowhere does not exist",
+        "output onto the model": f"--output {r}/model.pt is also --model",
+        "evaluate json onto the model": f"--json {r}/model.pt is also --model",
+        "output onto a run's checkpoint": f"--output {run}/last.pt is a file of the nmt run folder {run}",
     }
     for name, expected in checks.items():
         args, stdin = case_args(name, world)
