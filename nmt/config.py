@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class DataConfig:
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = _bounded(1.0, gt=0.0, le=1.0)
     spm_sample_sentences: int = _bounded(500_000, ge=1)  # SentencePiece trains on a seeded uniform sample this big
-    spm_sample_seed: int = 42
+    spm_sample_seed: int = _bounded(42, ge=0)
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
     tgt_spm_model: str | None = _path()
     target_vocab_from_train: bool = True  # target vocabulary = pieces seen on the target side
@@ -92,7 +93,7 @@ class ModelConfig:
 @dataclass
 class TrainingConfig:
     run_dir: str | None = _path()
-    seed: int = 42
+    seed: int = _bounded(42, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast; auto: fp32 on CUDA, bf16 on bf16 CPUs
     threads: int = _bounded(0, ge=0)                     # torch CPU threads; 0 = torch's default
@@ -150,7 +151,7 @@ class DecodingConfig:
     temperature: float = _bounded(1.0, gt=0.0)     # sampling: logits / temperature
     top_k: int = _bounded(0, ge=0)                 # sampling: only the k most probable pieces; 0 = all
     top_p: float = _bounded(1.0, gt=0.0, le=1.0)   # sampling: the smallest set with this much probability
-    seed: int = 0                                  # sampling: same seed and batch size, same samples
+    seed: int = _bounded(0, ge=0)                  # sampling: same seed and batch size, same samples
     quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
     shortlist: bool = False                        # score only the batch's shortlisted target pieces (greedy/beam)
     shortlist_k: int = _bounded(0, ge=0)           # shortlist: the first k of each source piece's list; 0 = all
@@ -316,7 +317,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def config_from_dict(raw: Any, base_dir: Path | None = None) -> Config:
-    return _build(Config, raw, "", base_dir)
+    config = _build(Config, raw, "", base_dir)
+    _check_together(config)
+    return config
+
+
+LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")     # a file suffix: no "/", "." or spaces
+
+
+def _check_together(config: Config) -> None:
+    """Rules that one key's type and range cannot say."""
+    data, training = config.data, config.training
+    for key in ("src_lang", "tgt_lang"):
+        if not LANGUAGE_CODE.fullmatch(getattr(data, key)):
+            raise ConfigError(f"`data.{key}` must be a language code of letters, digits, '-' or '_' "
+                              f"(it names files), got {getattr(data, key)!r}")
+    if data.src_lang == data.tgt_lang:
+        raise ConfigError(f"`data.tgt_lang` must differ from `data.src_lang` (both {data.src_lang!r}): "
+                          "the two sides of a corpus are files named by them")
+    betas = training.adam_betas
+    if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
+        raise ConfigError(f"`training.adam_betas` must be two numbers in [0, 1), got {betas!r}")
 
 
 # Keys that earlier nmt versions wrote into checkpoints and model files and this one no longer has.

@@ -41,6 +41,14 @@ def test_unknown_section(tmp_path):
         ({"model": {"dropout": 1.5}}, r"`model.dropout` must be <= 1.0, got 1.5"),
         ({"decoding": {"beam_size": 0}}, r"`decoding.beam_size` must be >= 1, got 0"),
         ({"model": "big"}, r"`model` must be a mapping"),
+        ({"data": {"src_lang": "en", "tgt_lang": "en"}}, r"`data.tgt_lang` must differ from `data.src_lang`"),
+        ({"data": {"tgt_lang": "../en"}}, r"`data.tgt_lang` must be a language code .* got '../en'"),
+        ({"data": {"src_lang": ""}}, r"`data.src_lang` must be a language code"),
+        ({"training": {"adam_betas": [0.9]}}, r"`training.adam_betas` must be two numbers in \[0, 1\), got \[0.9\]"),
+        ({"training": {"adam_betas": [2.0, 0.5]}}, r"`training.adam_betas` must be two numbers in \[0, 1\)"),
+        ({"training": {"seed": -1}}, r"`training.seed` must be >= 0, got -1"),
+        ({"data": {"spm_sample_seed": -1}}, r"`data.spm_sample_seed` must be >= 0"),
+        ({"decoding": {"seed": -3}}, r"`decoding.seed` must be >= 0"),
     ],
 )
 def test_wrong_types_and_ranges(tmp_path, raw, message):

@@ -114,6 +114,8 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "set without section": (["train", "-c", cfg, "--set", "lr=0.1"], None),
         "set wrong type": (["train", "-c", cfg, "--set", "training.lr=fast"], None),
         "set out of range": (["train", "-c", cfg, "--set", "training.max_updates=-5"], None),
+        "set one adam beta": (["train", "-c", cfg, "--set", "training.adam_betas=[0.9]"], None),
+        "set same languages": (["preprocess", "-c", cfg, "--set", "data.tgt_lang=de"], None),
         "set into a value": (["train", "-c", cfg, "--set", "data.train.x=1"], None),
         "set bad YAML": (["train", "-c", cfg, "--set", "training.lr=[1"], None),
         "set control character": (["train", "-c", cfg, "--set", "training.lr=\x07"], None),
@@ -214,6 +216,7 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
 CASES = [
     "config missing", "config is a folder", "config not UTF-8", "config not YAML", "config not a mapping",
     "config unknown section", "set without =", "set without section", "set wrong type", "set out of range",
+    "set one adam beta", "set same languages",
     "set into a value", "set bad YAML", "set control character", "set unknown choice", "set unknown key",
     "resume and overwrite", "unknown option", "unknown command",
     "out_dir is the corpus", "out_dir inside the corpus", "out_dir contains the corpus",
