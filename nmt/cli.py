@@ -258,7 +258,7 @@ def translate(
 
         try:
             plotter = AttentionPlotter(plot_attention)
-        except PlotUnavailable as exc:
+        except (PlotUnavailable, FolderError) as exc:
             fail(str(exc))
     with ExitStack() as stack:
         for handle in (source_file, prefix_handle):
@@ -560,9 +560,9 @@ def plot_attention_command(
     from nmt.plot import AttentionPlotter, PlotUnavailable
 
     try:
-        plotter = AttentionPlotter(out)
+        plotter = AttentionPlotter(out, "--out")
         translator = Translator.load(checkpoint, device, beam_size=beam_size)
-    except (PlotUnavailable, ModelFileError, ConfigError) as exc:
+    except (PlotUnavailable, ModelFileError, ConfigError, FolderError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
     typer.echo(f"wrote {len(src)} heatmap(s) to {out}", err=True)
@@ -574,13 +574,15 @@ def plot_curves_command(
     out: Path = typer.Option(Path("curves.png"), "--out", "-o", help="The PNG to write."),
 ) -> None:
     """Draw train loss, dev perplexity and dev BLEU of one or more runs."""
-    from nmt.plot import PlotUnavailable, plot_curves
+    from nmt.plot import PlotError, PlotUnavailable, plot_curves
 
     try:
         check_output_path(out, "--out")
         plot_curves(run_dirs, out)
-    except (PlotUnavailable, FileNotFoundError, FolderError) as exc:
+    except (PlotUnavailable, PlotError, FileNotFoundError, FolderError) as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"{exc.filename}: {exc.strerror}")
     typer.echo(f"wrote {out}", err=True)
 
 

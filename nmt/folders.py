@@ -31,9 +31,11 @@ TEMP_SUFFIX = ".nmt-tmp"
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
 _OLD_TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")          # `.NAME.tmp-PID`, from earlier versions of nmt
 
-# The files nmt writes into a run folder (a data folder lists its own files in its marker).
+# The files nmt writes into a run folder and an attention-plot folder (a data folder lists its own
+# files in its marker).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.pt", "spm.model", "src.model",
              "tgt.model", "tgt.pieces", "data_manifest.json")
+NMT_FILES = {"run": RUN_FILES, "attention": ("attention-*.png",)}
 
 _held_locks: dict[Path, int] = {}      # folder -> fd of its lock file, held until the process ends
 
@@ -64,8 +66,11 @@ class PendingFile:
 
     def __init__(self, path: str | Path, mode: str = "wb") -> None:
         self.path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}-", suffix=TEMP_SUFFIX,
-                                   dir=self.path.parent)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}-", suffix=TEMP_SUFFIX,
+                                       dir=self.path.parent)
+        except OSError as exc:        # name the file asked for, not the temporary one
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self.tmp = Path(tmp)
         try:
             os.fchmod(fd, new_file_mode())
@@ -201,7 +206,7 @@ def is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
     """Data folders list their files in the marker; run folders have fixed names plus registered ones."""
     if name in (MARKER, LOCK) or _temp_owner(name) is not None or name in marker.get("files", ()):
         return True
-    patterns = RUN_FILES if marker.get("kind") == "run" else ()
+    patterns = NMT_FILES.get(marker.get("kind"), ())
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 

@@ -14,11 +14,17 @@ from typing import Any
 import yaml
 from torch import Tensor
 
+from nmt.folders import atomic_write, refuse_foreign, write_marker
+
 DPI = 100
 
 
 class PlotUnavailable(RuntimeError):
     """matplotlib is not installed."""
+
+
+class PlotError(ValueError):
+    """A plot that cannot be drawn as asked; the message says why."""
 
 
 def _pyplot():
@@ -69,18 +75,26 @@ def attention_figure(src_pieces: Sequence[str], tgt_pieces: Sequence[str], weigh
 
 
 class AttentionPlotter:
-    """Writes one PNG per sentence into a folder (used by `nmt translate --plot-attention`)."""
+    """Writes one PNG per sentence into a folder (used by `nmt translate --plot-attention`).
 
-    def __init__(self, out_dir: str | Path) -> None:
+    The folder is marked as nmt's; one that holds files nmt did not write is refused, so a
+    heatmap never replaces a file of the user's.
+    """
+
+    def __init__(self, out_dir: str | Path, option: str = "--plot-attention") -> None:
         self.plt = _pyplot()
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if refuse_foreign(self.out_dir, "attention", option, "empty it") is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            write_marker(self.out_dir, "attention")
 
     def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
         fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
         path = self.out_dir / f"attention-{number:05d}.png"
-        fig.savefig(path, dpi=DPI)
-        self.plt.close(fig)
+        try:
+            atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=DPI))
+        finally:
+            self.plt.close(fig)
         return path
 
 
@@ -94,10 +108,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().split(b"\n"):
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:            # not JSON, or not UTF-8 (a line cut by a crash)
             continue
         if isinstance(event, dict):
             events.append(event)
@@ -148,8 +162,16 @@ def curves_figure(run_dirs: Sequence[Path]):
 
 
 def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
+    """Draw the runs' curves into `out`, in the format its suffix names (png, pdf, svg, ...), atomically."""
     plt = _pyplot()
     fig = curves_figure(run_dirs)
-    fig.savefig(out, dpi=DPI)
-    plt.close(fig)
+    try:
+        kinds = fig.canvas.get_supported_filetypes()
+        kind = out.suffix.lstrip(".").lower()
+        if kind not in kinds:
+            raise PlotError(f"--out {out}: cannot write {out.suffix or 'a file without a suffix'}; "
+                            f"name a .{' / .'.join(sorted(kinds))} file")
+        atomic_write(out, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
+    finally:
+        plt.close(fig)
     return out

@@ -207,3 +207,10 @@ def test_registered_files_count_as_nmts(tmp_path):
     folders.register_file(tmp_path / "elsewhere.pt")   # not in a run folder: nothing to record
     assert foreign_files(run, read_marker(run)) == ["mine.pt"]
     assert not (tmp_path / MARKER).exists()
+
+
+def test_a_file_that_cannot_be_created_is_named_not_its_temporary(tmp_path):
+    folder = tmp_path / "gone"
+    with pytest.raises(OSError) as failed:
+        PendingFile(folder / "out.txt")
+    assert failed.value.filename == str(folder / "out.txt") and folders.TEMP_SUFFIX not in str(failed.value)

@@ -40,6 +40,23 @@ def test_plot_attention_cli_writes_pngs_of_expected_size(trained_run, tmp_path):
         assert png_size(path) == (round(width * DPI), round(height * DPI))
 
 
+def test_attention_plots_never_replace_a_users_file(trained_run, tmp_path):
+    args = ["plot", "attention", "--checkpoint", str(trained_run / "best.pt"), "--device", "cpu", "--src", "Ein Hund."]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "attention-00000.png").write_bytes(b"my holiday photo")
+    result = run_cli(*args, "-o", str(mine))
+    assert result.returncode == 2 and "holds files nmt did not write (attention-00000.png)" in result.stderr
+    assert (mine / "attention-00000.png").read_bytes() == b"my holiday photo"
+    ours = tmp_path / "ours"
+    for _ in range(2):                                   # nmt's own folder: created, then written again
+        result = run_cli(*args, "-o", str(ours))
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in ours.iterdir()) == [".nmt-folder.json", "attention-00000.png"]
+    (ours / "notes.txt").write_text("mine now")
+    assert run_cli(*args, "-o", str(ours)).returncode == 2
+
+
 def test_heatmap_data_equals_model_attention(trained_run):
     translator = Translator.from_checkpoint(trained_run / "best.pt", device="cpu", beam_size=1, precision="fp32")
     result = translator.translate(["Eine Frau liest ein Buch im Park."], return_attention=True)[0]
@@ -90,6 +107,21 @@ def test_curves_from_metrics_with_missing_and_extra_fields(tmp_path):
     assert png_size(out) == (round(CURVES_SIZE[0] * DPI), round(CURVES_SIZE[1] * DPI))
     fig = curves_figure([run])
     assert fig.axes[0].get_legend().get_texts()[0].get_text() == "run_a (luong_general)"
+
+
+def test_curves_refuse_an_unknown_format_and_skip_undecodable_lines(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(b'{"event": "train", "step": 1, "loss": 4.0, "wall_time": 1}\n'
+                                        b'\xff\xfe cut by a crash\n')
+    assert len(read_metrics(run)) == 1
+    result = run_cli("plot", "curves", str(run), "-o", str(tmp_path / "curves.txt"))
+    assert result.returncode == 2 and result.stderr.startswith("error: --out") and "Traceback" not in result.stderr
+    assert not (tmp_path / "curves.txt").exists()
+    old = tmp_path / "curves.svg"
+    old.write_text("an older plot")
+    assert run_cli("plot", "curves", str(run), "-o", str(old)).returncode == 0
+    assert old.read_text().startswith("<?xml") and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
 
 
 def test_curves_of_several_real_runs(trained_run, tmp_path):
