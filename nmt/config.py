@@ -353,6 +353,30 @@ def stored_config(raw: Any) -> Config:
     return config_from_dict(raw)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (YAML would
+    silently keep the last: a second `training:` section would drop the first)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base`: its keys may be overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line)
+        except TypeError:                 # an unhashable key: construct_mapping says so
+            break
+        if first != key_node.start_mark.line:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first on line {first + 1})",
+                                                    key_node.start_mark)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML config, apply `--set` overrides, validate, resolve relative paths."""
     path = Path(path)
@@ -361,7 +385,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None

@@ -104,3 +104,15 @@ def test_reference_configs_match_design():
     assert (t.lr, t.clip_grad_norm, t.batch_tokens, t.seed) == (1e-3, 1.0, 2000, 42)
     assert config.data.vocab_size == 8000 and config.data.joint_vocab and config.data.max_len == 50
     assert load_config(REPO / "configs" / "multi30k_de_en_luong.yaml").model.attention == "luong_general"
+
+
+def test_a_key_given_twice_is_an_error_with_its_line(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("training:\n  lr: 0.003\nmodel:\n  dropout: 0.1\ntraining:\n  lr: 9.0\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml line 5: .*duplicate key 'training' \(first on line 1\)"):
+        load_config(twice)
+    (tmp_path / "key.yaml").write_text("training:\n  lr: 0.003\n  lr: 5.0\n")
+    with pytest.raises(ConfigError, match=r"line 3: .*duplicate key 'lr'"):
+        load_config(tmp_path / "key.yaml")
+    (tmp_path / "merge.yaml").write_text("training: &t\n  lr: 0.003\ndecoding:\n  beam_size: 3\n")
+    assert load_config(tmp_path / "merge.yaml").training.lr == 0.003     # anchors still load
