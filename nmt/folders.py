@@ -114,6 +114,12 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
         raise
 
 
+def copy_atomically(source: str | Path, target: str | Path) -> None:
+    """Copy a file's bytes to `target` the way atomic_write writes (the umask's mode, not the source's)."""
+    with open(source, "rb") as handle:
+        atomic_write(target, lambda out: shutil.copyfileobj(handle, out, 1 << 20))
+
+
 def fsync_folder(folder: Path) -> None:
     dir_fd = os.open(folder, os.O_RDONLY)
     try:

@@ -101,6 +101,16 @@ def test_non_empty_run_folder_is_refused(prepared, tmp_path):
     assert (run / "notes.txt").read_text() == "mine" and sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
 
+def test_a_run_that_stopped_before_its_first_checkpoint_says_to_start_over(prepared, tmp_path):
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=1, validate_every=100)).close()   # the folder, no update
+    assert (run / "config.yaml").is_file() and not (run / "last.pt").exists()
+    with pytest.raises(RunDirError, match="holds no last.pt to resume .* pass --overwrite to start over"):
+        Trainer(config_for(prepared, run))
+    Trainer(config_for(prepared, run, max_updates=1, validate_every=100), overwrite=True).train()
+    assert (run / "last.pt").is_file()
+
+
 def test_resume_without_checkpoint_is_refused(prepared, tmp_path):
     with pytest.raises(RunDirError, match="cannot resume"):
         Trainer(config_for(prepared, tmp_path / "empty"), resume=True)

@@ -46,7 +46,15 @@ from nmt.data.corpus import (
 )
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
-from nmt.folders import TEMP_SUFFIX, check_overlap, fsync_folder, open_work_folder, read_marker, write_marker
+from nmt.folders import (
+    TEMP_SUFFIX,
+    check_overlap,
+    copy_atomically,
+    fsync_folder,
+    open_work_folder,
+    read_marker,
+    write_marker,
+)
 
 FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")
@@ -161,7 +169,7 @@ def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: P
     if data.joint_vocab:
         target = out / "spm.model"
         if data.src_spm_model:
-            shutil.copyfile(data.src_spm_model, target)
+            copy_atomically(data.src_spm_model, target)
             return target, target
         sample = _sample_for_sentencepiece(data, train_files, ("joint",))["joint"]
         log(f"training joint SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
@@ -176,7 +184,7 @@ def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: P
     for side, path in given.items():
         target = out / f"{side}.model"
         if path:
-            shutil.copyfile(path, target)
+            copy_atomically(path, target)
         else:
             log(f"training {side} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
                 f"on {len(samples[side])} sampled sentences")

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -52,6 +51,7 @@ from nmt.folders import (
     MARKER,
     atomic_write,
     check_overlap,
+    copy_atomically,
     lock_folder,
     open_work_folder,
     read_marker,
@@ -196,9 +196,12 @@ class Trainer:
         ours = {MARKER, LOCK}
         exists = self.run_dir.is_dir() and any(p.name not in ours for p in self.run_dir.iterdir())
         if exists and not overwrite:
-            raise RunDirError(
-                f"run folder {self.run_dir} is not empty; pass --resume to continue it or --overwrite to start over"
-            )
+            marker = read_marker(self.run_dir)
+            if marker is not None and marker.get("kind") == "run" and not (self.run_dir / "last.pt").is_file():
+                raise RunDirError(f"run folder {self.run_dir} holds no last.pt to resume (a run that stopped "
+                                  "before its first checkpoint?); pass --overwrite to start over")
+            raise RunDirError(f"run folder {self.run_dir} is not empty; pass --resume to continue it or "
+                              "--overwrite to start over")
         _, marker = open_work_folder(self.run_dir, "run", "training.run_dir", "train", "remove them yourself")
         if marker is not None:
             remove_nmt_files(self.run_dir, marker)
@@ -208,11 +211,11 @@ class Trainer:
             for name in (entry["model"], entry.get("pieces")):
                 if name and not (self.run_dir / name).exists():
                     register_file(self.run_dir / name)     # whatever the data folder calls its models
-                    shutil.copyfile(self.data.root / name, self.run_dir / name)
+                    copy_atomically(self.data.root / name, self.run_dir / name)
         if self.data.manifest.get("shortlist"):         # checkpoints embed it (nmt.train.checkpoint)
             register_file(self.run_dir / SHORTLIST_FILE)
-            shutil.copyfile(self.data.root / SHORTLIST_FILE, self.run_dir / SHORTLIST_FILE)
-        shutil.copyfile(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
+            copy_atomically(self.data.root / SHORTLIST_FILE, self.run_dir / SHORTLIST_FILE)
+        copy_atomically(self.data.root / "manifest.json", self.run_dir / "data_manifest.json")
 
     def _check_resume_config(self, saved: Config) -> dict[str, tuple[Any, Any]]:
         """Refuse changes that move the data stream; return the others as {key: (before, after)}."""
