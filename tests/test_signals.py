@@ -166,8 +166,16 @@ def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
     code, seconds, err = stop(proc, signal.SIGTERM)
     assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
     assert events(run, "validation") == []                   # abandoned, not finished
-    assert load_checkpoint(run / "last.pt")["step"] == 3
+    state = load_checkpoint(run / "last.pt")
+    assert state["step"] == 3 and state["progress"]["validation_due"]
     assert not (run / "best.pt").exists() and temporaries(run) == []
+    # --resume owes the run that validation: it comes first, then training goes on
+    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=4, validate_every=3,
+                                                                      val_max_sentences=5, val_batch_tokens=1),
+                           "--set", "decoding.max_len_ratio=6", "--resume"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert events(run, "validation") == [3, 4] and (run / "best.pt").exists()
+    assert not load_checkpoint(run / "last.pt")["progress"]["validation_due"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -230,3 +230,40 @@ def test_sigkill_then_resume_continues_from_last_checkpoint(prepared, tmp_path):
     result = run_cli(*args, "--set", f"training.max_updates={saved + 3}", "--resume")
     assert result.returncode == 0, result.stderr
     assert load_checkpoint(run / "last.pt")["step"] == saved + 3
+
+
+def test_resume_applies_the_optimizer_settings_and_refuses_a_new_optimizer(prepared, tmp_path):
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=2, validate_every=100)).train()
+    again = Trainer(config_for(prepared, run, max_updates=3, validate_every=100, weight_decay=0.1,
+                               adam_betas="[0.5, 0.9]"), resume=True)
+    assert all(g["weight_decay"] == 0.1 and tuple(g["betas"]) == (0.5, 0.9) for g in again.optimizer.param_groups)
+    again.close()
+    for key, value in (("optimizer", "adamw"), ("early_stopping_metric", "loss")):
+        with pytest.raises(RunDirError, match=f"--resume cannot change `training.{key}`"):
+            Trainer(config_for(prepared, run, max_updates=3, validate_every=100, **{key: value}), resume=True)
+
+
+def test_the_logged_loss_window_survives_a_resume(prepared, tmp_path):
+    settings = dict(validate_every=100, log_every=3, save_every=1)
+    Trainer(config_for(prepared, tmp_path / "straight", max_updates=6, **settings)).train()
+    Trainer(config_for(prepared, tmp_path / "split", max_updates=4, **settings)).train()
+    Trainer(config_for(prepared, tmp_path / "split", max_updates=6, **settings), resume=True).train()
+
+    def losses(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return {e["step"]: e["loss"] for e in map(json.loads, lines) if e["event"] == "train"}
+    straight, split = losses(tmp_path / "straight"), losses(tmp_path / "split")
+    assert list(split) == [3, 6] and split == pytest.approx(straight, rel=1e-6)
+
+
+def test_validation_bleu_reads_references_as_nmt_evaluate_does(prepared, tmp_path, monkeypatch):
+    trainer = Trainer(config_for(prepared, tmp_path / "run", val_max_sentences=6, max_updates=1))
+    refs = [f"sentence {i} of the references ends here" for i in range(6)]
+    refs[0] = "the first one has a lone\r inside it"                       # not a line break for nmt
+    ref_file = tmp_path / "dev.ref"
+    ref_file.write_bytes("\n".join(refs).encode() + b"\n")
+    monkeypatch.setattr(trainer.data, "reference_path", lambda split: ref_file)
+    monkeypatch.setattr(trainer.tgt_vocab, "decode", lambda ids: refs[: len(ids)])   # perfect translations
+    assert trainer.validate()["bleu"] == pytest.approx(100.0)
+    trainer.close()

@@ -62,6 +62,7 @@ from nmt.folders import (
     write_marker,
 )
 from nmt.model.seq2seq import Seq2Seq
+from nmt.textio import read_lines
 from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.train.loss import output_cross_entropy
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
@@ -77,6 +78,10 @@ class ValidationAbandoned(Exception):
 
 # Keys whose change would move the data stream that a checkpoint's cursor points into.
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
+FIXED_FOR_A_RUN = {
+    "training.optimizer": "the checkpoint holds the other optimizer's state",
+    "training.early_stopping_metric": "the best score so far and best.pt were chosen by the other metric",
+}
 
 
 @dataclass
@@ -96,6 +101,9 @@ class Progress:
     bad_validations: int = 0
     best_k: list[tuple[float, str]] = field(default_factory=list)   # (score, file name), best first
     elapsed: float = 0.0                                              # training seconds before this process
+    validation_due: bool = False      # a signal skipped or cut short this step's scheduled validation
+    window_loss: float = 0.0          # summed loss and target tokens since the last logged train event
+    window_tokens: int = 0
 
 
 def _higher_is_better(metric: str) -> bool:
@@ -226,6 +234,9 @@ class Trainer:
             if key.startswith("data.") or key in DATA_STREAM_KEYS:
                 raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): it changes the data "
                                   f"stream the checkpoint continues; keep it or start a new run")
+            if key in FIXED_FOR_A_RUN:
+                raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): {FIXED_FOR_A_RUN[key]}; "
+                                  "keep it or start a new run")
         return changed
 
     def _record_resume_changes(self, changed: dict[str, tuple[Any, Any]]) -> None:
@@ -303,7 +314,9 @@ class Trainer:
             "step": p.step,
             "cursor": vars(p.cursor).copy(),
             "progress": {"best_score": p.best_score, "bad_validations": p.bad_validations,
-                         "best_k": [list(x) for x in p.best_k], "elapsed": p.elapsed + self._session_time()},
+                         "best_k": [list(x) for x in p.best_k], "elapsed": p.elapsed + self._session_time(),
+                         "validation_due": p.validation_due, "window_loss": p.window_loss,
+                         "window_tokens": p.window_tokens},
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -316,6 +329,9 @@ class Trainer:
         except RuntimeError as exc:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} does not fit the model: {str(exc)[:200]}") from None
         self.optimizer.load_state_dict(state["optimizer"])
+        t = self.config.training
+        for group in self.optimizer.param_groups:      # the state brings back the saved ones; the config wins
+            group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
         self.schedule.load_state_dict(state["schedule"])
         self.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
@@ -326,7 +342,10 @@ class Trainer:
         prog = state["progress"]
         self.progress = Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
                                  bad_validations=prog["bad_validations"],
-                                 best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"])
+                                 best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"],
+                                 validation_due=bool(prog.get("validation_due", False)),   # older checkpoints:
+                                 window_loss=float(prog.get("window_loss", 0.0)),          # none due, window empty
+                                 window_tokens=int(prog.get("window_tokens", 0)))
         mismatch = self._data_mismatch()
         if mismatch and not self.finished_reason():    # a finished run reads no data: let it say it is done
             raise RunDirError(mismatch)
@@ -441,10 +460,16 @@ class Trainer:
         previous_handlers = self._install_signal_handlers()
         bar = tqdm(total=t.max_updates or None, initial=p.step, desc="train", unit="upd", file=sys.stderr,
                    disable=not self.is_main, dynamic_ncols=True)
-        window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+        session_tokens, window_start = 0, time.monotonic()     # for tokens/s: this process's share of the window
         last_metrics: dict[str, Any] = {}
         reason = "max_epochs"
         try:
+            if p.validation_due:                       # the stopped run owes this step's validation
+                last_metrics, stop = self._validate_on_schedule(due=True)
+                self._save("last.pt")
+                if stop:
+                    reason = stop
+                    return last_metrics
             while p.cursor.epoch < t.max_epochs:
                 batches = self.sampler.batches(p.cursor.epoch)
                 while p.cursor.batch < len(batches):
@@ -456,33 +481,30 @@ class Trainer:
                         raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
                     p.step += 1
                     p.cursor.batch += len(group)
-                    window_loss += loss
-                    window_tokens += tokens
+                    p.window_loss += loss
+                    p.window_tokens += tokens
+                    session_tokens += tokens
                     bar.update(1)
                     if p.step % t.log_every == 0:
-                        seconds = time.monotonic() - window_start
-                        speed = window_tokens / max(seconds, 1e-9)
-                        bar.set_postfix(loss=f"{window_loss / window_tokens:.3f}", lr=f"{lr:.2e}",
-                                        tok_s=f"{speed:.0f}")
-                        mean_loss = window_loss / window_tokens
+                        speed = session_tokens / max(time.monotonic() - window_start, 1e-9)
+                        mean_loss = p.window_loss / p.window_tokens
+                        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}")
                         self._log({"event": "train", "step": p.step, "epoch": p.cursor.epoch,
                                    "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
                                    "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
                                    "wall_time": p.elapsed + self._session_time()})
-                        window_loss, window_tokens, window_start = 0.0, 0, time.monotonic()
+                        p.window_loss, p.window_tokens = 0.0, 0
+                        session_tokens, window_start = 0, time.monotonic()
                     stop = self._stop_reason()
-                    if p.step % t.validate_every == 0 or stop:
-                        # Validate on schedule, and once more when a budget ends (not on a signal: exit fast;
-                        # a signal during validation abandons it).
-                        if (p.step % t.validate_every == 0 or stop in ("max_updates", "max_minutes")) and not (
-                                stop and stop.startswith("SIG")):
-                            with contextlib.suppress(ValidationAbandoned):
-                                last_metrics = self.validate()
-                            stop = stop or self._stop_reason()
-                            if t.patience and self._from_rank0(p.bad_validations >= t.patience):
-                                stop = stop or "early_stopping"
-                            if self._from_rank0(self.schedule.floor_reached):
-                                stop = stop or "lr_below_min_lr"
+                    on_schedule = p.step % t.validate_every == 0
+                    if on_schedule or stop:
+                        # Validate on schedule, and once more when a budget ends. A signal skips it (exit
+                        # fast) or cuts it short; a scheduled one then stays due, for --resume to run first.
+                        if stop and stop.startswith("SIG"):
+                            p.validation_due = on_schedule
+                        elif on_schedule or stop in ("max_updates", "max_minutes"):
+                            last_metrics, stopping = self._validate_on_schedule(due=on_schedule)
+                            stop = stop or stopping
                         self._save("last.pt")
                         window_start = time.monotonic()
                     elif (t.save_every and p.step % t.save_every == 0) or self._from_rank0(self._save_due()):
@@ -501,6 +523,22 @@ class Trainer:
             if self.is_main:
                 tqdm.write(f"training stopped at update {p.step} ({reason}); checkpoints in {self.run_dir}",
                            file=sys.stderr)
+
+    def _validate_on_schedule(self, due: bool) -> tuple[dict[str, Any], str | None]:
+        """Validate; returns the metrics ({} if a signal abandoned it) and a reason to stop, if any. `due`: the
+        validation is a scheduled one, so an abandoned one stays owed (`Progress.validation_due`)."""
+        t, p = self.config.training, self.progress
+        metrics: dict[str, Any] = {}
+        p.validation_due = due
+        with contextlib.suppress(ValidationAbandoned):
+            metrics = self.validate()
+            p.validation_due = False
+        stop = self._stop_reason()
+        if t.patience and self._from_rank0(p.bad_validations >= t.patience):
+            stop = stop or "early_stopping"
+        if self._from_rank0(self.schedule.floor_reached):
+            stop = stop or "lr_below_min_lr"
+        return metrics, stop
 
     def _stop_reason(self) -> str | None:
         """Why to stop now, if at all; under DDP every rank gets rank 0's answer, so all stop together."""
@@ -599,7 +637,7 @@ class Trainer:
                 hyps[index] = hyp.tokens
         ordered = [hyps[i] for i in rows.tolist()]
         hypotheses = self.tgt_vocab.decode(ordered)
-        references = self.data.reference_path("dev").read_text(encoding="utf-8").split("\n")[: len(rows)]
+        references = read_lines(self.data.reference_path("dev"))[: len(rows)]   # only "\n" ends a line
         bleu = sacrebleu.corpus_bleu(hypotheses, [references])
         loss = loss_sum / max(tokens, 1)
         examples = []
