@@ -267,3 +267,12 @@ def test_validation_bleu_reads_references_as_nmt_evaluate_does(prepared, tmp_pat
     monkeypatch.setattr(trainer.tgt_vocab, "decode", lambda ids: refs[: len(ids)])   # perfect translations
     assert trainer.validate()["bleu"] == pytest.approx(100.0)
     trainer.close()
+
+
+def test_the_end_of_the_last_epoch_is_validated_like_any_budget_end(prepared, tmp_path):
+    run = tmp_path / "run"
+    trainer = Trainer(config_for(prepared, run, max_epochs=1, validate_every=100000, val_max_sentences=5))
+    trainer.train()
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last_step = trainer.progress.step
+    assert [e["step"] for e in events if e["event"] == "validation"] == [last_step] and (run / "best.pt").exists()
