@@ -514,7 +514,7 @@ class Trainer:
                         reason = stop
                         return last_metrics
                 p.cursor = Cursor(p.cursor.epoch + 1, 0, p.cursor.seed)
-            if p.step % t.validate_every and self.stop_signal is None:   # max_epochs ends a budget too
+            if p.step % t.validate_every and not self._stop_reason():   # max_epochs ends a budget too (all ranks agree)
                 last_metrics, _ = self._validate_on_schedule(due=False)
             self._save("last.pt")
             return last_metrics
