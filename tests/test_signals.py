@@ -57,6 +57,31 @@ def _announcing(sig, handler):
 _signal.signal = _announcing
 """
 
+ANNOUNCE_VALIDATION = """
+import nmt.train.trainer as tt
+_validate = tt.Trainer.validate
+def validate(self):
+    print("VALIDATING", file=sys.stderr, flush=True)
+    return _validate(self)
+tt.Trainer.validate = validate
+"""
+
+
+def signal_in_update(n: int) -> str:
+    """A wrapper that sends the process SIGTERM inside its `n`-th training update."""
+    return f"""
+import os, signal
+import nmt.train.trainer as tt
+_update, _calls = tt.Trainer._update, [0]
+def update(self, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] == {n}:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return _update(self, *args, **kwargs)
+tt.Trainer._update = update
+"""
+
+
 SLOW_READ = """
 import nmt.textio as t
 _iter = t.iter_lines
@@ -160,9 +185,8 @@ def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
     # One sentence per validation batch and long greedy outputs: validation takes many seconds.
     proc = start([*train_args(prepared, run, max_updates=100000, validate_every=3, val_max_sentences=100,
                               val_batch_tokens=1),
-                  "--set", "decoding.max_len_ratio=6"])
-    wait_for(lambda: (run / "metrics.jsonl").is_file() and 3 in events(run, "train"))
-    time.sleep(0.3)                                         # inside validation at update 3
+                  "--set", "decoding.max_len_ratio=6"], ANNOUNCE_VALIDATION)
+    read_until(proc, "VALIDATING")                          # inside validation at update 3
     code, seconds, err = stop(proc, signal.SIGTERM)
     assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
     assert events(run, "validation") == []                   # abandoned, not finished
@@ -176,6 +200,42 @@ def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
     assert done.returncode == 0, done.stderr
     assert events(run, "validation") == [3, 4] and (run / "best.pt").exists()
     assert not load_checkpoint(run / "last.pt")["progress"]["validation_due"]
+
+
+def resume_owed_validation(prepared: Path, run: Path, **training) -> None:
+    """--resume runs the validation the stopped run owes, once; a second --resume has nothing left to do."""
+    step = load_checkpoint(run / "last.pt")["step"]
+    args = [sys.executable, "-m", "nmt", *train_args(prepared, run, val_max_sentences=5, **training), "--resume"]
+    done = subprocess.run(args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert events(run, "validation") == [step] and (run / "best.pt").exists()
+    assert not load_checkpoint(run / "last.pt")["progress"]["validation_due"]
+    again = subprocess.run(args, capture_output=True, text=True)
+    assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
+    assert events(run, "validation") == [step]
+
+
+@pytest.mark.parametrize("budget", [{"max_updates": 3}, {"max_updates": 100000, "max_epochs": 1}])
+def test_sigterm_during_the_budget_end_validation_leaves_it_owed(prepared, tmp_path, budget):
+    run = tmp_path / "run"
+    proc = start([*train_args(prepared, run, validate_every=100000, val_max_sentences=100, val_batch_tokens=1,
+                              **budget), "--set", "decoding.max_len_ratio=6"], ANNOUNCE_VALIDATION)
+    read_until(proc, "VALIDATING")                          # the validation that ends the budget
+    code, seconds, err = stop(proc, signal.SIGTERM)
+    assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
+    state = load_checkpoint(run / "last.pt")
+    assert state["progress"]["validation_due"] and events(run, "validation") == []
+    resume_owed_validation(prepared, run, validate_every=100000, **budget)
+
+
+def test_sigterm_in_the_last_update_leaves_the_final_validation_owed(prepared, tmp_path):
+    run = tmp_path / "run"
+    proc = start(train_args(prepared, run, max_updates=3, validate_every=100000), signal_in_update(3))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err.decode()
+    state = load_checkpoint(run / "last.pt")
+    assert state["step"] == 3 and state["progress"]["validation_due"] and events(run, "validation") == []
+    resume_owed_validation(prepared, run, max_updates=3, validate_every=100000)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -451,7 +451,7 @@ class Trainer:
         t = self.config.training
         p = self.progress
         finished = self.finished_reason()
-        if finished:
+        if finished and not p.validation_due:
             if self.is_main:
                 tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
                            "Raise that limit with --set to train on.", file=sys.stderr)
@@ -462,10 +462,12 @@ class Trainer:
                    disable=not self.is_main, dynamic_ncols=True)
         session_tokens, window_start = 0, time.monotonic()     # for tokens/s: this process's share of the window
         last_metrics: dict[str, Any] = {}
+        validated_step = -1                            # the update this process last validated at
         reason = "max_epochs"
         try:
             if p.validation_due:                       # the stopped run owes this step's validation
-                last_metrics, stop = self._validate_on_schedule(due=True)
+                last_metrics, stop = self._validate_owed()
+                validated_step = p.step
                 self._save("last.pt")
                 if stop:
                     reason = stop
@@ -499,11 +501,12 @@ class Trainer:
                     on_schedule = p.step % t.validate_every == 0
                     if on_schedule or stop:
                         # Validate on schedule, and once more when a budget ends. A signal skips it (exit
-                        # fast) or cuts it short; a scheduled one then stays due, for --resume to run first.
+                        # fast) or cuts it short; it then stays due, for --resume to run first.
                         if stop and stop.startswith("SIG"):
-                            p.validation_due = on_schedule
-                        elif on_schedule or stop in ("max_updates", "max_minutes"):
-                            last_metrics, stopping = self._validate_on_schedule(due=on_schedule)
+                            p.validation_due = on_schedule or bool(self._from_rank0(self._budget_spent()))
+                        else:
+                            last_metrics, stopping = self._validate_owed()
+                            validated_step = p.step
                             stop = stop or stopping
                         self._save("last.pt")
                         window_start = time.monotonic()
@@ -514,8 +517,11 @@ class Trainer:
                         reason = stop
                         return last_metrics
                 p.cursor = Cursor(p.cursor.epoch + 1, 0, p.cursor.seed)
-            if p.step % t.validate_every and not self._stop_reason():   # max_epochs ends a budget too (all ranks agree)
-                last_metrics, _ = self._validate_on_schedule(due=False)
+            if p.step % t.validate_every and p.step != validated_step:   # max_epochs ends a budget too
+                if (self._stop_reason() or "").startswith("SIG"):      # (all ranks agree): a signal leaves it due
+                    p.validation_due = True
+                else:
+                    last_metrics, _ = self._validate_owed()
             self._save("last.pt")
             return last_metrics
         finally:
@@ -526,12 +532,12 @@ class Trainer:
                 tqdm.write(f"training stopped at update {p.step} ({reason}); checkpoints in {self.run_dir}",
                            file=sys.stderr)
 
-    def _validate_on_schedule(self, due: bool) -> tuple[dict[str, Any], str | None]:
-        """Validate; returns the metrics ({} if a signal abandoned it) and a reason to stop, if any. `due`: the
-        validation is a scheduled one, so an abandoned one stays owed (`Progress.validation_due`)."""
+    def _validate_owed(self) -> tuple[dict[str, Any], str | None]:
+        """Run a scheduled or budget-end validation; returns the metrics ({} if a signal abandoned it) and a
+        reason to stop, if any. An abandoned one stays owed (`Progress.validation_due`) for --resume."""
         t, p = self.config.training, self.progress
         metrics: dict[str, Any] = {}
-        p.validation_due = due
+        p.validation_due = True
         with contextlib.suppress(ValidationAbandoned):
             metrics = self.validate()
             p.validation_due = False
@@ -557,9 +563,13 @@ class Trainer:
         return box[0]
 
     def _local_stop_reason(self) -> str | None:
-        t, p = self.config.training, self.progress
         if self.stop_signal is not None:
             return signal.Signals(self.stop_signal).name
+        return self._budget_spent()
+
+    def _budget_spent(self) -> str | None:
+        """"max_updates" or "max_minutes" once that budget is spent (this process's view)."""
+        t, p = self.config.training, self.progress
         if t.max_updates and p.step >= t.max_updates:
             return "max_updates"
         if t.max_minutes and (p.elapsed + self._session_time()) / 60 >= t.max_minutes:
