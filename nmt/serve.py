@@ -188,8 +188,13 @@ class Batcher:
             results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size)
         except Exception as exc:              # the client gets a 500 with the reason; the server keeps running
             if len(batch) > 1:                # one request's failure (say, out of memory) is not the others'
-                for job in batch:
-                    self._translate([job])
+                for i, job in enumerate(batch):
+                    try:
+                        self._translate([job])
+                    except BaseException as ended:    # the thread ends: the rest of the batch hear why
+                        for rest in batch[i + 1:]:
+                            _fail(rest, ended)
+                        raise
                 return
             log.exception("translation failed")
             _fail(batch[0], exc)

@@ -301,6 +301,15 @@ def test_a_stopped_model_thread_answers_every_request_and_refuses_new_ones():
     assert refused.value.status == 503
 
 
+def test_a_thread_ending_while_retrying_a_batch_answers_the_rest_of_it():
+    translator = ScriptedTranslator()
+    batcher, results = run_jobs(translator, [["BOOM"], ["EXIT"], ["c"]])
+    assert translator.calls == [["BOOM", "EXIT", "c"], ["BOOM"], ["EXIT"]]     # one batch, then one by one
+    assert str(results[0]) == "boom"
+    assert all(isinstance(r, RuntimeError) and "model thread stopped" in str(r) for r in results[1:]), results
+    assert batcher.failure == "SystemExit: exit"
+
+
 def test_load_test_script_small(model_file, tmp_path):
     report = tmp_path / "load.json"
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "load_test.py"), "--model", str(model_file),
