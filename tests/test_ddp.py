@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,16 +9,22 @@ import torch
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
+def train_two_ranks(prepared: Path, run: Path, out: Path, port: int, *overrides: str) -> list[dict]:
+    """Train on two gloo ranks (ddp_worker.py); returns each rank's final parameters."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(WORKER), str(prepared), str(run), str(out), *overrides]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for key in ranks[0]:
+        assert torch.equal(ranks[0][key], ranks[1][key]), key
+    return ranks
+
+
 def test_two_gloo_ranks_end_with_identical_parameters(prepared, tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           str(WORKER), str(prepared), str(run), str(tmp_path)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1",
-                                                                                 **_env()})
-    assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    for key in rank0:
-        assert torch.equal(rank0[key], rank1[key]), key
+    rank0, _ = train_two_ranks(prepared, run, tmp_path, 29517)
     # Only rank 0 writes: one metrics log with one line per event, checkpoints once.
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "validation"] == [3, 6]
@@ -26,7 +33,11 @@ def test_two_gloo_ranks_end_with_identical_parameters(prepared, tmp_path):
     assert all(torch.equal(saved[k], rank0[k]) for k in rank0)
 
 
-def _env() -> dict:
-    import os
+def test_the_plateau_schedule_of_rank_0_sets_every_rank_s_learning_rate(prepared, tmp_path):
+    from nmt.config import load_config
 
-    return {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    # Only rank 0 validates; the worker makes no validation improve, so the lr halves at update 3.
+    train_two_ranks(prepared, tmp_path / "run", tmp_path, 29518, "training.lr_schedule=plateau",
+                    "training.plateau_patience=0", "training.plateau_factor=0.5")
+    lrs = [float((tmp_path / f"rank{r}.lr").read_text()) for r in (0, 1)]
+    assert lrs[0] == lrs[1] == load_config(prepared).training.lr * 0.5, lrs

@@ -235,7 +235,35 @@ def test_sigterm_in_the_last_update_leaves_the_final_validation_owed(prepared, t
     assert proc.returncode == 143, err.decode()
     state = load_checkpoint(run / "last.pt")
     assert state["step"] == 3 and state["progress"]["validation_due"] and events(run, "validation") == []
+    # A run that owes a validation reads the dev set: a changed data folder is refused, as for training on.
+    manifest = run / "data_manifest.json"
+    recorded = manifest.read_text()
+    manifest.write_text(json.dumps({**json.loads(recorded), "fingerprint": "other"}))
+    refused = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=3,
+                                                                         validate_every=100000), "--resume"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "holds other data" in refused.stderr, refused.stderr
+    manifest.write_text(recorded)
     resume_owed_validation(prepared, run, max_updates=3, validate_every=100000)
+
+
+def test_a_run_validated_at_the_end_of_its_last_epoch_is_not_validated_again_on_resume(prepared, tmp_path):
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    probe = Trainer(load_config(prepared, [f"training.run_dir={tmp_path / 'probe'}"]))
+    updates = len(probe.sampler.batches(0))                  # max_updates runs out with the first epoch's batches
+    probe.close()
+    run = tmp_path / "run"
+    args = train_args(prepared, run, max_epochs=1, validate_every=100000, val_max_sentences=5)
+    first = subprocess.run([sys.executable, "-m", "nmt", *args, "--set", f"training.max_updates={updates}"],
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert events(run, "validation") == [updates]
+    more = subprocess.run([sys.executable, "-m", "nmt", *args, "--set", f"training.max_updates={updates + 5}",
+                           "--resume"], capture_output=True, text=True)
+    assert more.returncode == 0, more.stderr
+    assert events(run, "validation") == [updates] and load_checkpoint(run / "last.pt")["step"] == updates
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -8,7 +8,6 @@ resumed run ends with bitwise the same parameters as an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -101,7 +100,8 @@ class Progress:
     bad_validations: int = 0
     best_k: list[tuple[float, str]] = field(default_factory=list)   # (score, file name), best first
     elapsed: float = 0.0                                              # training seconds before this process
-    validation_due: bool = False      # a signal skipped or cut short this step's scheduled validation
+    validation_due: bool = False      # a signal skipped or cut short this step's scheduled or final validation
+    validated_step: int = -1          # the update last validated (or being validated)
     window_loss: float = 0.0          # summed loss and target tokens since the last logged train event
     window_tokens: int = 0
 
@@ -315,7 +315,8 @@ class Trainer:
             "cursor": vars(p.cursor).copy(),
             "progress": {"best_score": p.best_score, "bad_validations": p.bad_validations,
                          "best_k": [list(x) for x in p.best_k], "elapsed": p.elapsed + self._session_time(),
-                         "validation_due": p.validation_due, "window_loss": p.window_loss,
+                         "validation_due": p.validation_due, "validated_step": p.validated_step,
+                         "window_loss": p.window_loss,
                          "window_tokens": p.window_tokens},
         }
 
@@ -344,10 +345,12 @@ class Trainer:
                                  bad_validations=prog["bad_validations"],
                                  best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"],
                                  validation_due=bool(prog.get("validation_due", False)),   # older checkpoints:
-                                 window_loss=float(prog.get("window_loss", 0.0)),          # none due, window empty
+                                 validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
+                                 window_loss=float(prog.get("window_loss", 0.0)),          # window empty
                                  window_tokens=int(prog.get("window_tokens", 0)))
         mismatch = self._data_mismatch()
-        if mismatch and not self.finished_reason():    # a finished run reads no data: let it say it is done
+        if mismatch and (self.progress.validation_due or not self.finished_reason()):
+            # a finished run reads no data (let it say it is done), unless it owes a validation
             raise RunDirError(mismatch)
         self._record_resume_changes(changed)
 
@@ -462,12 +465,10 @@ class Trainer:
                    disable=not self.is_main, dynamic_ncols=True)
         session_tokens, window_start = 0, time.monotonic()     # for tokens/s: this process's share of the window
         last_metrics: dict[str, Any] = {}
-        validated_step = -1                            # the update this process last validated at
         reason = "max_epochs"
         try:
             if p.validation_due:                       # the stopped run owes this step's validation
                 last_metrics, stop = self._validate_owed()
-                validated_step = p.step
                 self._save("last.pt")
                 if stop:
                     reason = stop
@@ -506,7 +507,6 @@ class Trainer:
                             p.validation_due = on_schedule or bool(self._from_rank0(self._budget_spent()))
                         else:
                             last_metrics, stopping = self._validate_owed()
-                            validated_step = p.step
                             stop = stop or stopping
                         self._save("last.pt")
                         window_start = time.monotonic()
@@ -517,9 +517,10 @@ class Trainer:
                         reason = stop
                         return last_metrics
                 p.cursor = Cursor(p.cursor.epoch + 1, 0, p.cursor.seed)
-            if p.step % t.validate_every and p.step != validated_step:   # max_epochs ends a budget too
-                if (self._stop_reason() or "").startswith("SIG"):      # (all ranks agree): a signal leaves it due
-                    p.validation_due = True
+            if p.step % t.validate_every and p.step != p.validated_step:   # max_epochs ends a budget too
+                stop = self._stop_reason()                                 # (all ranks agree)
+                if stop and stop.startswith("SIG"):                        # a signal leaves it owed
+                    p.validation_due, reason = True, stop
                 else:
                     last_metrics, _ = self._validate_owed()
             self._save("last.pt")
@@ -537,10 +538,13 @@ class Trainer:
         reason to stop, if any. An abandoned one stays owed (`Progress.validation_due`) for --resume."""
         t, p = self.config.training, self.progress
         metrics: dict[str, Any] = {}
-        p.validation_due = True
-        with contextlib.suppress(ValidationAbandoned):
+        p.validation_due, p.validated_step = False, p.step      # as best.pt, saved inside, must record them
+        try:
             metrics = self.validate()
-            p.validation_due = False
+        except ValidationAbandoned:
+            p.validation_due = True
+        if self.world_size > 1:                  # only rank 0 validates: its plateau schedule sets every rank's lr
+            self.schedule.load_state_dict(self._from_rank0(self.schedule.state_dict()))
         stop = self._stop_reason()
         if t.patience and self._from_rank0(p.bad_validations >= t.patience):
             stop = stop or "early_stopping"
