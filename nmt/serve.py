@@ -98,6 +98,7 @@ class Batcher:
         self.thread = threading.Thread(target=self._run, name="nmt-model", daemon=True)
         self.held: deque = deque()            # jobs taken while batching other options: they go next
         self.failure: str | None = None       # why the model thread stopped, if it did
+        self.closed = False                   # the model thread has ended: jobs are refused
         self._submitting = threading.Lock()   # a job is queued before a failure or refused after it
 
     def start(self) -> None:
@@ -114,6 +115,8 @@ class Batcher:
         with self._submitting:
             if self.failure is not None:
                 raise RequestError(503, f"the model thread stopped ({self.failure}); restart the server")
+            if self.closed:
+                raise RequestError(503, "the server is shutting down; retry shortly")
             try:
                 self.jobs.put_nowait(job)
             except queue.Full:
@@ -126,14 +129,21 @@ class Batcher:
             self._serve_jobs()
         except BaseException as exc:
             log.exception("the model thread stopped")
-            with self._submitting:
-                self.failure = f"{type(exc).__name__}: {exc}"[:200]
-                waiting = list(self.held)
-                while not self.jobs.empty():
-                    waiting.append(self.jobs.get_nowait())
-            for job in waiting:
-                if job is not _STOP:
-                    _fail(job, exc)
+            self._close(exc, f"{type(exc).__name__}: {exc}"[:200])
+        else:                                 # stopped: a job that slipped in after the last one is refused
+            self._close(RequestError(503, "the server is shutting down; retry shortly"))
+
+    def _close(self, answer: BaseException, failure: str | None = None) -> None:
+        """Refuse new jobs from now on and answer every waiting one with `answer`."""
+        with self._submitting:
+            self.closed = True
+            self.failure = failure
+            waiting = list(self.held)
+            while not self.jobs.empty():
+                waiting.append(self.jobs.get_nowait())
+        for job in waiting:
+            if job is not _STOP:
+                _fail(job, answer)
 
     def _serve_jobs(self) -> None:
         stopping = False
@@ -184,25 +194,29 @@ class Batcher:
     def _translate(self, batch: list[Job]) -> None:
         sentences = [s for job in batch for s in job.sentences]
         beam_size, n_best = batch[0].options
+        error: Exception | None = None
         try:
             results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size)
         except Exception as exc:              # the client gets a 500 with the reason; the server keeps running
-            if len(batch) > 1:                # one request's failure (say, out of memory) is not the others'
-                for i, job in enumerate(batch):
-                    try:
-                        self._translate([job])
-                    except BaseException as ended:    # the thread ends: the rest of the batch hear why
-                        for rest in batch[i + 1:]:
-                            _fail(rest, ended)
-                        raise
-                return
-            log.exception("translation failed")
-            _fail(batch[0], exc)
-            return
+            if len(batch) == 1:
+                log.exception("translation failed")
+            error = exc.with_traceback(None)  # its frames hold the failed search's tensors: free them first
         except BaseException as exc:          # the thread ends (see _run); this batch's clients hear why
             for job in batch:
                 _fail(job, exc)
             raise
+        if error is not None and len(batch) == 1:
+            _fail(batch[0], error)
+            return
+        if error is not None:                 # one request's failure (say, out of memory) is not the others'
+            for i, job in enumerate(batch):
+                try:
+                    self._translate([job])
+                except BaseException as ended:    # the thread ends: the rest of the batch hear why
+                    for rest in batch[i + 1:]:
+                        _fail(rest, ended)
+                    raise
+            return
         start = 0
         for job in batch:
             part = results[start:start + len(job.sentences)]
@@ -356,6 +370,8 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         batcher.submit(job)
         try:
             results = await job.future
+        except RequestError:                  # refused after all (the server stopped): its own status
+            raise
         except Exception as exc:
             return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
         return JSONResponse(format_response(results, n_best))

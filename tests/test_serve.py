@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -308,6 +309,47 @@ def test_a_thread_ending_while_retrying_a_batch_answers_the_rest_of_it():
     assert str(results[0]) == "boom"
     assert all(isinstance(r, RuntimeError) and "model thread stopped" in str(r) for r in results[1:]), results
     assert batcher.failure == "SystemExit: exit"
+
+
+class Tracked:
+    pass
+
+
+class FrameHoldingTranslator(ScriptedTranslator):
+    """Its failing call keeps an object in its frame (as a failed search keeps its tensors); every call
+    records whether that object is still alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: weakref.ref | None = None
+        self.alive: list[bool] = []
+
+    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None) -> list[str]:
+        self.alive.append(self.held is not None and self.held() is not None)
+        if "BOOM" in sentences:
+            tensors = Tracked()
+            self.held = weakref.ref(tensors)
+        return super().translate(sentences, n_best, beam_size)
+
+
+def test_a_failed_batch_is_let_go_before_its_requests_are_retried():
+    translator = FrameHoldingTranslator()
+    _, results = run_jobs(translator, [["a"], ["BOOM"]])
+    assert translator.calls == [["a", "BOOM"], ["a"], ["BOOM"]]
+    assert translator.alive == [False, False, False]       # the failed call's frame was freed before the retry
+    assert results[0] == ["A"] and str(results[1]) == "boom"
+
+
+def test_a_stopped_batcher_refuses_new_jobs():
+    async def main() -> RequestError:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(ScriptedTranslator(), ServeSettings())
+        batcher.start()
+        await asyncio.to_thread(batcher.stop)
+        with pytest.raises(RequestError, match="shutting down") as refused:
+            batcher.submit(Job(["a"], 1, 1, loop, loop.create_future()))
+        return refused.value
+    assert asyncio.run(main()).status == 503
 
 
 def test_load_test_script_small(model_file, tmp_path):
