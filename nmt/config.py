@@ -24,9 +24,11 @@ class ConfigError(ValueError):
     """A problem with the configuration that the user can fix; the message names the key."""
 
 
-def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None) -> Any:
-    """A dataclass field with a range check."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le})
+def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+             since_saved: bool = False) -> Any:
+    """A dataclass field with a range check. `since_saved`: a check newer than files that earlier nmt
+    versions saved, so a config read back from one (`stored_config`) is not held to it."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "since_saved": since_saved})
 
 
 def _path(default: str | None = None) -> Any:
@@ -57,7 +59,7 @@ class DataConfig:
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = _bounded(1.0, gt=0.0, le=1.0)
     spm_sample_sentences: int = _bounded(500_000, ge=1)  # SentencePiece trains on a seeded uniform sample this big
-    spm_sample_seed: int = _bounded(42, ge=0)
+    spm_sample_seed: int = _bounded(42, ge=0, since_saved=True)
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
     tgt_spm_model: str | None = _path()
     target_vocab_from_train: bool = True  # target vocabulary = pieces seen on the target side
@@ -93,7 +95,7 @@ class ModelConfig:
 @dataclass
 class TrainingConfig:
     run_dir: str | None = _path()
-    seed: int = _bounded(42, ge=0)
+    seed: int = _bounded(42, ge=0, since_saved=True)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast; auto: fp32 on CUDA, bf16 on bf16 CPUs
     threads: int = _bounded(0, ge=0)                     # torch CPU threads; 0 = torch's default
@@ -151,7 +153,7 @@ class DecodingConfig:
     temperature: float = _bounded(1.0, gt=0.0)     # sampling: logits / temperature
     top_k: int = _bounded(0, ge=0)                 # sampling: only the k most probable pieces; 0 = all
     top_p: float = _bounded(1.0, gt=0.0, le=1.0)   # sampling: the smallest set with this much probability
-    seed: int = _bounded(0, ge=0)                  # sampling: same seed and batch size, same samples
+    seed: int = _bounded(0, ge=0, since_saved=True)                # sampling: same seed and batch size, same samples
     quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
     shortlist: bool = False                        # score only the batch's shortlisted target pieces (greedy/beam)
     shortlist_k: int = _bounded(0, ge=0)           # shortlist: the first k of each source piece's list; 0 = all
@@ -249,8 +251,8 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"`{key}` must be <= {meta['le']}, got {value}")
 
 
-def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None) -> Any:
-    """Build dataclass `cls` from the mapping `raw`, checking every key."""
+def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
+    """Build dataclass `cls` from the mapping `raw`, checking every key (see `stored_config` for `stored`)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -266,11 +268,12 @@ def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None) -> Any:
             raise ConfigError(f"unknown key `{key}`{hint}")
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
-            values[name] = _build(tp, value, f"{key}.", base_dir)
+            values[name] = _build(tp, value, f"{key}.", base_dir, stored)
             continue
         value = _coerce(value, tp, key, base_dir)
         meta = fields[name].metadata
-        _check_range(value, meta, key)
+        if not (stored and meta.get("since_saved")):
+            _check_range(value, meta, key)
         if meta.get("path") and value is not None and base_dir is not None:
             value = _resolve_paths(value, base_dir)
         values[name] = value
@@ -316,9 +319,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def config_from_dict(raw: Any, base_dir: Path | None = None) -> Config:
-    config = _build(Config, raw, "", base_dir)
-    _check_together(config)
+def config_from_dict(raw: Any, base_dir: Path | None = None, stored: bool = False) -> Config:
+    config = _build(Config, raw, "", base_dir, stored)
+    if not stored:
+        _check_together(config)
     return config
 
 
@@ -346,11 +350,12 @@ RETIRED_KEYS = {"data": ("spm_train_sentences",)}   # replaced by data.spm_sampl
 
 def stored_config(raw: Any) -> Config:
     """The config saved in a checkpoint or model file, perhaps by an earlier nmt: retired keys are dropped
-    (a YAML file that uses one still gets the unknown-key error)."""
+    (a YAML file that uses one still gets the unknown-key error), and rules newer than such files (language
+    codes, seeds >= 0, `_check_together`) are not applied: what an earlier nmt trained must still load."""
     if isinstance(raw, dict):
         raw = {section: ({k: v for k, v in values.items() if k not in RETIRED_KEYS.get(section, ())}
                          if isinstance(values, dict) else values) for section, values in raw.items()}
-    return config_from_dict(raw)
+    return config_from_dict(raw, stored=True)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -359,18 +364,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
+    seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base`: its keys may be overridden
             continue
         key = loader.construct_object(key_node, deep=True)
         try:
-            first = seen.setdefault(key, key_node.start_mark.line)
+            first = seen.setdefault(key, key_node)
         except TypeError:                 # an unhashable key: construct_mapping says so
             break
-        if first != key_node.start_mark.line:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first on line {first + 1})",
-                                                    key_node.start_mark)
+        if first is not key_node:         # another node with an equal key (on the same line too: `{a: 1, a: 2}`)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {first.start_mark.line + 1})", key_node.start_mark)
     return loader.construct_mapping(node, deep)
 
 

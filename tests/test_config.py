@@ -3,7 +3,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nmt.config import ConfigError, apply_overrides, config_from_dict, load_config, parse_override
+from nmt.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    parse_override,
+    stored_config,
+)
 
 from .conftest import REPO
 
@@ -19,6 +27,21 @@ def test_defaults_and_sections(tmp_path):
     assert config.model.attention == "luong_dot"
     assert config.decoding.beam_size == 5
     assert config.training.batch_tokens == 2000
+
+
+def test_a_config_saved_by_an_earlier_nmt_loads_despite_newer_rules():
+    raw = Config().to_dict()
+    raw["data"]["src_lang"] = "de.tok"                           # accepted before these rules existed
+    with pytest.raises(ConfigError, match="language code"):       # a user's config is held to them
+        config_from_dict(raw)
+    raw["decoding"]["seed"] = -3
+    with pytest.raises(ConfigError, match=r"`decoding.seed` must be >= 0"):
+        config_from_dict(raw)
+    saved = stored_config(raw)                                    # a checkpoint's or model file's is not
+    assert saved.data.src_lang == "de.tok" and saved.decoding.seed == -3
+    raw["decoding"]["beam_size"] = 0                              # the older rules still hold
+    with pytest.raises(ConfigError, match="beam_size"):
+        stored_config(raw)
 
 
 def test_unknown_key_names_key_and_suggests(tmp_path):
@@ -114,5 +137,8 @@ def test_a_key_given_twice_is_an_error_with_its_line(tmp_path):
     (tmp_path / "key.yaml").write_text("training:\n  lr: 0.003\n  lr: 5.0\n")
     with pytest.raises(ConfigError, match=r"line 3: .*duplicate key 'lr'"):
         load_config(tmp_path / "key.yaml")
+    (tmp_path / "flow.yaml").write_text("training: {lr: 0.003, lr: 5.0}\n")       # both on one line
+    with pytest.raises(ConfigError, match=r"line 1: .*duplicate key 'lr' \(first on line 1\)"):
+        load_config(tmp_path / "flow.yaml")
     (tmp_path / "merge.yaml").write_text("training: &t\n  lr: 0.003\ndecoding:\n  beam_size: 3\n")
     assert load_config(tmp_path / "merge.yaml").training.lr == 0.003     # anchors still load
