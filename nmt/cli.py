@@ -200,7 +200,8 @@ def translate(
                                           help="Score only the target pieces likely for each batch's source "
                                                "pieces (the vocabulary shortlist the model embeds)."),
     shortlist_k: int | None = typer.Option(None, "--shortlist-k", min=0,
-                                           help="Shortlist: target pieces per source piece; 0 = all stored."),
+                                           help="Shortlist: target pieces per source piece; 0 = all stored "
+                                                "(implies --shortlist unless --no-shortlist)."),
     shortlist_file: Path | None = typer.Option(None, "--shortlist-file",
                                                help="A data folder's shortlist.npz, for a model without one "
                                                     "(implies --shortlist)."),
@@ -231,6 +232,8 @@ def translate(
         if n_best != 1 and n_best != num_samples:
             fail(f"--num-samples {num_samples} and --n-best {n_best} disagree; give one of them")
         n_best = num_samples
+    if shortlist_k is not None and shortlist is None:
+        shortlist = True                # asking for k pieces per source piece asks for the shortlist
     _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
                    {"--output": output, "--alignments": alignments, "--attention-out": attention_out,
                     "--scores": scores}, checkpoint)

@@ -210,6 +210,12 @@ def test_a_model_without_a_shortlist_gives_one_clean_error(trained_run, tmp_path
     torch.save(state, old)
     result = run_cli("translate", "--checkpoint", str(old), "--shortlist", stdin=b"Ein Hund.\n")
     assert "no vocabulary shortlist" in assert_one_error(result)
+    # --shortlist-k asks for the shortlist too, unless --no-shortlist says otherwise
+    result = run_cli("translate", "--checkpoint", str(old), "--shortlist-k", "5", stdin=b"Ein Hund.\n")
+    assert "no vocabulary shortlist" in assert_one_error(result)
+    result = run_cli("translate", "--checkpoint", str(old), "--shortlist-k", "5", "--no-shortlist", "-q",
+                     stdin=b"Ein Hund.\n")
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 1, result.stderr.decode()
     # the data folder's shortlist.npz serves such a model
     npz = tmp_path / "shortlist.npz"
     npz.write_bytes((DataFolder.open(load_config(prepared).data.out_dir).root / "shortlist.npz").read_bytes())
