@@ -232,8 +232,6 @@ def translate(
         if n_best != 1 and n_best != num_samples:
             fail(f"--num-samples {num_samples} and --n-best {n_best} disagree; give one of them")
         n_best = num_samples
-    if shortlist_k is not None and shortlist is None:
-        shortlist = True                # asking for k pieces per source piece asks for the shortlist
     _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
                    {"--output": output, "--alignments": alignments, "--attention-out": attention_out,
                     "--scores": scores}, checkpoint)

@@ -194,6 +194,9 @@ def test_model_files_and_checkpoints_carry_the_shortlist(trained_run, tmp_path, 
     export_model(trained_run / "best.pt", model)
     from_file = Translator.load(model, "cpu", shortlist=True)
     from_checkpoint = Translator.load(trained_run / "best.pt", "cpu", shortlist=True)
+    # asking for k pieces per source piece turns the shortlist on, unless shortlist=False says otherwise
+    assert Translator.load(model, "cpu", shortlist_k=20).decoding.shortlist is True
+    assert Translator.load(model, "cpu", shortlist_k=20, shortlist=False).decoding.shortlist is False
     assert torch.equal(from_file.shortlist.targets, from_checkpoint.shortlist.targets)
     texts = [t.text for t in from_file.translate(sources[:10])]
     assert texts == [t.text for t in from_checkpoint.translate(sources[:10])]

@@ -129,12 +129,15 @@ class Translator:
         `decoding_overrides` replace keys of the model's `decoding` config (beam_size,
         length_penalty, batch_tokens, precision, shortlist, ...) and are checked like the YAML file.
         `shortlist=True` uses the vocabulary shortlist the model embeds; `shortlist_file` (a data
-        folder's shortlist.npz, for a model that embeds none) implies it.
+        folder's shortlist.npz, for a model that embeds none) and `shortlist_k` imply it, unless
+        `shortlist=False` is given.
         Raises `nmt.model.modelfile.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
         Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
         """
         if shortlist_file is not None:
             decoding_overrides["shortlist"] = True
+        if decoding_overrides.get("shortlist_k") is not None and decoding_overrides.get("shortlist") is None:
+            decoding_overrides["shortlist"] = True      # asking for k pieces per source piece asks for the shortlist
         if not isinstance(path, (str, Path)):
             return cls.load_ensemble(path, device, shortlist_file, **decoding_overrides)
         limit_kernel_cache()
