@@ -6,12 +6,14 @@ from pathlib import Path
 
 import torch
 
+from tests.test_multinode import free_port
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def train_two_ranks(prepared: Path, run: Path, out: Path, port: int, *overrides: str) -> list[dict]:
-    """Train on two gloo ranks (ddp_worker.py); returns each rank's final parameters."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+def train_two_ranks(prepared: Path, run: Path, out: Path, *overrides: str) -> list[dict]:
+    """Train on two gloo ranks (ddp_worker.py) on a free port; returns each rank's final parameters."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(WORKER), str(prepared), str(run), str(out), *overrides]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", **env})
@@ -24,7 +26,7 @@ def train_two_ranks(prepared: Path, run: Path, out: Path, port: int, *overrides:
 
 def test_two_gloo_ranks_end_with_identical_parameters(prepared, tmp_path):
     run = tmp_path / "run"
-    rank0, _ = train_two_ranks(prepared, run, tmp_path, 29517)
+    rank0, _ = train_two_ranks(prepared, run, tmp_path)
     # Only rank 0 writes: one metrics log with one line per event, checkpoints once.
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "validation"] == [3, 6]
@@ -37,7 +39,7 @@ def test_the_plateau_schedule_of_rank_0_sets_every_rank_s_learning_rate(prepared
     from nmt.config import load_config
 
     # Only rank 0 validates; the worker makes no validation improve, so the lr halves at update 3.
-    train_two_ranks(prepared, tmp_path / "run", tmp_path, 29518, "training.lr_schedule=plateau",
+    train_two_ranks(prepared, tmp_path / "run", tmp_path, "training.lr_schedule=plateau",
                     "training.plateau_patience=0", "training.plateau_factor=0.5")
     lrs = [float((tmp_path / f"rank{r}.lr").read_text()) for r in (0, 1)]
     assert lrs[0] == lrs[1] == load_config(prepared).training.lr * 0.5, lrs
