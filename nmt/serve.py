@@ -205,11 +205,11 @@ class Batcher:
             for job in batch:
                 _fail(job, exc)
             raise
-        if error is not None and len(batch) == 1:
-            _fail(batch[0], error)
-            return
-        if error is not None:                 # one request's failure (say, out of memory) is not the others'
-            for i, job in enumerate(batch):
+        if error is not None:
+            if len(batch) == 1:
+                _fail(batch[0], error)
+                return
+            for i, job in enumerate(batch):   # one request's failure (say, out of memory) is not the others'
                 try:
                     self._translate([job])
                 except BaseException as ended:    # the thread ends: the rest of the batch hear why
