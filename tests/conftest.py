@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,13 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("NMT_MULTI30K", REPO.parent / "shared" / "data" / "multi30k"))
 SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for torchrun's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def randomize_feed_weights(model, scale: float = 0.1) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from tests.test_multinode import free_port
+from .conftest import free_port
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 

@@ -2,20 +2,15 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from .conftest import free_port
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_nodes_train_to_identical_parameters_and_only_global_rank0_writes(prepared, tmp_path):
