@@ -20,7 +20,7 @@ import yaml
 from nmt.folders import TEMP_SUFFIX
 from nmt.train.checkpoint import load_checkpoint
 
-from .conftest import make_config
+from .conftest import make_config, nmt_server
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_WITHIN = 5.0
@@ -104,6 +104,11 @@ tr.Translator.translate = translate
 """
 
 
+def run_nmt(*args: str) -> subprocess.CompletedProcess:
+    """`nmt ARGS` to its end, in its own process forked by the session's CliServer (no signal is sent to it)."""
+    return nmt_server().run(*args, text=True)
+
+
 def start(args: list[str], patch: str = "", stdin=None) -> subprocess.Popen:
     code = f"import sys, time\n{patch}\nfrom nmt.cli import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -173,9 +178,7 @@ def test_sigint_in_a_training_step_then_resume(prepared, tmp_path):
     step = load_checkpoint(run / "last.pt")["step"]
     assert step == max(events(run, "train")) and step >= 2          # saved at the update it stopped at
     assert temporaries(run) == []
-    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=step + 2,
-                                                                      validate_every=100000), "--resume"],
-                          capture_output=True, text=True)
+    done = run_nmt(*train_args(prepared, run, max_updates=step + 2, validate_every=100000), "--resume")
     assert done.returncode == 0, done.stderr
     assert assert_steps_once(run) == list(range(1, step + 3))
 
@@ -194,9 +197,8 @@ def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
     assert state["step"] == 3 and state["progress"]["validation_due"]
     assert not (run / "best.pt").exists() and temporaries(run) == []
     # --resume owes the run that validation: it comes first, then training goes on
-    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=4, validate_every=3,
-                                                                      val_max_sentences=5, val_batch_tokens=1),
-                           "--set", "decoding.max_len_ratio=6", "--resume"], capture_output=True, text=True)
+    done = run_nmt(*train_args(prepared, run, max_updates=4, validate_every=3, val_max_sentences=5,
+                                val_batch_tokens=1), "--set", "decoding.max_len_ratio=6", "--resume")
     assert done.returncode == 0, done.stderr
     assert events(run, "validation") == [3, 4] and (run / "best.pt").exists()
     assert not load_checkpoint(run / "last.pt")["progress"]["validation_due"]
@@ -205,12 +207,12 @@ def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
 def resume_owed_validation(prepared: Path, run: Path, **training) -> None:
     """--resume runs the validation the stopped run owes, once; a second --resume has nothing left to do."""
     step = load_checkpoint(run / "last.pt")["step"]
-    args = [sys.executable, "-m", "nmt", *train_args(prepared, run, val_max_sentences=5, **training), "--resume"]
-    done = subprocess.run(args, capture_output=True, text=True)
+    args = [*train_args(prepared, run, val_max_sentences=5, **training), "--resume"]
+    done = run_nmt(*args)
     assert done.returncode == 0, done.stderr
     assert events(run, "validation") == [step] and (run / "best.pt").exists()
     assert not load_checkpoint(run / "last.pt")["progress"]["validation_due"]
-    again = subprocess.run(args, capture_output=True, text=True)
+    again = run_nmt(*args)
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
     assert events(run, "validation") == [step]
 
@@ -239,9 +241,7 @@ def test_sigterm_in_the_last_update_leaves_the_final_validation_owed(prepared, t
     manifest = run / "data_manifest.json"
     recorded = manifest.read_text()
     manifest.write_text(json.dumps({**json.loads(recorded), "fingerprint": "other"}))
-    refused = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=3,
-                                                                         validate_every=100000), "--resume"],
-                             capture_output=True, text=True)
+    refused = run_nmt(*train_args(prepared, run, max_updates=3, validate_every=100000), "--resume")
     assert refused.returncode == 2 and "holds other data" in refused.stderr, refused.stderr
     manifest.write_text(recorded)
     resume_owed_validation(prepared, run, max_updates=3, validate_every=100000)
@@ -256,12 +256,10 @@ def test_a_run_validated_at_the_end_of_its_last_epoch_is_not_validated_again_on_
     probe.close()
     run = tmp_path / "run"
     args = train_args(prepared, run, max_epochs=1, validate_every=100000, val_max_sentences=5)
-    first = subprocess.run([sys.executable, "-m", "nmt", *args, "--set", f"training.max_updates={updates}"],
-                           capture_output=True, text=True)
+    first = run_nmt(*args, "--set", f"training.max_updates={updates}")
     assert first.returncode == 0, first.stderr
     assert events(run, "validation") == [updates]
-    more = subprocess.run([sys.executable, "-m", "nmt", *args, "--set", f"training.max_updates={updates + 5}",
-                           "--resume"], capture_output=True, text=True)
+    more = run_nmt(*args, "--set", f"training.max_updates={updates + 5}", "--resume")
     assert more.returncode == 0, more.stderr
     assert events(run, "validation") == [updates] and load_checkpoint(run / "last.pt")["step"] == updates
 
@@ -301,9 +299,7 @@ def test_sigkill_during_a_save_then_resume_cleans_up(prepared, tmp_path):
     assert len(temporaries(run)) == 1                        # the write the kill cut short
     saved = load_checkpoint(run / "last.pt")["step"]
     assert saved == 2
-    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=saved + 3,
-                                                                      validate_every=100000), "--resume"],
-                          capture_output=True, text=True)
+    done = run_nmt(*train_args(prepared, run, max_updates=saved + 3, validate_every=100000), "--resume")
     assert done.returncode == 0, done.stderr
     assert temporaries(run) == []
     assert load_checkpoint(run / "last.pt")["step"] == saved + 3
@@ -319,9 +315,7 @@ def test_sigkill_loses_at_most_save_every_minutes(prepared, tmp_path):
     saved = load_checkpoint(run / "last.pt")["step"]
     assert saved >= 1                         # written by the clock alone: no validation, no save_every
     assert max(events(run, "train")) >= saved
-    done = subprocess.run([sys.executable, "-m", "nmt", *train_args(prepared, run, max_updates=saved + 2,
-                                                                      validate_every=100000), "--resume"],
-                          capture_output=True, text=True)
+    done = run_nmt(*train_args(prepared, run, max_updates=saved + 2, validate_every=100000), "--resume")
     assert done.returncode == 0, done.stderr
     assert assert_steps_once(run) == list(range(1, saved + 3))
 
@@ -329,15 +323,14 @@ def test_sigkill_loses_at_most_save_every_minutes(prepared, tmp_path):
 def test_finished_run_says_so_and_resume_applies_safe_changes(prepared, tmp_path):
     run = tmp_path / "run"
     args = train_args(prepared, run, max_updates=3, validate_every=3, val_max_sentences=5)
-    first = subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+    first = run_nmt(*args)
     assert first.returncode == 0, first.stderr
     before = (run / "last.pt").read_bytes(), (run / "metrics.jsonl").read_bytes()
-    again = subprocess.run([sys.executable, "-m", "nmt", *args, "--resume"], capture_output=True, text=True)
+    again = run_nmt(*args, "--resume")
     assert again.returncode == 0, again.stderr
     assert "already finished at update 3" in again.stderr
     assert ((run / "last.pt").read_bytes(), (run / "metrics.jsonl").read_bytes()) == before
-    more = subprocess.run([sys.executable, "-m", "nmt", *args, "--resume", "--set", "training.max_updates=5",
-                           "--set", "training.lr=0.0005"], capture_output=True, text=True)
+    more = run_nmt(*args, "--resume", "--set", "training.max_updates=5", "--set", "training.lr=0.0005")
     assert more.returncode == 0, more.stderr
     assert "training.lr 0.003 -> 0.0005" in more.stderr and "training.max_updates 3 -> 5" in more.stderr
     saved = yaml.safe_load((run / "config.yaml").read_text())["training"]
@@ -349,10 +342,10 @@ def test_finished_run_says_so_and_resume_applies_safe_changes(prepared, tmp_path
     # one that would train on refuses with one line.
     recorded = json.loads((run / "data_manifest.json").read_text())
     (run / "data_manifest.json").write_text(json.dumps({**recorded, "fingerprint": "other"}))
-    resume = [sys.executable, "-m", "nmt", *args, "--resume", "--set", "training.lr=0.0005"]
-    done = subprocess.run([*resume, "--set", "training.max_updates=5"], capture_output=True, text=True)
+    resume = [*args, "--resume", "--set", "training.lr=0.0005"]
+    done = run_nmt(*resume, "--set", "training.max_updates=5")
     assert done.returncode == 0 and "already finished at update 5" in done.stderr, done.stderr
-    refused = subprocess.run([*resume, "--set", "training.max_updates=6"], capture_output=True, text=True)
+    refused = run_nmt(*resume, "--set", "training.max_updates=6")
     assert refused.returncode == 2 and "holds other data" in refused.stderr, refused.stderr
     assert refused.stderr.count("\n") == 1 and load_checkpoint(run / "last.pt")["step"] == 5
     assert yaml.safe_load((run / "config.yaml").read_text())["training"]["max_updates"] == 5   # not recorded
