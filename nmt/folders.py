@@ -115,9 +115,20 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
 
 
 def copy_atomically(source: str | Path, target: str | Path) -> None:
-    """Copy a file's bytes to `target` the way atomic_write writes (the umask's mode, not the source's)."""
+    """Copy a file's bytes to `target` the way atomic_write writes (the umask's mode, not the source's).
+    A read error names `source` (reads report no file name; atomic_write would name `target`)."""
     with open(source, "rb") as handle:
-        atomic_write(target, lambda out: shutil.copyfileobj(handle, out, 1 << 20))
+        def copy(out: IO[bytes]) -> None:
+            while True:
+                try:
+                    block = handle.read(1 << 20)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror or str(exc), str(source)) from None
+                if not block:
+                    return
+                out.write(block)
+
+        atomic_write(target, copy)
 
 
 def fsync_folder(folder: Path) -> None:

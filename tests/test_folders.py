@@ -20,6 +20,7 @@ from nmt.folders import (
     atomic_write,
     check_output_path,
     check_overlap,
+    copy_atomically,
     foreign_files,
     lock_folder,
     open_work_folder,
@@ -214,3 +215,15 @@ def test_a_file_that_cannot_be_created_is_named_not_its_temporary(tmp_path):
     with pytest.raises(OSError) as failed:
         PendingFile(folder / "out.txt")
     assert failed.value.filename == str(folder / "out.txt") and folders.TEMP_SUFFIX not in str(failed.value)
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs /proc/self/mem (Linux)")
+def test_a_copy_whose_source_cannot_be_read_names_the_source_and_keeps_the_target(tmp_path):
+    target = tmp_path / "copy.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError) as failed:     # opens, then every read fails with EIO and no file name
+        copy_atomically("/proc/self/mem", target)
+    assert failed.value.filename == "/proc/self/mem"
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["copy.bin"]
+    copy_atomically(__file__, target)
+    assert target.read_bytes() == Path(__file__).read_bytes()
