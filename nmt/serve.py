@@ -160,8 +160,19 @@ class Batcher:
             self._translate(batch)
 
     def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
-        """`first` plus queued jobs with its options, waiting at most `max_wait` for more to arrive."""
-        batch, others = [first], []
+        """`first` plus queued jobs with its options, waiting at most `max_wait` for more to arrive.
+        Should this fail, the jobs it took go back to the front of `held`, where `_close` answers them."""
+        batch: list[Job] = [first]
+        others: list = []
+        try:
+            return self._gather(batch, others, held)
+        except BaseException:
+            held.extendleft(reversed(batch + others))
+            raise
+
+    def _gather(self, batch: list[Job], others: list, held: deque) -> tuple[list[Job], list]:
+        """`_collect`'s work: moves jobs into `batch` (same options as its first) and `others` as it takes them."""
+        first = batch[0]
         size = len(first.sentences)
         for job in list(held):                # jobs held back earlier come first, in arrival order
             if size >= self.settings.max_batch_sentences:

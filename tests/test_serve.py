@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import queue
 import random
 import re
 import signal
@@ -309,6 +310,36 @@ def test_a_thread_ending_while_retrying_a_batch_answers_the_rest_of_it():
     assert str(results[0]) == "boom"
     assert all(isinstance(r, RuntimeError) and "model thread stopped" in str(r) for r in results[1:]), results
     assert batcher.failure == "SystemExit: exit"
+
+
+class FailingQueue(queue.Queue):
+    """A job queue whose `fail_at`-th get raises MemoryError (once), as a failure inside batching would."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.gets, self.fail_at = 0, fail_at
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        self.gets += 1
+        if self.gets == self.fail_at:
+            raise MemoryError("scripted")
+        return super().get(block, timeout)
+
+
+def test_jobs_taken_into_a_batch_are_answered_when_batching_fails():
+    async def main() -> tuple[Batcher, list[object]]:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(ScriptedTranslator(), ServeSettings(max_wait=0.5))
+        batcher.jobs = FailingQueue(fail_at=3)        # 1: the first job, 2: the second, joining its batch
+        jobs = [Job([text], 1, 1, loop, loop.create_future()) for text in "abc"]
+        for job in jobs:
+            batcher.submit(job)
+        batcher.start()
+        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs), return_exceptions=True), 20)
+        return batcher, results
+    batcher, results = asyncio.run(main())
+    assert all(isinstance(r, MemoryError) and str(r) == "scripted" for r in results), results
+    assert batcher.failure == "MemoryError: scripted"
 
 
 class Tracked:
