@@ -94,11 +94,12 @@ class Batcher:
 
     def __init__(self, translator: Translator, settings: ServeSettings) -> None:
         self.translator, self.settings = translator, settings
-        self.jobs: queue.Queue = queue.Queue(maxsize=settings.max_queue)
+        self.jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="nmt-model", daemon=True)
         self.held: deque = deque()            # jobs taken while batching other options: they go next
         self.failure: str | None = None       # why the model thread stopped, if it did
         self.closed = False                   # the model thread has ended: jobs are refused
+        self.waiting = 0                      # jobs submitted and not yet in a batch (queued or held)
         self._submitting = threading.Lock()   # a job is queued before a failure or refused after it
 
     def start(self) -> None:
@@ -111,17 +112,18 @@ class Batcher:
             self.thread.join()
 
     def submit(self, job: Job) -> None:
-        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting or the model thread stopped."""
+        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting or the model thread stopped.
+        Waiting counts the jobs held back for other options too, not only those in the queue."""
         with self._submitting:
             if self.failure is not None:
                 raise RequestError(503, f"the model thread stopped ({self.failure}); restart the server")
             if self.closed:
                 raise RequestError(503, "the server is shutting down; retry shortly")
-            try:
-                self.jobs.put_nowait(job)
-            except queue.Full:
+            if self.waiting >= self.settings.max_queue:
                 raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued); "
-                                        "retry shortly") from None
+                                        "retry shortly")
+            self.waiting += 1
+            self.jobs.put_nowait(job)
 
     def _run(self) -> None:
         """Serve jobs until stopped; should anything end the thread, every waiting request gets the error."""
@@ -139,8 +141,10 @@ class Batcher:
             self.closed = True
             self.failure = failure
             waiting = list(self.held)
+            self.held.clear()
             while not self.jobs.empty():
                 waiting.append(self.jobs.get_nowait())
+            self.waiting = 0
         for job in waiting:
             if job is not _STOP:
                 _fail(job, answer)
@@ -157,6 +161,8 @@ class Batcher:
                 stopping = True
                 others.remove(_STOP)
             self.held.extend(others)
+            with self._submitting:
+                self.waiting -= len(batch)
             self._translate(batch)
 
     def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
@@ -174,15 +180,16 @@ class Batcher:
         """`_collect`'s work: moves jobs into `batch` (same options as its first) and `others` as it takes them."""
         first = batch[0]
         size = len(first.sentences)
+        limit = self.settings.max_batch_sentences     # only a single larger request goes over it
         for job in list(held):                # jobs held back earlier come first, in arrival order
-            if size >= self.settings.max_batch_sentences:
-                break
             if job.options == first.options:
+                if size + len(job.sentences) > limit:
+                    break
                 held.remove(job)
                 batch.append(job)
                 size += len(job.sentences)
         deadline = time.monotonic() + self.settings.max_wait
-        while size < self.settings.max_batch_sentences:
+        while size < limit:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
@@ -193,9 +200,9 @@ class Batcher:
                     job = self.jobs.get(timeout=wait)
                 except queue.Empty:
                     break
-            if job is _STOP or job.options != first.options:
+            if job is _STOP or job.options != first.options or size + len(job.sentences) > limit:
                 others.append(job)
-                if job is _STOP:
+                if job is _STOP or job.options == first.options:     # the batch is full (or stopping)
                     break
                 continue
             batch.append(job)
@@ -364,7 +371,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
     async def health() -> JSONResponse:
         status = ("failed" if batcher.failure is not None else
                   "ok" if state["accepting"] else "shutting down")
-        return JSONResponse({"status": status, "languages": languages or {}, "queued": batcher.jobs.qsize()},
+        return JSONResponse({"status": status, "languages": languages or {}, "queued": batcher.waiting},
                             status_code=200 if status == "ok" else 503)
 
     @app.post("/translate")

@@ -312,6 +312,64 @@ def test_a_thread_ending_while_retrying_a_batch_answers_the_rest_of_it():
     assert batcher.failure == "SystemExit: exit"
 
 
+def test_batches_keep_to_max_batch_sentences():
+    async def main(limit: int) -> list[list[str]]:
+        loop = asyncio.get_running_loop()
+        translator = ScriptedTranslator()
+        batcher = Batcher(translator, ServeSettings(max_wait=0.5, max_batch_sentences=limit))
+        jobs = [Job([f"{i}{j}" for j in range(3)], 1, 1, loop, loop.create_future()) for i in range(4)]
+        jobs.append(Job([f"big{j}" for j in range(9)], 1, 1, loop, loop.create_future()))
+        for job in jobs:
+            batcher.submit(job)
+        batcher.start()
+        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 20)
+        await asyncio.to_thread(batcher.stop)
+        assert results == [[s.upper() for s in job.sentences] for job in jobs]
+        return translator.calls
+    assert [len(call) for call in asyncio.run(main(4))] == [3, 3, 3, 3, 9]   # one larger request alone
+    assert [len(call) for call in asyncio.run(main(6))] == [6, 6, 9]
+
+
+class GatedTranslator(ScriptedTranslator):
+    """Blocks in `translate` until `gate` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None) -> list[str]:
+        self.calls.append(sentences)
+        self.gate.wait(20)
+        return [s.upper() for s in sentences]
+
+
+def test_requests_held_back_for_other_options_count_against_max_queue():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        translator = GatedTranslator()
+        batcher = Batcher(translator, ServeSettings(max_wait=1.0, max_queue=3))
+        jobs = [Job(["a"], 1, 1, loop, loop.create_future())]
+        batcher.submit(jobs[0])
+        batcher.start()
+        for text in "bc":                      # other options: taken off the queue while "a" collects, held
+            jobs.append(Job([text], 2, 1, loop, loop.create_future()))
+            batcher.submit(jobs[-1])
+        while not translator.calls:
+            await asyncio.sleep(0.01)
+        assert translator.calls == [["a"]] and batcher.jobs.empty() and batcher.waiting == 2
+        jobs.append(Job(["d"], 1, 1, loop, loop.create_future()))
+        batcher.submit(jobs[-1])               # the third waiting job
+        with pytest.raises(RequestError, match="busy") as refused:
+            batcher.submit(Job(["e"], 1, 1, loop, loop.create_future()))
+        assert refused.value.status == 503
+        translator.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 20)
+        assert results == [["A"], ["B"], ["C"], ["D"]]
+        assert batcher.waiting == 0
+        await asyncio.to_thread(batcher.stop)
+    asyncio.run(main())
+
+
 class FailingQueue(queue.Queue):
     """A job queue whose `fail_at`-th get raises MemoryError (once), as a failure inside batching would."""
 
