@@ -518,7 +518,7 @@ def serve(
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
     max_batch_sentences: int = typer.Option(128, "--max-batch-sentences", min=1,
                                             help="Sentences of concurrent requests translated together."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0,
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, max=60_000.0,
                                       help="How long a batch waits for more requests once the model is free."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests waiting; more get 503 + Retry-After."),
     max_sentences: int = typer.Option(100, "--max-sentences", min=1, help="Sentences per request (else 413)."),

@@ -44,6 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nmt.config import ConfigError
 from nmt.decode.translator import Translation, Translator
 
 log = logging.getLogger("nmt.serve")
@@ -334,7 +335,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def create_app(translator: Translator, settings: ServeSettings, languages: dict[str, str] | None = None) -> FastAPI:
-    """The ASGI app; its model thread starts and stops with the app's lifespan."""
+    """The ASGI app; its model thread starts and stops with the app's lifespan. Raises ConfigError for a
+    `max_beam` below the model's beam size, which every request without beam_size would be refused."""
+    if translator.decoding.beam_size > settings.max_beam:
+        raise ConfigError(f"--max-beam {settings.max_beam} is below the model's beam size "
+                          f"{translator.decoding.beam_size} (decoding.beam_size), which requests without "
+                          f"beam_size use; raise --max-beam to at least {translator.decoding.beam_size}")
     batcher = Batcher(translator, settings)
     state = {"accepting": False}
 

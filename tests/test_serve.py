@@ -25,7 +25,7 @@ pytest.importorskip("uvicorn")
 from nmt.decode.translator import Translator
 from nmt.serve import Batcher, Job, RequestError, ServeSettings, format_response
 
-from .conftest import read_gz
+from .conftest import nmt_server, read_gz
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -241,6 +241,19 @@ def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, o
             server.request("GET", "/health")
     finally:
         server.stop()
+
+
+def test_bad_startup_options_are_one_error_line(model_file, offline):
+    beam = offline.decoding.beam_size
+    assert beam > 1
+    for options, message in [
+        (["--max-beam", str(beam - 1)], f"error: --max-beam {beam - 1} is below the model's beam size {beam} "),
+        (["--max-wait-ms", "inf"], "error: Invalid value for '--max-wait-ms'"),    # a queue timeout overflows
+    ]:
+        result = nmt_server().run("serve", "--model", str(model_file), "--port", "0", "--device", "cpu",
+                                  "--threads", "1", *options, text=True, timeout=120)
+        assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_a_score_that_is_not_a_number_is_sent_as_null():
