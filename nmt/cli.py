@@ -524,6 +524,8 @@ def serve(
     max_sentences: int = typer.Option(100, "--max-sentences", min=1, help="Sentences per request (else 413)."),
     max_body_kb: int = typer.Option(256, "--max-body-kb", min=1, help="Request body size in KiB (else 413)."),
     max_beam: int = typer.Option(16, "--max-beam", min=1, help="Largest beam_size a request may ask for."),
+    body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1, max=3600.0,
+                                       help="Seconds for a request body to arrive (else 408)."),
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health (needs the serve extra)."""
     from nmt.model.modelfile import ModelFileError
@@ -534,7 +536,7 @@ def serve(
         fail(f"nmt serve needs the serve extra: pip install 'nmt[serve]' ({exc})")
     settings = ServeSettings(host=host, port=port, max_batch_sentences=max_batch_sentences,
                              max_wait=max_wait_ms / 1000, max_queue=max_queue, max_sentences=max_sentences,
-                             max_body_bytes=max_body_kb * 1024, max_beam=max_beam)
+                             max_body_bytes=max_body_kb * 1024, max_beam=max_beam, body_timeout=body_timeout)
     try:
         code = run_server(model, settings, device=device, precision=precision, threads=threads, quantize=quantize)
     except (ModelFileError, ConfigError, OSError) as exc:

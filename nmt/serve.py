@@ -43,6 +43,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from nmt.config import ConfigError
 from nmt.decode.translator import Translation, Translator
@@ -59,6 +60,7 @@ class ServeSettings:
     max_queue: int = 256               # requests waiting for the model; more are refused with 503
     max_sentences: int = 100           # sentences per request; more are refused with 413
     max_body_bytes: int = 256 * 1024   # request body; larger is refused with 413
+    body_timeout: float = 30.0         # seconds for a request body to arrive; slower is refused with 408
     max_beam: int = 16                 # largest beam_size a request may ask for
     retry_after: int = 1               # seconds, in the Retry-After header of a 503
     shutdown_timeout: float = 60.0     # seconds to finish in-flight requests after SIGTERM
@@ -291,6 +293,9 @@ def parse_request(body: bytes, settings: ServeSettings, default_beam: int) -> tu
             sentence.encode("utf-8")
         except UnicodeEncodeError:
             raise RequestError(400, f"sentences[{i}] is not valid Unicode (a lone surrogate)") from None
+        if "\n" in sentence:                 # as in `nmt translate`, where \n ends a line and nothing else does
+            raise RequestError(400, f"sentences[{i}] contains a line break (\\n); send each line as its own "
+                                    "sentence")
     beam_size = _int_option(options, "beam_size", default_beam, 1, settings.max_beam)
     n_best = _int_option(options, "n_best", 1, 1, beam_size)
     return payload, beam_size, n_best
@@ -316,18 +321,29 @@ def format_response(results: list[Translation], n_best: int) -> dict[str, Any]:
     return response
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes, with 408 if it
+    has not all arrived within `timeout` seconds, and with 400 if the client goes away before the end."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - loop.time()))
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the request body did not arrive within {timeout:g} s") from None
+        except ClientDisconnect:
+            raise RequestError(400, "the client disconnected before the end of the request body") from None
         size += len(chunk)
         if size > limit:
             raise RequestError(413, f"request body over {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +400,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
     async def translate(request: Request) -> JSONResponse:
         if not state["accepting"]:
             raise RequestError(503, "the server is shutting down")
-        body = await read_body(request, settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
         sentences, beam_size, n_best = parse_request(body, settings, translator.decoding.beam_size)
         request.state.sentences = len(sentences)
         if not sentences:

@@ -9,6 +9,7 @@ import queue
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -75,7 +76,7 @@ def offline(model_file: Path) -> Translator:
 
 @pytest.fixture(scope="module")
 def server(model_file: Path):
-    server = Server(model_file, "--max-sentences", "20", "--max-body-kb", "4", "--max-beam", "8")
+    server = Server(model_file, "--max-sentences", "20", "--max-body-kb", "4", "--max-beam", "8", "--body-timeout", "2")
     yield server
     server.stop()
 
@@ -138,6 +139,7 @@ def test_concurrent_clients_each_get_their_own_results(server, offline, sources)
     (b'[["Ein Hund"]]', 400, "sentences[0] is list"),
     (b'[null]', 400, "sentences[0] is NoneType"),
     (b'["\\ud800"]', 400, "not valid Unicode"),
+    (b'["Ein Hund", "Ein\\nHund"]', 400, "sentences[1] contains a line break"),
     (b'{"sentence": ["Ein Hund"]}', 400, "unknown key 'sentence'"),
     (b'{"beam_size": 2}', 400, "missing key 'sentences'"),
     (b'{"sentences": ["a"], "beam_size": 0}', 400, "beam_size must be an integer in 1..8"),
@@ -173,6 +175,32 @@ def test_body_without_content_length_is_limited_too(server):
     response = conn.getresponse()
     assert response.status == 413 and "request body over" in json.loads(response.read())["error"]
     conn.close()
+
+
+def test_carriage_returns_and_unicode_separators_are_content_as_in_nmt_translate(server, offline):
+    sentences = ["Ein Hund\rläuft.", "Ein Hund\u2028läuft.", "Ein Hund\x85läuft."]
+    status, _, body = server.translate(sentences)
+    assert status == 200 and body["translations"] == [t.text for t in offline.translate(sentences)]
+
+
+def test_a_stalled_or_abandoned_body_is_answered_and_logged_without_a_traceback(server):
+    before = len(server.log)
+    head = b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as stalled:
+        stalled.sendall(head + b'["Ein')
+        start = time.monotonic()
+        reply = stalled.recv(65536).decode()
+        waited = time.monotonic() - start
+    assert reply.startswith("HTTP/1.1 408") and "did not arrive within 2 s" in reply, reply
+    assert 1.5 < waited < 20
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as gone:
+        gone.sendall(head + b'["Ein')
+    deadline = time.monotonic() + 30
+    while not any("POST /translate 400" in line for line in server.log[before:]):
+        assert time.monotonic() < deadline, server.log[before:]
+        time.sleep(0.05)
+    assert not any("Traceback" in line or "Exception" in line for line in server.log[before:]), server.log[before:]
+    assert server.translate(["Ein Hund."])[0] == 200            # still serving
 
 
 def test_empty_list_health_and_unknown_routes(server):
