@@ -16,7 +16,9 @@ requests over `max_sentences` get 413; anything malformed gets 400 with a messag
 whose translation fails gets 500 with the reason, and the requests batched with it are translated
 again on their own; should the model thread itself stop, every waiting request gets 500 and
 `/health` and new requests 503 ("failed"), so a supervisor can restart the server. On SIGTERM
-(or Ctrl-C) the server stops accepting connections, finishes the requests it has, and exits.
+(or Ctrl-C) the server stops accepting connections, translates the queued requests that start
+within `shutdown_timeout` (10 s), answers the rest 503, and exits; a second signal exits at once.
+A body that has not arrived within `body_timeout` gets 408.
 One log line per request on stderr: method, path, status, sentences, latency.
 """
 
@@ -63,7 +65,7 @@ class ServeSettings:
     body_timeout: float = 30.0         # seconds for a request body to arrive; slower is refused with 408
     max_beam: int = 16                 # largest beam_size a request may ask for
     retry_after: int = 1               # seconds, in the Retry-After header of a 503
-    shutdown_timeout: float = 60.0     # seconds to finish in-flight requests after SIGTERM
+    shutdown_timeout: float = 10.0     # seconds after SIGTERM in which queued requests may still start
 
 
 class RequestError(Exception):
@@ -103,6 +105,7 @@ class Batcher:
         self.failure: str | None = None       # why the model thread stopped, if it did
         self.closed = False                   # the model thread has ended: jobs are refused
         self.waiting = 0                      # jobs submitted and not yet in a batch (queued or held)
+        self.drain_deadline: float | None = None   # time.monotonic() after which queued jobs are refused
         self._submitting = threading.Lock()   # a job is queued before a failure or refused after it
 
     def start(self) -> None:
@@ -113,6 +116,10 @@ class Batcher:
         if self.thread.is_alive():
             self.jobs.put(_STOP)
             self.thread.join()
+
+    def drain(self, seconds: float) -> None:
+        """Shutting down: jobs that have not started within `seconds` from now are answered 503."""
+        self.drain_deadline = time.monotonic() + seconds
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting or the model thread stopped.
@@ -166,7 +173,12 @@ class Batcher:
             self.held.extend(others)
             with self._submitting:
                 self.waiting -= len(batch)
-            self._translate(batch)
+            batch = [job for job in batch if not job.future.done()]   # not for clients that went away
+            if self.drain_deadline is not None and time.monotonic() > self.drain_deadline:
+                for job in batch:
+                    _fail(job, RequestError(503, "the server is shutting down; retry shortly"))
+            elif batch:
+                self._translate(batch)
 
     def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
         """`first` plus queued jobs with its options, waiting at most `max_wait` for more to arrive.
@@ -369,6 +381,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         await asyncio.to_thread(batcher.stop)          # finish what is queued
 
     app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.batcher = batcher
 
     @app.middleware("http")
     async def log_requests(request: Request, call_next: Any) -> Any:
@@ -448,14 +461,21 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
         raise OSError(f"cannot listen on {settings.host}:{settings.port} ({exc.strerror})") from None
     sock.listen(2048)                         # connections wait in the backlog until uvicorn accepts them
     host, port = sock.getsockname()[:2]
+    # After the drain (see handle_exit), a little longer for the last batch's answers to go out.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=int(settings.shutdown_timeout))
+                            timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout) + 5)
     server = uvicorn.Server(config)
     log.info("nmt serve: listening on http://%s:%d", f"[{host}]" if family == socket.AF_INET6 else host, port)
     received: list[int] = []
     original = server.handle_exit
 
     def handle_exit(sig: int, frame: Any) -> None:
+        """The first signal: stop accepting, answer what can start within shutdown_timeout, 503 the rest.
+        A second one: exit now, without waiting for open connections."""
+        if received:
+            server.force_exit = True
+        else:
+            app.state.batcher.drain(settings.shutdown_timeout)
         received.append(sig)
         original(sig, frame)
 

@@ -271,6 +271,22 @@ def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, o
         server.stop()
 
 
+def test_a_second_signal_exits_at_once_even_with_a_connection_open(model_file):
+    server = Server(model_file, "--body-timeout", "600")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as stalled:
+            stalled.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n[")
+            assert server.request("GET", "/health")[0] == 200              # so the server has read it
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            assert server.proc.poll() is None        # the first waits for open connections (up to 15 s)
+            start = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(timeout=10) == 143 and time.monotonic() - start < 5
+    finally:
+        server.stop()
+
+
 def test_bad_startup_options_are_one_error_line(model_file, offline):
     beam = offline.decoding.beam_size
     assert beam > 1
@@ -409,6 +425,30 @@ def test_requests_held_back_for_other_options_count_against_max_queue():
         assert batcher.waiting == 0
         await asyncio.to_thread(batcher.stop)
     asyncio.run(main())
+
+
+def test_a_draining_batcher_answers_jobs_that_did_not_start_in_time_with_503():
+    async def main() -> list[object]:
+        loop = asyncio.get_running_loop()
+        translator = GatedTranslator()
+        batcher = Batcher(translator, ServeSettings(max_wait=0.0))
+        jobs = [Job(["a"], 1, 1, loop, loop.create_future())]
+        batcher.submit(jobs[0])
+        batcher.start()
+        while not translator.calls:
+            await asyncio.sleep(0.01)
+        for text in "bc":
+            jobs.append(Job([text], 1, 1, loop, loop.create_future()))
+            batcher.submit(jobs[-1])
+        batcher.drain(0.0)                     # SIGTERM: nothing more may start
+        translator.gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs), return_exceptions=True), 20)
+        await asyncio.to_thread(batcher.stop)
+        assert translator.calls == [["a"]]
+        return results
+    results = asyncio.run(main())
+    assert results[0] == ["A"]
+    assert all(isinstance(r, RequestError) and r.status == 503 and "shutting down" in str(r) for r in results[1:])
 
 
 class FailingQueue(queue.Queue):
