@@ -203,6 +203,15 @@ def test_a_stalled_or_abandoned_body_is_answered_and_logged_without_a_traceback(
     assert server.translate(["Ein Hund."])[0] == 200            # still serving
 
 
+def test_sentences_cut_to_the_input_length_are_named_in_the_response(server, offline):
+    limit = offline.decoding.max_input_len
+    long = " ".join(["Hund"] * (limit + 10))
+    assert len(long.encode()) < 4000 and offline.translate([long])[0].truncated    # under --max-body-kb 4
+    status, _, body = server.translate(["Ein Hund.", long])
+    assert status == 200 and body["truncated"] == [1] and len(body["translations"]) == 2
+    assert "truncated" not in server.translate(["Ein Hund."])[2]
+
+
 def test_empty_list_health_and_unknown_routes(server):
     status, _, body = server.translate([])
     assert status == 200 and body == {"translations": []}
@@ -301,7 +310,8 @@ def test_bad_startup_options_are_one_error_line(model_file, offline):
 
 
 def test_a_score_that_is_not_a_number_is_sent_as_null():
-    result = SimpleNamespace(text="a", nbest=[("a", -1.23456), ("b", float("-inf")), ("c", float("nan"))])
+    result = SimpleNamespace(text="a", nbest=[("a", -1.23456), ("b", float("-inf")), ("c", float("nan"))],
+                             truncated=False)
     response = format_response([result], n_best=3)
     assert json.loads(json.dumps(response, allow_nan=False))["n_best"] == [
         [{"text": "a", "score": -1.2346}, {"text": "b", "score": None}, {"text": "c", "score": None}]]
