@@ -58,6 +58,9 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     user = root / "mine"
     user.mkdir()
     (user / "notes.txt").write_text("my own notes\n")
+    (root / "userrun").mkdir()                    # a user's folder that happens to hold a last.pt
+    (root / "userrun" / "last.pt").write_bytes(b"not a checkpoint")
+    (root / "userrun" / "config.yaml").write_text("my: notes\n")
     files = {
         "root": root, "corpus": corpus, "config": config, "prepared": prepared, "run": run, "user": user,
         "ckpt": run / "best.pt",
@@ -140,6 +143,9 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "overwrite a user folder": (["train", "-c", prep, "--set", f"training.run_dir={w['user']}", "--overwrite"],
                                     None),
         "run folder not empty": (["train", "-c", prep, "--set", f"training.run_dir={w['user']}"], None),
+        "resume a user folder": (["train", "-c", prep, "--set", f"training.run_dir={r / 'userrun'}", "--resume"], None),
+        "model the config cannot build": (["train", "-c", prep, "--set", f"training.run_dir={r / 'runs' / 'tied'}",
+                                           "--set", "model.tie_embeddings=true"], None),
         "run_dir is the corpus": (["train", "-c", cfg, "--set", f"training.run_dir={w['corpus']}",
                                    "--set", f"data.out_dir={Path(prep).parent / 'data'}"], None),
         "run_dir is the config folder": (["train", "-c", prep, "--set", "training.run_dir=.", "--overwrite"], None),
@@ -222,7 +228,8 @@ CASES = [
     "out_dir is the corpus", "out_dir inside the corpus", "out_dir contains the corpus",
     "out_dir is the config folder", "out_dir holds user files", "out_dir is a file", "out_dir is a run folder",
     "train file missing", "corpus invalid UTF-8", "corpus gzip garbage", "corpus misaligned",
-    "overwrite a user folder", "run folder not empty", "run_dir is the corpus", "run_dir is the config folder",
+    "overwrite a user folder", "run folder not empty", "resume a user folder", "model the config cannot build",
+    "run_dir is the corpus", "run_dir is the config folder",
     "run_dir is a data folder", "resume without last.pt", "resume changes seed", "resume changes batch_tokens",
     "resume changes data", "resume changes model", "train without data folder", "train on a tpu",
     "checkpoint missing", "checkpoint garbage", "checkpoint is a folder", "weights do not fit config", "device tpu",

@@ -130,9 +130,8 @@ class Trainer:
             torch.set_num_threads(t.threads)
         self.data = DataFolder.open(config.data.out_dir)
         self.src_vocab, self.tgt_vocab = self.data.vocab("src"), self.data.vocab("tgt")
-        self._prepare_run_dir(resume, overwrite, config_path)
-        if t.deterministic:                             # process-wide, so only once the run is certain
-            use_deterministic_algorithms()
+        self._adopting = False                          # resuming a run folder from before markers
+        self._lock_created = False                      # ... whose lock file this process made
 
         torch.manual_seed(t.seed)
         random.seed(t.seed)
@@ -159,12 +158,20 @@ class Trainer:
                         if self.data.has_split("dev") else None)
         self.stop_signal: int | None = None
         self.evaluating_dev = False                    # a signal now abandons validation at once
+        # The run folder is touched only now, once the config has built a model and the data have loaded.
+        self._prepare_run_dir(resume, overwrite, config_path)
+        if t.deterministic:                             # process-wide, so only once the run is certain
+            use_deterministic_algorithms()
         if resume:
             try:
                 self._restore(load_checkpoint(self.run_dir / "last.pt"))
             except BaseException:
                 self.close()
+                if self._adopting and self._lock_created:   # not a run folder after all: leave it as it was
+                    (self.run_dir / LOCK).unlink(missing_ok=True)
                 raise
+            if self._adopting and self.is_main:        # a run folder from before markers: adopt it
+                write_marker(self.run_dir, "run")
             if self.rank > 0:                          # last.pt holds rank 0's RNG state
                 torch.manual_seed(t.seed + self.rank * 1_000_003 + self.progress.step)
             if self.is_main:
@@ -196,10 +203,9 @@ class Trainer:
             marker = read_marker(self.run_dir)
             if marker is not None and marker.get("kind") != "run":
                 raise RunDirError(f"cannot resume: {self.run_dir} is an nmt {marker.get('kind')} folder")
+            self._adopting, self._lock_created = marker is None, not (self.run_dir / LOCK).exists()
             lock_folder(self.run_dir, "train")
             remove_leftovers(self.run_dir)
-            if marker is None:                         # a run folder from before markers: adopt it
-                write_marker(self.run_dir, "run")
             return
         ours = {MARKER, LOCK}
         exists = self.run_dir.is_dir() and any(p.name not in ours for p in self.run_dir.iterdir())
