@@ -66,6 +66,10 @@ class PendingFile:
 
     def __init__(self, path: str | Path, mode: str = "wb") -> None:
         self.path = Path(path)
+        if self.path.is_symlink():    # write through the link: replace the file it points to, keep the link
+            self.path = Path(os.path.realpath(self.path))
+        if self.path.exists() and not self.path.is_file() and not self.path.is_dir():   # the rename would replace it
+            raise OSError(errno.EINVAL, "not a regular file (a pipe or a device); give a file name", str(self.path))
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}-", suffix=TEMP_SUFFIX,
                                        dir=self.path.parent)
@@ -144,6 +148,9 @@ def check_output_path(path: str | Path, option: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise FolderError(f"{option}: {path} is a folder; give a file name")
+    if path.exists() and not path.is_file():      # a pipe or a device: the rename would replace it
+        raise FolderError(f"{option}: {path} is not a regular file (a pipe or a device); nmt writes an output "
+                          "whole and renames it into place, so give a file name (or leave the option out for stdout)")
     if not path.parent.is_dir():
         raise FolderError(f"{option}: folder {path.parent} does not exist; create it first")
     if not os.access(path.parent, os.W_OK):

@@ -227,3 +227,22 @@ def test_a_copy_whose_source_cannot_be_read_names_the_source_and_keeps_the_targe
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["copy.bin"]
     copy_atomically(__file__, target)
     assert target.read_bytes() == Path(__file__).read_bytes()
+
+
+def test_outputs_are_written_through_symlinks_and_pipes_are_refused(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target.name)
+    atomic_write(link, lambda h: h.write("new"), mode="w")
+    assert link.is_symlink() and os.readlink(link) == "real.txt" and target.read_text() == "new"
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(FolderError, match="not a regular file"):
+        check_output_path(pipe, "--output")
+    with pytest.raises(OSError, match="not a regular file"):       # every atomic write, checked or not
+        atomic_write(pipe, lambda h: h.write(b"x"))
+    assert pipe.is_fifo()
+    (tmp_path / "to_pipe").symlink_to(pipe)
+    with pytest.raises(FolderError, match="not a regular file"):
+        check_output_path(tmp_path / "to_pipe", "--output")
