@@ -112,7 +112,8 @@ class Batcher:
         self.thread.start()
 
     def stop(self) -> None:
-        """Translate every job already queued, then end the thread."""
+        """Answer every job already queued (translated, or 503 once a drain's deadline has passed), then end
+        the thread."""
         if self.thread.is_alive():
             self.jobs.put(_STOP)
             self.thread.join()
@@ -383,7 +384,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         state["accepting"] = True
         yield
         state["accepting"] = False
-        await asyncio.to_thread(batcher.stop)          # finish what is queued
+        await asyncio.to_thread(batcher.stop)          # answer what is queued
 
     app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.batcher = batcher

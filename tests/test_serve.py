@@ -344,11 +344,15 @@ class ScriptedTranslator:
         return [s.upper() for s in sentences]
 
 
-def run_jobs(translator: ScriptedTranslator, requests: list[list[str]]) -> tuple[Batcher, list[object]]:
-    """Queue `requests` before the model thread starts (so they are batched together), then await each."""
+def run_jobs(translator: ScriptedTranslator, requests: list[list[str]], settings: ServeSettings | None = None,
+             jobs_queue: queue.Queue | None = None) -> tuple[Batcher, list[object]]:
+    """Queue `requests` before the model thread starts (so they are batched together), then await each.
+    `jobs_queue` replaces the batcher's job queue."""
     async def main() -> tuple[Batcher, list[object]]:
         loop = asyncio.get_running_loop()
-        batcher = Batcher(translator, ServeSettings(max_wait=0.5))
+        batcher = Batcher(translator, settings or ServeSettings(max_wait=0.5))
+        if jobs_queue is not None:
+            batcher.jobs = jobs_queue
         jobs = [Job(sentences, 1, 1, loop, loop.create_future()) for sentences in requests]
         for job in jobs:
             batcher.submit(job)
@@ -392,21 +396,12 @@ def test_a_thread_ending_while_retrying_a_batch_answers_the_rest_of_it():
 
 
 def test_batches_keep_to_max_batch_sentences():
-    async def main(limit: int) -> list[list[str]]:
-        loop = asyncio.get_running_loop()
+    requests = [[f"{i}{j}" for j in range(3)] for i in range(4)] + [[f"big{j}" for j in range(9)]]
+    for limit, sizes in [(4, [3, 3, 3, 3, 9]), (6, [6, 6, 9])]:          # one larger request goes alone
         translator = ScriptedTranslator()
-        batcher = Batcher(translator, ServeSettings(max_wait=0.5, max_batch_sentences=limit))
-        jobs = [Job([f"{i}{j}" for j in range(3)], 1, 1, loop, loop.create_future()) for i in range(4)]
-        jobs.append(Job([f"big{j}" for j in range(9)], 1, 1, loop, loop.create_future()))
-        for job in jobs:
-            batcher.submit(job)
-        batcher.start()
-        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 20)
-        await asyncio.to_thread(batcher.stop)
-        assert results == [[s.upper() for s in job.sentences] for job in jobs]
-        return translator.calls
-    assert [len(call) for call in asyncio.run(main(4))] == [3, 3, 3, 3, 9]   # one larger request alone
-    assert [len(call) for call in asyncio.run(main(6))] == [6, 6, 9]
+        _, results = run_jobs(translator, requests, ServeSettings(max_wait=0.5, max_batch_sentences=limit))
+        assert results == [[s.upper() for s in sentences] for sentences in requests]
+        assert [len(call) for call in translator.calls] == sizes
 
 
 class GatedTranslator(ScriptedTranslator):
@@ -488,17 +483,8 @@ class FailingQueue(queue.Queue):
 
 
 def test_jobs_taken_into_a_batch_are_answered_when_batching_fails():
-    async def main() -> tuple[Batcher, list[object]]:
-        loop = asyncio.get_running_loop()
-        batcher = Batcher(ScriptedTranslator(), ServeSettings(max_wait=0.5))
-        batcher.jobs = FailingQueue(fail_at=3)        # 1: the first job, 2: the second, joining its batch
-        jobs = [Job([text], 1, 1, loop, loop.create_future()) for text in "abc"]
-        for job in jobs:
-            batcher.submit(job)
-        batcher.start()
-        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs), return_exceptions=True), 20)
-        return batcher, results
-    batcher, results = asyncio.run(main())
+    # get 1: the first job, 2: the second, joining its batch, 3: fails
+    batcher, results = run_jobs(ScriptedTranslator(), [["a"], ["b"], ["c"]], jobs_queue=FailingQueue(fail_at=3))
     assert all(isinstance(r, MemoryError) and str(r) == "scripted" for r in results), results
     assert batcher.failure == "MemoryError: scripted"
 
