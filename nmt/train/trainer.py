@@ -170,7 +170,7 @@ class Trainer:
                 if self._adopting and self._lock_created:   # not a run folder after all: leave it as it was
                     (self.run_dir / LOCK).unlink(missing_ok=True)
                 raise
-            if self._adopting and self.is_main:        # a run folder from before markers: adopt it
+            if self._adopting:                         # a run folder from before markers: adopt it (rank 0)
                 write_marker(self.run_dir, "run")
             if self.rank > 0:                          # last.pt holds rank 0's RNG state
                 torch.manual_seed(t.seed + self.rank * 1_000_003 + self.progress.step)
