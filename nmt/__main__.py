@@ -1,3 +1,3 @@
-from nmt.cli import main
+from nmt.entry import main
 
 main()

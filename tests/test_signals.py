@@ -373,3 +373,34 @@ def test_sigint_in_translate_writes_no_output(trained_run, tmp_path):
     assert code == 130 and seconds < STOP_WITHIN, (code, seconds, err)
     assert out.read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de", "out.en"]
+
+
+SLOW_TYPER_IMPORT = """
+import importlib.abc, sys, time
+class SlowTyper(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "typer":
+            print("IMPORTING", file=sys.stderr, flush=True)
+            time.sleep(30)
+        return None
+sys.meta_path.insert(0, SlowTyper())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_console_script_imports_exits_quietly(sig):
+    """The installed `nmt` script's target, slowed down while it imports the command line: no traceback."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "nmt"]
+    module, _, function = script.value.partition(":")
+    code = f"{SLOW_TYPER_IMPORT}\nimport {module}\nsys.argv = ['nmt', '--version']\n{module}.{function}()\n"
+    process = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, cwd=REPO)
+    assert process.stderr.readline() == b"IMPORTING\n"
+    start = time.monotonic()
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=STOP_WITHIN)
+    assert time.monotonic() - start < STOP_WITHIN
+    assert process.returncode == 128 + sig, err
+    assert b"Traceback" not in err
+    assert err.decode().splitlines() == [f"interrupted ({signal.Signals(sig).name})"]
