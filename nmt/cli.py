@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
+import io
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -54,6 +57,31 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise Interrupted(signum)
 
 
+class ClosedStdout(io.TextIOBase):
+    """Stands in for a stdout the shell closed (`nmt translate >&-`): writing to it is an error, as in a shell."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "stdout is closed; give --output FILE or leave stdout open")
+
+
+def _occupy_closed_descriptors() -> None:
+    """Open /dev/null on a closed stdin, stdout or stderr (`>&-`), so that no file nmt opens later gets
+    descriptor 0, 1 or 2 and receives what a library prints; writing to the closed stdout stays an error."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:                  # Python's stand-in for a descriptor 1 closed at start
+        sys.stdout = ClosedStdout()
+
+
 def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
@@ -61,6 +89,11 @@ def one_line(message: str) -> str:
 def fail(message: str) -> None:
     typer.echo(f"error: {one_line(message)}", err=True)
     raise typer.Exit(code=2)
+
+
+def as_options(message: str) -> str:
+    """A decoding key in a message as the option that sets it: `decoding.beam_size` -> `--beam-size`."""
+    return re.sub(r"`decoding\.(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`", message)
 
 
 def _version(value: bool) -> None:
@@ -171,7 +204,7 @@ def translate(
     quantize: str | None = typer.Option(None, "--quantize",
                                         help="int8: int8 weights for the decoder's step products and the encoder "
                                              "RNN (CPU; BLEU within 0.3); none; default from config."),
-    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
+    threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
     alignments: Path | None = typer.Option(None, "--alignments", help="Write Pharaoh word alignments (i-j)."),
     attention_out: Path | None = typer.Option(None, "--attention-out", help="Write attention as JSON lines."),
     plot_attention: Path | None = typer.Option(None, "--plot-attention", help="Write heatmap PNGs into this folder."),
@@ -252,7 +285,12 @@ def translate(
             shortlist_file=shortlist_file)
         translator.check_n_best(n_best)
     except (ConfigError, ModelFileError) as exc:
-        fail(str(exc))
+        fail(as_options(str(exc)))
+    if not translator.decoding.sampling:
+        given = [name for name, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p),
+                                          ("--seed", seed)) if value is not None]
+        if given:
+            fail(f"{given[0]} applies only to sampling; add --sampling (this model does not sample by default)")
     plotter = None
     if plot_attention is not None:
         from nmt.plot import AttentionPlotter, PlotUnavailable
@@ -318,7 +356,7 @@ def score(
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
     batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source+target tokens per batch."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
+    threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
 ) -> None:
     """The model's log-probability of given translations (forced decoding), for filtering and reranking.
 
@@ -341,7 +379,7 @@ def score(
     try:
         scorer = Translator.load(checkpoint, device, length_penalty=length_penalty, batch_tokens=batch_tokens)
     except (ConfigError, ModelFileError) as exc:
-        fail(str(exc))
+        fail(as_options(str(exc)))
     with ExitStack() as stack:
         for handle in handles:
             stack.enter_context(handle)
@@ -403,7 +441,7 @@ def evaluate(
             try:
                 translator = Translator.load(checkpoint, device, beam_size=beam_size)
             except (ModelFileError, ConfigError) as exc:
-                fail(str(exc))
+                fail(as_options(str(exc)))
             hyps = [t.text for t in translator.translate_stream(ev.read_text(src))]
             hyp_name = f"{checkpoint} on {src}"
         elif hyp is not None:
@@ -515,7 +553,7 @@ def serve(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
     quantize: str | None = typer.Option(None, "--quantize", help="int8 or none (CPU); default from the model."),
-    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads; 0 = torch's default."),
+    threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
     max_batch_sentences: int = typer.Option(128, "--max-batch-sentences", min=1,
                                             help="Sentences of concurrent requests translated together."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, max=60_000.0,
@@ -604,6 +642,7 @@ def main() -> None:
     # Cap ideep's kernel cache before torch's first oneDNN call (see nmt.device.limit_kernel_cache,
     # which this mirrors without importing torch into `nmt --help`).
     os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+    _occupy_closed_descriptors()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
     code = 0

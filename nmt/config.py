@@ -36,6 +36,9 @@ def _path(default: str | None = None) -> Any:
     return field(default=default, metadata={"path": True})
 
 
+MAX_BEAM = 1000      # beam sizes and n-best lists beyond this are typos (and would exhaust memory)
+
+
 @dataclass
 class CorpusConfig:
     """One training corpus of several: a file prefix and how much of it an epoch takes."""
@@ -57,7 +60,7 @@ class DataConfig:
     joint_vocab: bool = True            # one SentencePiece model for both sides
     vocab_size: int = _bounded(8000, ge=16)
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
-    character_coverage: float = _bounded(1.0, gt=0.0, le=1.0)
+    character_coverage: float = _bounded(1.0, ge=0.98, le=1.0, since_saved=True)  # SentencePiece's own range
     spm_sample_sentences: int = _bounded(500_000, ge=1)  # SentencePiece trains on a seeded uniform sample this big
     spm_sample_seed: int = _bounded(42, ge=0, since_saved=True)
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
@@ -98,7 +101,7 @@ class TrainingConfig:
     seed: int = _bounded(42, ge=0, since_saved=True)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast; auto: fp32 on CUDA, bf16 on bf16 CPUs
-    threads: int = _bounded(0, ge=0)                     # torch CPU threads; 0 = torch's default
+    threads: int = _bounded(0, ge=0, le=1024)            # torch CPU threads; 0 = torch's default
     deterministic: bool = False                          # deterministic kernels (process-wide): exact CUDA resume
     batch_tokens: int = _bounded(2000, ge=0)             # padded tokens per batch; 0 = use batch_size
     batch_size: int = _bounded(0, ge=0)                  # sentences per batch when batch_tokens is 0
@@ -137,10 +140,10 @@ class TrainingConfig:
 
 @dataclass
 class DecodingConfig:
-    beam_size: int = _bounded(5, ge=1)
+    beam_size: int = _bounded(5, ge=1, le=MAX_BEAM, since_saved=True)
     length_penalty: float = _bounded(1.0, ge=0.0)  # GNMT alpha; 0 disables
     max_len_ratio: float = _bounded(2.0, gt=0.0)  # max output length = ratio * source length + 10
-    min_len: int = _bounded(0, ge=0)
+    min_len: int = _bounded(0, ge=0, le=1000, since_saved=True)  # pieces before EOS may come; below max_len
     no_repeat_ngram: int = _bounded(0, ge=0)       # 0 disables
     batch_tokens: int = _bounded(8000, ge=1)      # source tokens x beam per batch (4000: 5% slower beam search)
     max_input_len: int = _bounded(250, ge=1)       # longer inputs are truncated with a warning
@@ -251,6 +254,9 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"`{key}` must be <= {meta['le']}, got {value}")
 
 
+INT_LIMIT = 2**31 - 1     # every integer key: counts, sizes and seeds far beyond any real use are typos
+
+
 def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
     """Build dataclass `cls` from the mapping `raw`, checking every key (see `stored_config` for `stored`)."""
     if raw is None:
@@ -274,6 +280,8 @@ def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool
         meta = fields[name].metadata
         if not (stored and meta.get("since_saved")):
             _check_range(value, meta, key)
+        if not stored and isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+            raise ConfigError(f"`{key}` must be at most {INT_LIMIT}, got {value}")
         if meta.get("path") and value is not None and base_dir is not None:
             value = _resolve_paths(value, base_dir)
         values[name] = value
@@ -339,9 +347,26 @@ def _check_together(config: Config) -> None:
     if data.src_lang == data.tgt_lang:
         raise ConfigError(f"`data.tgt_lang` must differ from `data.src_lang` (both {data.src_lang!r}): "
                           "the two sides of a corpus are files named by them")
+    if training.batch_tokens == 0 and training.batch_size == 0:
+        raise ConfigError("`training.batch_size` must be >= 1 when `training.batch_tokens` is 0 "
+                          "(set one of them: tokens or sentences per batch)")
     betas = training.adam_betas
     if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
         raise ConfigError(f"`training.adam_betas` must be two numbers in [0, 1), got {betas!r}")
+    check_decoding(config.decoding)
+
+
+def check_decoding(decoding: DecodingConfig) -> None:
+    """Rules between decoding keys, for the YAML file and for the settings of one decoding run."""
+    if decoding.max_len and decoding.min_len >= decoding.max_len:
+        raise ConfigError(f"`decoding.min_len` {decoding.min_len} leaves no room under `decoding.max_len` "
+                          f"{decoding.max_len} (which counts EOS); lower the first or raise the second")
+
+
+def check_decoding_overrides(overrides: dict[str, Any]) -> None:
+    """Decoding settings given for one run (command-line options, API arguments) meet every rule of the
+    YAML file, even where the model's stored config is read more leniently (`stored_config`)."""
+    _build(DecodingConfig, {k: v for k, v in overrides.items() if v is not None}, "decoding.", None)
 
 
 # Keys that earlier nmt versions wrote into checkpoints and model files and this one no longer has.

@@ -14,8 +14,11 @@ from nmt.config import ConfigError
 def resolve_device(name: str) -> torch.device:
     if name not in ("auto", "cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
         raise ConfigError(f"unknown device {name!r} (training.device or --device); choose auto, cpu or cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda was asked for (training.device or --device) but no CUDA device is available")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name} was asked for (training.device or --device) but no CUDA device is available")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"device {name} was asked for (--device) but this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)

@@ -61,8 +61,41 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
+def _naming(exc: OSError, path: Path) -> OSError:
+    """`exc` with `path` as its file name if it has none (a full disk reports none)."""
+    return exc if exc.filename is not None else OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
+class _NamedErrors:
+    """A file handle whose write errors name the file asked for, not nothing (or the temporary file)."""
+
+    def __init__(self, handle: IO[Any], path: Path) -> None:
+        self._handle, self._path = handle, path
+        self.error: OSError | None = None     # the first write error, for callers that lose it (torch.save)
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            raise self._named(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._handle.flush()
+        except OSError as exc:
+            raise self._named(exc) from None
+
+    def _named(self, exc: OSError) -> OSError:
+        self.error = self.error or _naming(exc, self._path)
+        return self.error
+
+    def __getattr__(self, name: str) -> Any:          # everything else as the file object has it
+        return getattr(self._handle, name)
+
+
 class PendingFile:
-    """A file being written under a temporary name beside `path`; `commit` renames it into place."""
+    """A file being written under a temporary name beside `path`; `commit` renames it into place.
+    Errors while writing or committing name `path`."""
 
     def __init__(self, path: str | Path, mode: str = "wb") -> None:
         self.path = Path(path)
@@ -79,11 +112,17 @@ class PendingFile:
         try:
             os.fchmod(fd, new_file_mode())
             text = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
-            self.handle: IO[Any] = os.fdopen(fd, mode, **text)
+            self._writer = _NamedErrors(os.fdopen(fd, mode, **text), self.path)
+            self.handle: IO[Any] = self._writer  # type: ignore[assignment]
         except BaseException:
             os.close(fd)
             self.tmp.unlink(missing_ok=True)
             raise
+
+    @property
+    def write_error(self) -> OSError | None:
+        """The first error writing to `handle`, named: for a writer that reports it its own way."""
+        return self._writer.error
 
     def commit(self) -> None:
         try:
@@ -91,6 +130,9 @@ class PendingFile:
             os.fsync(self.handle.fileno())
             self.handle.close()
             os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self.discard()
+            raise _naming(exc, self.path) from None
         except BaseException:
             self.discard()
             raise
@@ -110,9 +152,12 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
         pending.commit()
     except OSError as exc:            # name the file (a full disk reports no file name)
         pending.discard()
-        if exc.filename is not None:
-            raise
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise _naming(exc, Path(path)) from None
+    except RuntimeError:              # torch.save turns a failed write into an opaque RuntimeError
+        pending.discard()
+        if pending.write_error is not None:
+            raise pending.write_error from None
+        raise
     except BaseException:
         pending.discard()
         raise

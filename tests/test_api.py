@@ -134,11 +134,27 @@ def test_derived_weight_blocks_count_right_across_threads(translator):
     (lambda t: t.translate(["Ein Hund."], prefixes="A"), TypeError, "prefixes must be a list"),
     (lambda t: t.score("Ein Hund.", "A dog."), TypeError, "sources must be a list"),
     (lambda t: list(t.translate_stream("Ein Hund.")), TypeError, "not one string"),
-    (lambda t: t.translate(["Ein Hund."], beam_size=2.5), ValueError, "integers of at least 1, got 2.5"),
-    (lambda t: t.translate(["Ein Hund."], n_best=2.0), ValueError, "integers of at least 1"),
-    (lambda t: t.translate(["Ein Hund."], beam_size=0), ValueError, "integers of at least 1"),
+    (lambda t: t.translate(["Ein Hund."], beam_size=2.5), ValueError, "integers from 1 to 1000, got 2.5"),
+    (lambda t: t.translate(["Ein Hund."], n_best=2.0), ValueError, "integers from 1 to 1000"),
+    (lambda t: t.translate(["Ein Hund."], beam_size=0), ValueError, "integers from 1 to 1000"),
+    (lambda t: t.translate(["Ein Hund."], beam_size=10**8), ValueError, "integers from 1 to 1000, got 100000000"),
     (lambda t: Translator.load([]), ValueError, "at least one model path"),
 ])
 def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call(translator)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"seed": -1}, "`decoding.seed` must be >= 0, got -1"),
+    ({"beam_size": 10**8}, "`decoding.beam_size` must be <= 1000"),
+    ({"min_len": 30, "max_len": 5}, "`decoding.min_len` 30 leaves no room under `decoding.max_len` 5"),
+    ({"device": "cuda:99"}, "device cuda:99 was asked for"),
+])
+def test_load_holds_its_settings_to_the_config_rules(model_file, settings, message):
+    """Settings passed to `Translator.load` meet the rules of the YAML file, though the stored config is
+    read leniently (it may come from an earlier nmt)."""
+    from nmt.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Translator.load(model_file, **settings)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +22,7 @@ import pytest
 import torch
 import yaml
 
+from nmt.data.preprocess import FORMAT_VERSION
 from nmt.folders import LOCK
 
 from .conftest import make_config, nmt_server, write_slice
@@ -82,6 +86,11 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     state["config"]["model"]["decoder_hidden"] = 7                    # weights no longer fit the config
     torch.save(state, run / "mismatch.pt")
     shutil.copy(run / "best.pt", root / "model.pt")                      # a model outside any nmt folder
+    for name, damage in (("norng", lambda st: st.pop("rng")), ("badrng", lambda st: st["rng"].update(torch="x"))):
+        shutil.copytree(run, root / name, ignore=shutil.ignore_patterns("mismatch.pt"))
+        state = torch.load(root / name / "last.pt", weights_only=False)
+        damage(state)
+        torch.save(state, root / name / "last.pt")
     bad_corpus = root / "badcorpus"
     write_slice(bad_corpus, "train", 20)
     raw = (bad_corpus / "train.de").read_bytes().split(b"\n")
@@ -96,6 +105,13 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     with gzip.open(root / "hyp.gz", "wb") as handle:
         handle.write(b"a dog\n\xfe\n")
     (root / "afile").write_text("I am a file\n")
+    (root / "emptycorpus").mkdir()
+    for lang in ("de", "en"):
+        (root / "emptycorpus" / f"train.{lang}").write_bytes(b"")
+    (root / "torn").mkdir()
+    (root / "torn" / "manifest.json").write_text('{"format": ')          # a manifest cut short
+    (root / "hollow").mkdir()
+    (root / "hollow" / "manifest.json").write_text(json.dumps({"format": FORMAT_VERSION}))
     files["data_cfg"] = {"data": {"out_dir": str(root / "data")}}
     return files
 
@@ -139,6 +155,13 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "corpus invalid UTF-8": (["preprocess", "-c", cfg, "--set", f"data.train={r}/badcorpus/train"], None),
         "corpus gzip garbage": (["preprocess", "-c", cfg, "--set", f"data.train={r}/gzcorpus/train"], None),
         "corpus misaligned": (["preprocess", "-c", cfg, "--set", f"data.train={r}/short/train"], None),
+        "corpus empty": (["preprocess", "-c", cfg, "--set", f"data.train={r}/emptycorpus/train"], None),
+        "dev empty": (["preprocess", "-c", cfg, "--set", f"data.dev={r}/emptycorpus/train"], None),
+        "filter drops every pair": (["preprocess", "-c", cfg, "--set", "data.max_len=1"], None),
+        "vocab below the characters": (["preprocess", "-c", cfg, "--set", "data.vocab_size=16"], None),
+        "coverage below SentencePiece's": (["preprocess", "-c", cfg, "--set", "data.character_coverage=0.5"], None),
+        "spm model not SentencePiece": (["preprocess", "-c", cfg, "--set", f"data.src_spm_model={r}/good.de",
+                                         "--set", f"data.tgt_spm_model={r}/good.de"], None),
         # train: run folders and resume
         "overwrite a user folder": (["train", "-c", prep, "--set", f"training.run_dir={w['user']}", "--overwrite"],
                                     None),
@@ -157,7 +180,13 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "resume changes batch_tokens": ([*resume, "--set", "training.batch_tokens=999"], None),
         "resume changes data": ([*resume, "--set", "data.max_len=20"], None),
         "resume changes model": ([*resume, "--set", "model.decoder_hidden=8"], None),
+        "resume without training state": ([*resume[:4], f"training.run_dir={r / 'norng'}", "--resume"], None),
+        "resume a damaged training state": ([*resume[:4], f"training.run_dir={r / 'badrng'}", "--resume"], None),
         "train without data folder": (["train", "-c", cfg], None),
+        "train on other settings' data": (["train", "-c", prep, "--set", f"training.run_dir={r / 'runs' / 'other'}",
+                                           "--set", "data.vocab_size=999"], None),
+        "train on a torn manifest": (["train", "-c", cfg, "--set", f"data.out_dir={r / 'torn'}"], None),
+        "train on a hollow manifest": (["train", "-c", cfg, "--set", f"data.out_dir={r / 'hollow'}"], None),
         "train on a tpu": (["train", "-c", prep, "--set", f"training.run_dir={r / 'runs' / 'tpu'}",
                             "--set", "training.device=tpu"], None),
         # translate
@@ -188,6 +217,13 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "n-best above beam": ([*translate, "--n-best", "4", "--beam-size", "2"], b"ein Hund\n"),
         "threads negative": ([*translate, "--threads", "-1"], b"x\n"),
         "beam size zero": ([*translate, "--beam-size", "0"], b"x\n"),
+        "beam size huge": ([*translate, "--beam-size", "100000000"], b"x\n"),
+        "min-len above max-len": ([*translate, "--min-len", "30", "--max-len", "5"], b"x\n"),
+        "max-len overflows": ([*translate, "--max-len", str(10**20)], b"x\n"),
+        "seed overflows": ([*translate, "--sampling", "--seed", str(10**20)], b"x\n"),
+        "temperature without sampling": ([*translate, "--temperature", "0.5"], b"x\n"),
+        "threads huge": ([*translate, "--threads", "100000"], b"x\n"),
+        "device without it": ([*translate, "--device", "cuda:99"], b"x\n"),
         "batch tokens not a number": ([*translate, "--batch-tokens", "many"], b"x\n"),
         "precision fp8": ([*translate, "--precision", "fp8"], b"x\n"),
         "translate without checkpoint": (["translate"], b"x\n"),
@@ -228,18 +264,23 @@ CASES = [
     "out_dir is the corpus", "out_dir inside the corpus", "out_dir contains the corpus",
     "out_dir is the config folder", "out_dir holds user files", "out_dir is a file", "out_dir is a run folder",
     "train file missing", "corpus invalid UTF-8", "corpus gzip garbage", "corpus misaligned",
+    "corpus empty", "dev empty", "filter drops every pair", "vocab below the characters",
+    "coverage below SentencePiece's", "spm model not SentencePiece",
     "overwrite a user folder", "run folder not empty", "resume a user folder", "model the config cannot build",
     "run_dir is the corpus", "run_dir is the config folder",
     "run_dir is a data folder", "resume without last.pt", "resume changes seed", "resume changes batch_tokens",
-    "resume changes data", "resume changes model", "train without data folder", "train on a tpu",
+    "resume changes data", "resume changes model", "resume without training state", "resume a damaged training state",
+    "train without data folder", "train on a tpu",
+    "train on other settings' data", "train on a torn manifest", "train on a hollow manifest",
     "checkpoint missing", "checkpoint garbage", "checkpoint is a folder", "weights do not fit config", "device tpu",
     "output into missing folder", "output onto the model", "scores onto the model", "output onto a run's checkpoint",
     "score output onto the model", "evaluate json onto the model", "output onto a folder",
     "alignments into missing folder",
     "attention onto a folder", "input missing", "input is a folder", "input gzip garbage",
     "input invalid UTF-8 to file", "stdin invalid UTF-8 to file", "input is the output", "n-best above beam",
-    "threads negative", "beam size zero", "batch tokens not a number", "precision fp8",
-    "translate without checkpoint",
+    "threads negative", "beam size zero", "beam size huge", "min-len above max-len", "max-len overflows",
+    "seed overflows", "temperature without sampling", "threads huge", "device without it",
+    "batch tokens not a number", "precision fp8", "translate without checkpoint",
     "evaluate empty files", "evaluate hyp missing", "evaluate line counts differ", "evaluate invalid UTF-8",
     "evaluate gzip hyp invalid", "evaluate json into missing folder", "evaluate json onto a folder",
     "evaluate json over the hyp", "evaluate nothing to score", "evaluate checkpoint without src",
@@ -289,6 +330,21 @@ def test_messages_name_the_thing_to_fix(world):
         "weights do not fit config": f"{run}/mismatch.pt: the weights do not fit its model config",
         "n-best above beam": "--n-best 4 is larger than the beam size 2",
         "threads negative": "--threads",
+        "beam size huge": "`--beam-size` must be <= 1000, got 100000000",
+        "min-len above max-len": "`--min-len` 30 leaves no room under `--max-len` 5",
+        "seed overflows": "`--seed` must be at most 2147483647",
+        "temperature without sampling": "--temperature applies only to sampling; add --sampling",
+        "device without it": "device cuda:99 was asked for",
+        "train on other settings' data": "was preprocessed with `data.vocab_size`",
+        "resume without training state": f"{r}/norng/last.pt lacks the training state `rng`",
+        "resume a damaged training state": f"{r}/badrng/last.pt: its training state cannot be restored",
+        "corpus empty": "`data.train`: the training corpora hold no non-blank sentences",
+        "dev empty": f"`data.dev`: {r}/emptycorpus/train.de and {r}/emptycorpus/train.en are empty",
+        "filter drops every pair": "the length filter drops all 30 training pairs (too short 0, too long 30",
+        "vocab below the characters": "`data.vocab_size` 16 is too small",
+        "spm model not SentencePiece": f"`data.src_spm_model`: {r}/good.de is not a SentencePiece model",
+        "train on a torn manifest": f"{r}/torn/manifest.json cannot be read as a manifest",
+        "train on a hollow manifest": f"{r}/hollow/manifest.json lacks `langs`",
         "evaluate empty files": "is empty",
         "output into missing folder": f"--output: folder {r}/nowhere does not exist",
         "output onto the model": f"--output {r}/model.pt is also --model",
@@ -361,3 +417,78 @@ def test_disk_full_while_saving_a_checkpoint(prepared, tmp_path):
 
     assert load_checkpoint(run / "last.pt")["step"] == 1
     assert [p.name for p in run.iterdir() if p.name.endswith(".nmt-tmp")] == []
+
+
+def test_training_refuses_inputs_changed_since_preprocessing(prepared, corpus_dir, tmp_path):
+    """A moved project trains (paths are not compared); an input file edited since `nmt preprocess` does not."""
+    raw = yaml.safe_load(prepared.read_text())
+    corpus = shutil.copytree(corpus_dir, tmp_path / "corpus")
+    shutil.copytree(Path(raw["data"]["out_dir"]), tmp_path / "data")
+    raw["data"].update(train=str(corpus / "train"), dev=str(corpus / "val"), test=str(corpus / "test_2016_flickr"),
+                       out_dir=str(tmp_path / "data"))
+    raw["training"].update(run_dir=str(tmp_path / "run"), max_updates=1, validate_every=1000)
+    config = tmp_path / "moved.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    moved = run_cli("train", "-c", str(config))
+    assert moved.returncode == 0, moved.stderr.decode()
+
+    with gzip.open(corpus / "train.de.gz", "ab") as handle:    # one more line, and so another size
+        handle.write(b"ein neuer Satz\n")
+    before = snapshot(tmp_path)
+    line = assert_one_error(run_cli("train", "-c", str(config), "--set", f"training.run_dir={tmp_path / 'run2'}"))
+    assert f"{corpus}/train.de.gz has changed since" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_closed_stdout_is_an_error_and_output_files_still_work(world, tmp_path):
+    """`nmt translate >&-`: one error line, exit 2; with --output the file gets the translation, and
+    nothing a library prints to descriptor 1 can land in it."""
+    args = [sys.executable, "-m", "nmt", "translate", "-m", str(world["ckpt"]), "-q", "--beam-size", "1"]
+
+    def close_stdout() -> None:
+        os.close(1)
+
+    to_stdout = subprocess.run(args, input=b"ein Hund\n", stderr=subprocess.PIPE, preexec_fn=close_stdout,
+                               cwd=REPO, timeout=300)
+    assert "stdout is closed" in assert_one_error(to_stdout)
+    out = tmp_path / "out.txt"
+    to_file = subprocess.run([*args, "-o", str(out)], input=b"ein Hund\n", stderr=subprocess.PIPE,
+                             preexec_fn=close_stdout, cwd=REPO, timeout=300)
+    assert to_file.returncode == 0, to_file.stderr
+    expected = run_cli("translate", "-m", str(world["ckpt"]), "-q", "--beam-size", "1", stdin=b"ein Hund\n").stdout
+    assert out.read_bytes() == expected and expected.count(b"\n") == 1
+
+
+@pytest.mark.parametrize("option", ["--output", "--scores"])
+def test_a_write_error_names_the_file_and_leaves_nothing(world, tmp_path, option):
+    """Files may grow to 100 bytes only (RLIMIT_FSIZE, as a full disk would stop them): the error names
+    the output being written, and neither it nor a temporary file is left."""
+    import resource
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)         # EFBIG from write() instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+    target = tmp_path / "out.txt"
+    lines = b"ein Hund spielt im Park mit einem Ball\n" * 200
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(world["ckpt"]), "-q",
+                             "--beam-size", "1", option, str(target)], input=lines, capture_output=True,
+                            preexec_fn=small_files, cwd=REPO, timeout=300)
+    line = assert_one_error(result)
+    assert f"error: {target}: File too large" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_onto_a_full_disk_names_the_file(world, tmp_path):
+    """torch.save turns a failed write into an opaque RuntimeError; the error still names the model file."""
+    import resource
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    target = tmp_path / "model.nmt"
+    result = subprocess.run([sys.executable, "-m", "nmt", "export", str(world["ckpt"]), "-o", str(target)],
+                            capture_output=True, preexec_fn=small_files, cwd=REPO, timeout=300)
+    assert f"cannot write {target}: File too large" in assert_one_error(result)
+    assert list(tmp_path.iterdir()) == []

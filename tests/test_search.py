@@ -6,7 +6,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, EOS, UNK
 from nmt.decode import search
-from nmt.decode.search import Sampler, beam_search, greedy_search, length_penalty, sample
+from nmt.decode.search import Sampler, beam_search, greedy_search, length_penalty, max_output_lengths, sample
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -197,6 +197,13 @@ def test_min_length_and_max_length():
         assert 4 <= len(hyps[0].tokens) <= 5       # EOS not allowed before 4 tokens; at most 6 with EOS
     for hyp in greedy_search(model, src, lengths, min_len=2, max_len=3):
         assert 2 <= len(hyp.tokens) <= 2
+
+
+def test_the_length_cap_wins_over_the_minimum_length():
+    lengths = torch.tensor([1, 5, 40])                 # source lengths, EOS included
+    assert max_output_lengths(lengths, 2.0).tolist() == [10, 18, 88]
+    assert max_output_lengths(lengths, 2.0, min_len=20).tolist() == [21, 21, 88]
+    assert max_output_lengths(lengths, 2.0, min_len=20, cap=15).tolist() == [15, 15, 15]
 
 
 def test_no_repeat_ngram_blocks_repeats():

@@ -178,6 +178,22 @@ def test_average_checkpoints(trained_run, tmp_path):
     out.unlink()
 
 
+def test_average_refuses_checkpoints_of_another_vocabulary(trained_run, tmp_path):
+    """Same shapes, other target pieces (as a run on another data folder of the same size would have)."""
+    import torch
+
+    ckpt = sorted(trained_run.glob("best-step*.pt"))[0]
+    state = torch.load(ckpt, weights_only=False)
+    pieces = state["tokenizer"]["tgt"]["pieces"]
+    pieces[4], pieces[5] = pieces[5], pieces[4]
+    other = tmp_path / "other.pt"
+    torch.save(state, other)
+    result = run_cli("average", str(ckpt), str(other), "-o", str(tmp_path / "avg.pt"))
+    assert result.returncode == 2, result.stderr
+    assert f"checkpoint {other} has another vocabulary than {ckpt}" in result.stderr
+    assert not (tmp_path / "avg.pt").exists()
+
+
 # ---------------------------------------------------------------------- streaming
 
 

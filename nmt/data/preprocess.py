@@ -58,6 +58,8 @@ from nmt.folders import (
 
 FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")
+MANIFEST_KEYS = ("langs", "dtype", "vocab", "splits")   # what readers of a data folder use
+PATH_SETTINGS = ("dev", "test", "src_spm_model", "tgt_spm_model")
 CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
 
 
@@ -78,12 +80,47 @@ class DataFolder:
         path = root / "manifest.json"
         if not path.is_file():
             raise DataError(f"{path} does not exist; run `nmt preprocess` first")
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:        # ValueError covers bad JSON and bad UTF-8
+            raise DataError(f"{path} cannot be read as a manifest ({exc}); rerun `nmt preprocess`") from None
+        if not isinstance(manifest, dict):
+            raise DataError(f"{path} is not an nmt manifest; rerun `nmt preprocess`")
         if manifest.get("format") != FORMAT_VERSION:
             raise DataError(
                 f"{path}: data format {manifest.get('format')} is not {FORMAT_VERSION}; rerun `nmt preprocess`"
             )
+        missing = [key for key in MANIFEST_KEYS if not isinstance(manifest.get(key), dict)]
+        if missing:
+            raise DataError(f"{path} lacks `{missing[0]}`: not a complete nmt manifest; rerun `nmt preprocess`")
         return cls(root, manifest)
+
+    def check_settings(self, data: DataConfig) -> None:
+        """Refuse a folder preprocessed from other settings or inputs than `data` describes.
+
+        A config that names only `data.out_dir` (no `data.train`) takes the folder as it is.
+        Paths are not compared, so a project folder can move; instead each input file the config
+        names must, where it exists, still have the size it had when the folder was built.
+        """
+        recorded = self.manifest.get("settings")
+        if data.train is None or not isinstance(recorded, dict):
+            return
+        where = f"`data.out_dir` {self.root}"
+        mine = _comparable_settings(dataclasses.asdict(data))
+        theirs = _comparable_settings(recorded)
+        differ = [key for key in mine if key in theirs and mine[key] != theirs[key]]
+        if differ:
+            key = differ[0]
+            more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+            raise DataError(f"{where} was preprocessed with `data.{key}` {theirs[key]!r}, this config has "
+                            f"{mine[key]!r}{more}; rerun `nmt preprocess` with this config")
+        inputs = self.manifest.get("inputs", {})
+        for name, (src, tgt) in _existing_input_files(data).items():
+            for side, path in (("src", src), ("tgt", tgt)):
+                entry = inputs.get(f"{name}.{side}")
+                if isinstance(entry, dict) and entry.get("size") != path.stat().st_size:
+                    raise DataError(f"{path} has changed since {where} was preprocessed from it; "
+                                    "rerun `nmt preprocess` with this config")
 
     def vocab(self, side: str) -> Vocab:
         try:
@@ -133,10 +170,39 @@ def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
                             resolve_text_file(prefix, data.tgt_lang, f"data.{split}"))
     for key in ("src_spm_model", "tgt_spm_model"):
         path = getattr(data, key)
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"`data.{key}`: {path} does not exist")
+        if path is not None:
+            _check_given_model(Path(path), f"data.{key}")
     if data.joint_vocab and data.tgt_spm_model and data.tgt_spm_model != data.src_spm_model:
         raise ConfigError("`data.tgt_spm_model` differs from `data.src_spm_model` but `data.joint_vocab` is true")
+    return files
+
+
+def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The data settings that must agree between a config and a folder: every value but the paths
+    (a path only counts as given or not), and of several training corpora their number and weights."""
+    comparable = {}
+    for key, value in settings.items():
+        if key == "out_dir":
+            continue
+        if key in PATH_SETTINGS:
+            value = value is not None
+        elif key == "train":
+            value = [corpus.get("weight", 1.0) if isinstance(corpus, dict) else 1.0 for corpus in value] \
+                if isinstance(value, list) else value is not None
+        comparable[key] = value
+    return comparable
+
+
+def _existing_input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
+    """The inputs of `_input_files` whose two files both exist; missing ones are skipped."""
+    files = {}
+    for name, prefix in [(name, prefix) for name, prefix, _ in train_corpora(data)] + \
+            [(split, getattr(data, split)) for split in SPLITS[1:] if getattr(data, split)]:
+        try:
+            files[name] = (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
+                           resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
+        except DataError:
+            continue
     return files
 
 
@@ -172,10 +238,7 @@ def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: P
             copy_atomically(data.src_spm_model, target)
             return target, target
         sample = _sample_for_sentencepiece(data, train_files, ("joint",))["joint"]
-        log(f"training joint SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
-            f"on {len(sample)} sampled sentences")
-        model = train_sentencepiece(sample, out / "spm", data.vocab_size, data.spm_model_type,
-                                    data.character_coverage)
+        model = _train_model(data, sample, out / "spm", "joint")
         return model, model
     given = {"src": data.src_spm_model, "tgt": data.tgt_spm_model}
     to_train = tuple(side for side, path in given.items() if not path)
@@ -186,20 +249,47 @@ def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: P
         if path:
             copy_atomically(path, target)
         else:
-            log(f"training {side} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
-                f"on {len(samples[side])} sampled sentences")
-            train_sentencepiece(samples.pop(side), out / side, data.vocab_size, data.spm_model_type,
-                                data.character_coverage)
+            _train_model(data, samples.pop(side), out / side, side)
         models.append(target)
     return models[0], models[1]
 
 
-def _check_specials(model: Path) -> None:
-    vocab = Vocab(model)
+def _check_given_model(path: Path, key: str) -> None:
+    """A SentencePiece model the user gives must load and have nmt's special ids."""
+    if not path.is_file():
+        raise ConfigError(f"`{key}`: {path} does not exist")
+    try:
+        vocab = Vocab(path)
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise ConfigError(f"`{key}`: {path} is not a SentencePiece model ({exc})") from None
+    _check_specials(vocab, f"`{key}`: {path}")
+
+
+def _check_specials(vocab: Vocab, name: str) -> None:
     expected = (PAD, UNK, BOS, EOS)
     got = (vocab.sp.pad_id(), vocab.sp.unk_id(), vocab.sp.bos_id(), vocab.sp.eos_id())
     if got != expected:
-        raise DataError(f"{model}: special ids pad/unk/bos/eos are {got}, expected {expected}")
+        raise DataError(f"{name}: special ids pad/unk/bos/eos are {got}, expected {expected}")
+
+
+def _train_model(data: DataConfig, sample: list[str], prefix: Path, which: str) -> Path:
+    """Train one SentencePiece model on `sample`; its failures become one-line `DataError`s."""
+    if not sample:
+        text = {"src": "source ", "tgt": "target "}.get(which, "")
+        raise DataError(f"`data.train`: the training corpora hold no non-blank {text}sentences "
+                        "to train SentencePiece on")
+    log(f"training {which} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
+        f"on {len(sample)} sampled sentences")
+    try:
+        return train_sentencepiece(sample, prefix, data.vocab_size, data.spm_model_type, data.character_coverage)
+    except RuntimeError as exc:
+        reason = str(exc).split("] ", 1)[-1].strip()
+        if "smaller than required_chars" in reason:
+            needed = reason.split(" vs ")[-1].rstrip(".").split(".")[0]
+            raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {which} training text "
+                            f"needs {needed} pieces for its characters and specials alone; raise it or lower "
+                            "`data.character_coverage`") from None
+        raise DataError(f"SentencePiece cannot train the {which} model ({reason})") from None
 
 
 def preprocess(config: Config, force: bool = False, config_path: str | Path | None = None) -> Path:
@@ -336,13 +426,26 @@ def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_voca
     return entry
 
 
+def _check_some_left(data: DataConfig, train: dict[str, Any]) -> None:
+    """Refuse a training split with no pairs: empty corpora, or a length filter that drops them all."""
+    if train["pairs"]:
+        return
+    if not train["input_pairs"]:
+        raise DataError("`data.train`: the training corpora are empty")
+    dropped = train["dropped"]
+    raise DataError(f"`data.train`: the length filter drops all {train['input_pairs']} training pairs "
+                    f"(too short {dropped['too_short']}, too long {dropped['too_long']}, ratio {dropped['ratio']}); "
+                    f"check `data.min_len` {data.min_len}, `data.max_len` {data.max_len} and "
+                    f"`data.max_len_ratio` {data.max_len_ratio}")
+
+
 def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: dict[str, Any], fingerprint: str,
                   out: Path) -> dict[str, Any]:
     data = config.data
     train_files = [files[name] for name, _, _ in train_corpora(data)]
     src_model, tgt_model = _build_vocabs(data, train_files, out)
     for model in {src_model, tgt_model}:
-        _check_specials(model)
+        _check_specials(Vocab(model), str(model))
     src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
     dtypes = {"src": id_dtype(len(src_vocab)), "tgt": id_dtype(len(tgt_vocab))}
 
@@ -352,6 +455,7 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
                     if data.shortlist_k else None)
     splits: dict[str, Any] = {"train": _write_train(data, files, src_vocab, tgt_vocab, dtypes, seen_tgt, out,
                                                     cooccurrence)}
+    _check_some_left(data, splits["train"])
     vocab_entries: dict[str, Any] = {"src": {"model": src_model.name, "pieces": None},
                                      "tgt": {"model": tgt_model.name, "pieces": None}}
     if data.target_vocab_from_train:
@@ -373,6 +477,8 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
             splits[split] = _stream_corpus(data, files[split], src_vocab, tgt_vocab, writers,
                                            filter_lengths=False, seen_tgt=None)
             del splits[split]["input_pairs"]
+            if not splits[split]["pairs"]:
+                raise DataError(f"`data.{split}`: {files[split][0]} and {files[split][1]} are empty")
 
     vocab_entries["src"]["size"] = len(src_vocab)
     vocab_entries["tgt"]["size"] = len(tgt_vocab)

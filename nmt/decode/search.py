@@ -85,12 +85,10 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
 
 def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap: int | None = None) -> Tensor:
     """Per sentence: ratio * source length + 10 output tokens, EOS included (src_lengths count EOS),
-    at most `cap` when given."""
+    at least room for `min_len` pieces and EOS, and at most `cap` when given: the cap wins."""
     real = (src_lengths - 1).clamp(min=0).float()
-    limits = (ratio * real + 10).long()
-    if cap is not None:
-        limits = limits.clamp(max=cap)
-    return limits.clamp(min=min_len + 1)
+    limits = (ratio * real + 10).long().clamp(min=min_len + 1)
+    return limits.clamp(max=cap) if cap is not None else limits
 
 
 def _constrain(logp: Tensor, t: int, min_len: int, at_limit: Tensor) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import ConfigError, DecodingConfig
+from nmt.config import MAX_BEAM, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
@@ -190,8 +190,10 @@ class Translator:
         _check_lines("lines", lines)
         if prefixes is not None:
             _check_lines("prefixes", prefixes)
-        if not (_whole(n_best) and n_best >= 1 and (beam_size is None or (_whole(beam_size) and beam_size >= 1))):
-            raise ValueError(f"beam_size and n_best must be integers of at least 1, got {beam_size!r} and {n_best!r}")
+        if not (_whole(n_best) and 1 <= n_best <= MAX_BEAM
+                and (beam_size is None or (_whole(beam_size) and 1 <= beam_size <= MAX_BEAM))):
+            raise ValueError(f"beam_size and n_best must be integers from 1 to {MAX_BEAM}, "
+                             f"got {beam_size!r} and {n_best!r}")
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
         if prefixes is not None and len(prefixes) != len(lines):

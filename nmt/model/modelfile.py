@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from nmt import __version__
-from nmt.config import Config, stored_config
+from nmt.config import Config, check_decoding, check_decoding_overrides, stored_config
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write
 from nmt.model.seq2seq import Seq2Seq
@@ -108,8 +108,12 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
         kind, keys, expected = "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT
     check_keys(path, state, kind, keys, expected)
     raw = state["config"]
-    raw["decoding"].update({k: v for k, v in (decoding_overrides or {}).items() if v is not None})
+    overrides = {k: v for k, v in (decoding_overrides or {}).items() if v is not None}
+    check_decoding_overrides(overrides)
+    raw["decoding"].update(overrides)
     config = stored_config(raw)
+    if overrides:
+        check_decoding(config.decoding)
     if "tokenizer" in state:
         src_vocab, tgt_vocab = vocabs_from_tokenizer(path, state["tokenizer"])
     else:                                     # a checkpoint from before tokenizers were embedded

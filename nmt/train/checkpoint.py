@@ -89,9 +89,16 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
     keys = states[0]["model"].keys()
+    first = states[0]
     for path, state in zip(paths, states, strict=True):
-        if state["model"].keys() != keys or any(state["model"][k].shape != states[0]["model"][k].shape for k in keys):
+        if (state["model"].keys() != keys or any(state["model"][k].shape != first["model"][k].shape for k in keys)
+                or state["config"].get("model") != first["config"].get("model")):
             raise CheckpointError(f"checkpoint {path} holds a different model than {paths[0]}; cannot average")
+        same_vocab = (state["tokenizer"] == first["tokenizer"] if "tokenizer" in state and "tokenizer" in first
+                      else state["vocab"] == first["vocab"])
+        if not same_vocab:
+            raise CheckpointError(f"checkpoint {path} has another vocabulary than {paths[0]}; "
+                                  "only checkpoints of one model (one run, or runs on one data folder) average")
     averaged = {}
     for key in keys:
         tensors = [s["model"][key] for s in states]

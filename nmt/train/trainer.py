@@ -76,6 +76,7 @@ class ValidationAbandoned(Exception):
 
 
 # Keys whose change would move the data stream that a checkpoint's cursor points into.
+TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
 FIXED_FOR_A_RUN = {
     "training.optimizer": "the checkpoint holds the other optimizer's state",
@@ -129,6 +130,8 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         self.data = DataFolder.open(config.data.out_dir)
+        if not resume:                                  # a resumed run checks its own data (_data_mismatch)
+            self.data.check_settings(config.data)
         self.src_vocab, self.tgt_vocab = self.data.vocab("src"), self.data.vocab("tgt")
         self._adopting = False                          # resuming a run folder from before markers
         self._lock_created = False                      # ... whose lock file this process made
@@ -335,6 +338,23 @@ class Trainer:
             self.model.load_state_dict(state["model"])
         except RuntimeError as exc:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} does not fit the model: {str(exc)[:200]}") from None
+        missing = [key for key in TRAINING_STATE_KEYS if key not in state]
+        if missing:
+            raise CheckpointError(f"{self.run_dir / 'last.pt'} lacks the training state `{missing[0]}` that --resume "
+                                  "needs (an averaged checkpoint?); start a new run from it instead")
+        try:
+            self._restore_training_state(state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{self.run_dir / 'last.pt'}: its training state cannot be restored "
+                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        mismatch = self._data_mismatch()
+        if mismatch and (self.progress.validation_due or not self.finished_reason()):
+            # a finished run reads no data (let it say it is done), unless it owes a validation
+            raise RunDirError(mismatch)
+        self._record_resume_changes(changed)
+
+    def _restore_training_state(self, state: dict[str, Any]) -> None:
+        """Optimiser, schedule, scaler, RNGs and progress, as `_state` saved them."""
         self.optimizer.load_state_dict(state["optimizer"])
         t = self.config.training
         for group in self.optimizer.param_groups:      # the state brings back the saved ones; the config wins
@@ -354,11 +374,6 @@ class Trainer:
                                  validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
                                  window_loss=float(prog.get("window_loss", 0.0)),          # window empty
                                  window_tokens=int(prog.get("window_tokens", 0)))
-        mismatch = self._data_mismatch()
-        if mismatch and (self.progress.validation_due or not self.finished_reason()):
-            # a finished run reads no data (let it say it is done), unless it owes a validation
-            raise RunDirError(mismatch)
-        self._record_resume_changes(changed)
 
     def _save(self, name: str) -> None:
         if self.is_main:
