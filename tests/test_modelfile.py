@@ -144,6 +144,27 @@ def test_bad_model_files_are_one_line_errors(model_file, tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_model_file_with_damaged_weight_bytes_is_refused(model_file, tmp_path):
+    """One byte changed inside the largest weight record: torch.load reads it without complaint,
+    so the records' CRC-32 must catch it (before, translations came out empty)."""
+    import zipfile
+
+    data = bytearray(model_file.read_bytes())
+    with zipfile.ZipFile(model_file) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    header = record.header_offset
+    name_len, extra_len = int.from_bytes(data[header + 26:header + 28], "little"), \
+        int.from_bytes(data[header + 28:header + 30], "little")
+    data[header + 30 + name_len + extra_len + record.file_size // 2] ^= 0x40
+    damaged = tmp_path / "damaged.nmt"
+    damaged.write_bytes(bytes(data))
+    torch.load(damaged, weights_only=True)               # torch itself does not notice
+    with pytest.raises(ModelFileError, match=f"model file {damaged} is damaged: its record .* fails its checksum"):
+        load_model(damaged)
+    result = run_cli("translate", "-m", str(damaged), "-q", stdin="Ein Hund.\n")
+    assert result.returncode == 2 and "is damaged" in result.stderr and result.stdout == ""
+
+
 def test_export_never_replaces_what_nmt_did_not_write(trained_run, model_file, tmp_path):
     notes = tmp_path / "notes.nmt"
     notes.write_text("my notes\n")
