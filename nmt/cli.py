@@ -270,6 +270,10 @@ def translate(
                     "--scores": scores}, checkpoint)
     if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
         fail(f"--plot-attention: {plot_attention} is a file, not a folder")
+    for option, path in (("--output", output), ("--alignments", alignments), ("--attention-out", attention_out),
+                         ("--scores", scores)):
+        if plot_attention is not None and path is not None and path.resolve() == plot_attention.resolve():
+            fail(f"--plot-attention {plot_attention} is also {option}; the heatmaps need a folder of their own")
     if threads:
         import torch
 
@@ -283,7 +287,7 @@ def translate(
             early_stop=early_stop, replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k,
             top_p=top_p, seed=seed, quantize=quantize, shortlist=shortlist, shortlist_k=shortlist_k,
             shortlist_file=shortlist_file)
-        translator.check_n_best(n_best)
+        translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
     except (ConfigError, ModelFileError) as exc:
         fail(as_options(str(exc)))
     if not translator.decoding.sampling:

@@ -138,6 +138,9 @@ def test_derived_weight_blocks_count_right_across_threads(translator):
     (lambda t: t.translate(["Ein Hund."], n_best=2.0), ValueError, "integers from 1 to 1000"),
     (lambda t: t.translate(["Ein Hund."], beam_size=0), ValueError, "integers from 1 to 1000"),
     (lambda t: t.translate(["Ein Hund."], beam_size=10**8), ValueError, "integers from 1 to 1000, got 100000000"),
+    (lambda t: t.translate(["Ein Hund."], beam_size=2, n_best=4), ValueError,
+     "n_best 4 is larger than the beam size 2: beam search finds at most beam_size hypotheses; "
+     "raise beam_size to at least 4 or use sampling"),
     (lambda t: Translator.load([]), ValueError, "at least one model path"),
 ])
 def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):

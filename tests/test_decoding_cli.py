@@ -82,7 +82,7 @@ def test_n_best_above_beam_size_is_an_error(trained_run):
                      stdin="ein Hund\n")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == ("error: --n-best 4 is larger than the beam size 2: beam search finds at most "
-                                     "beam-size hypotheses; raise --beam-size to at least 4 or use --sampling")
+                                     "--beam-size hypotheses; raise --beam-size to at least 4 or use --sampling")
 
 
 def test_length_options_are_applied(trained_run, source_text):

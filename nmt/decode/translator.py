@@ -235,12 +235,15 @@ class Translator:
                 translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
         return translations
 
-    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None) -> None:
-        """n_best hypotheses need at least n_best beams (samples have no such limit)."""
+    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
+                     names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
+        """n_best hypotheses need at least n_best beams (samples have no such limit). `names`: what the
+        caller calls n_best, beam_size and sampling (the command line: --n-best, --beam-size, --sampling)."""
         d = decoding or self.decoding
         if not d.sampling and n_best > d.beam_size:
-            raise ConfigError(f"--n-best {n_best} is larger than the beam size {d.beam_size}: beam search finds "
-                              f"at most beam-size hypotheses; raise --beam-size to at least {n_best} or use --sampling")
+            n, beam, sampling = names
+            raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
+                              f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
 
     def score(self, sources: list[str], targets: list[str]) -> list[tuple[float, float, int]]:
         """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
