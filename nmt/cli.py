@@ -394,7 +394,7 @@ def score(
         try:
             while chunk := list(islice(pairs, 10000)):
                 sources, targets = zip(*chunk, strict=True)
-                for log_prob, normalised, length in scorer.score(list(sources), list(targets)):
+                for log_prob, normalised, length in scorer.score(list(sources), list(targets), number + 1):
                     if json_lines:
                         out.write(json.dumps({"line": number, "log_prob": round(log_prob, 6),
                                               "score": round(normalised, 6), "length": length}) + "\n")

@@ -77,6 +77,23 @@ def test_score_refuses_files_of_different_lengths(trained_run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_score_truncates_overlong_lines_with_a_warning(trained_run, tmp_path):
+    """A 40000-piece pair is scored as translation would see it (source cut to max_input_len, the target
+    to the longest output allowed), so memory stays bounded; the warning names the line."""
+    (tmp_path / "a").write_text("ein Hund\n" + "ein Hund " * 20000 + "\n")
+    (tmp_path / "b").write_text("a dog\n" + "a dog " * 20000 + "\n")
+    result = run_cli("score", "--checkpoint", str(trained_run / "best.pt"), "--src", str(tmp_path / "a"),
+                     "--tgt", str(tmp_path / "b"), "--json")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    decoding = Translator.from_checkpoint(trained_run / "best.pt", device="cpu").decoding
+    target_limit = int(decoding.max_len_ratio * decoding.max_input_len) + 10
+    assert [r["length"] for r in records] == [records[0]["length"], target_limit + 1]     # EOS counted
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and all(w.startswith("warning: line 2: the ") for w in warnings)
+    assert f"scored truncated to {decoding.max_input_len}" in warnings[0]
+
+
 def test_n_best_above_beam_size_is_an_error(trained_run):
     result = run_cli("translate", "--checkpoint", str(trained_run / "best.pt"), "--n-best", "4", "--beam-size", "2",
                      stdin="ein Hund\n")

@@ -245,17 +245,23 @@ class Translator:
             raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
                               f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
 
-    def score(self, sources: list[str], targets: list[str]) -> list[tuple[float, float, int]]:
+    def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
         """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
         source), that divided by the length penalty, and the length in pieces with EOS. The searches report
-        the same log-probability for the same output."""
+        the same log-probability for the same output.
+
+        As in translation, a source over `decoding.max_input_len` pieces is truncated, and a target over
+        the longest output such a source may have (max_len_ratio x max_input_len + 10) too: a warning on
+        stderr names the line (`first_line` is the number of the first pair), and memory stays bounded
+        whatever the lines."""
         _check_lines("sources", sources)
         _check_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.decoding.max_input_len
-        src_ids = [ids[:limit] for ids in self.src_vocab.encode(sources)]
-        tgt_ids = self.tgt_vocab.encode(targets)
+        tgt_limit = int(self.decoding.max_len_ratio * limit) + 10
+        src_ids = _truncated(self.src_vocab.encode(sources), limit, "source", first_line)
+        tgt_ids = _truncated(self.tgt_vocab.encode(targets), tgt_limit, "target", first_line)
         src_offsets, src_flat = _flatten(src_ids)
         tgt_offsets, tgt_flat = _flatten(tgt_ids)
         src_lengths = np.diff(src_offsets) + 1
@@ -430,6 +436,15 @@ def _search_locks(model: Seq2Seq | Ensemble) -> list[threading.Lock]:
     unique = sorted({id(member): member for member in members}.values(), key=id)
     with _SEARCH_LOCKS_GUARD:
         return [_SEARCH_LOCKS.setdefault(member, threading.Lock()) for member in unique]
+
+
+def _truncated(encoded: list[np.ndarray], limit: int, side: str, first_line: int) -> list[np.ndarray]:
+    """Each sequence cut to `limit` pieces, with a warning on stderr for each one cut."""
+    for i, ids in enumerate(encoded):
+        if len(ids) > limit:
+            print(f"warning: line {first_line + i}: the {side} has {len(ids)} pieces; scored truncated to {limit}",
+                  file=sys.stderr, flush=True)
+    return [ids[:limit] for ids in encoded]
 
 
 def _check_lines(name: str, lines: object) -> None:
