@@ -39,6 +39,13 @@ def count_table_builds(monkeypatch, decoder_type: type) -> list:
     return builds
 
 
+def test_any_iterable_of_lines_translates_like_a_list(translator):
+    lines = ["Ein Hund läuft.", "Zwei Katzen schlafen."]
+    expected = [t.text for t in translator.translate(lines, beam_size=2)]
+    assert [t.text for t in translator.translate((line for line in lines), beam_size=2)] == expected
+    assert [t.text for t in translator.translate(tuple(lines), beam_size=2)] == expected
+
+
 def test_derived_weights_are_built_once_per_translator_not_per_call(model_file, monkeypatch):
     """A one-line call used to spend about half its time rebuilding the decoder's token table."""
     own = Translator.load(model_file, device="cpu", precision="fp32", beam_size=1)
@@ -142,6 +149,10 @@ def test_derived_weight_blocks_count_right_across_threads(translator):
      "n_best 4 is larger than the beam size 2: beam search finds at most beam_size hypotheses; "
      "raise beam_size to at least 4 or use sampling"),
     (lambda t: Translator.load([]), ValueError, "at least one model path"),
+    (lambda t: Translator.load(123), TypeError, "path must be a model file or checkpoint path"),
+    (lambda t: t.translate([b"Ein Hund."]), TypeError, "lines[0] is bytes, not a string"),
+    (lambda t: t.translate(b"Ein Hund."), TypeError, "not one bytes"),
+    (lambda t: t.score(["Ein Hund."], [None]), TypeError, "targets[0] is NoneType, not a string"),
 ])
 def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):
     with pytest.raises(error, match=re.escape(message)):

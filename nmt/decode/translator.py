@@ -139,6 +139,9 @@ class Translator:
         if decoding_overrides.get("shortlist_k") is not None and decoding_overrides.get("shortlist") is None:
             decoding_overrides["shortlist"] = True      # asking for k pieces per source piece asks for the shortlist
         if not isinstance(path, (str, Path)):
+            if not isinstance(path, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in path):
+                raise TypeError(f"path must be a model file or checkpoint path (str or Path), or a list of them "
+                                f"for an ensemble; got {type(path).__name__}")
             return cls.load_ensemble(path, device, shortlist_file, **decoding_overrides)
         limit_kernel_cache()
         loaded = load_model(path, decoding_overrides)
@@ -187,9 +190,9 @@ class Translator:
         first_line: the line number of lines[0], for warnings.
         prefixes: one per line ("" for none), forced as the start of each translation.
         """
-        _check_lines("lines", lines)
+        lines = _as_lines("lines", lines)
         if prefixes is not None:
-            _check_lines("prefixes", prefixes)
+            prefixes = _as_lines("prefixes", prefixes)
         if not (_whole(n_best) and 1 <= n_best <= MAX_BEAM
                 and (beam_size is None or (_whole(beam_size) and 1 <= beam_size <= MAX_BEAM))):
             raise ValueError(f"beam_size and n_best must be integers from 1 to {MAX_BEAM}, "
@@ -254,8 +257,7 @@ class Translator:
         the longest output such a source may have (max_len_ratio x max_input_len + 10) too: a warning on
         stderr names the line (`first_line` is the number of the first pair), and memory stays bounded
         whatever the lines."""
-        _check_lines("sources", sources)
-        _check_lines("targets", targets)
+        sources, targets = _as_lines("sources", sources), _as_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.decoding.max_input_len
@@ -447,10 +449,20 @@ def _truncated(encoded: list[np.ndarray], limit: int, side: str, first_line: int
     return [ids[:limit] for ids in encoded]
 
 
-def _check_lines(name: str, lines: object) -> None:
-    """A list of strings, not one string (which would be translated character by character)."""
-    if isinstance(lines, str):
-        raise TypeError(f"{name} must be a list of strings, not one string; for one sentence pass [sentence]")
+def _as_lines(name: str, lines: object) -> list[str]:
+    """`lines` as a list of strings: any iterable of them (a generator is read once), but not one string
+    (which would be translated character by character) and no bytes or other items."""
+    if isinstance(lines, (str, bytes)):
+        raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
+                        "; for one sentence pass [sentence]")
+    try:
+        lines = list(lines)                                  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
+    return lines
 
 
 def _whole(number: object) -> bool:
