@@ -18,7 +18,7 @@ from pathlib import Path
 import typer
 
 from nmt import __version__
-from nmt.config import ConfigError, load_config
+from nmt.config import MAX_BEAM, ConfigError, load_config
 from nmt.data.corpus import DataError
 from nmt.folders import (
     FolderError,
@@ -64,7 +64,8 @@ class ClosedStdout(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        raise OSError(errno.EBADF, "stdout is closed; give --output FILE or leave stdout open")
+        raise OSError(errno.EBADF, "stdout is closed (>&-); leave it open, or write to a file where the "
+                                   "command has an option for one")
 
 
 def _occupy_closed_descriptors() -> None:
@@ -80,6 +81,8 @@ def _occupy_closed_descriptors() -> None:
                 os.close(null)
     if sys.stdout is None:                  # Python's stand-in for a descriptor 1 closed at start
         sys.stdout = ClosedStdout()
+    if sys.stderr is None:                  # messages and progress bars go where the user sent them: nowhere
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
 def one_line(message: str) -> str:
@@ -194,7 +197,7 @@ def translate(
     beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="1 = greedy; default from config."),
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
     batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
-    n_best: int = typer.Option(1, "--n-best", min=1,
+    n_best: int = typer.Option(1, "--n-best", min=1, max=MAX_BEAM,
                                help="Write the K best of each input line (K <= beam size) as K lines "
                                     "'N ||| text ||| score' (N = 0-based input line, score = length-normalised "
                                     "log-probability); an empty input line gives K lines with empty text."),
@@ -224,7 +227,8 @@ def translate(
     top_k: int | None = typer.Option(None, "--top-k", min=0, help="Sample from the k most probable; 0 = all."),
     top_p: float | None = typer.Option(None, "--top-p", help="Sample from the top-p probability mass."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed (same seed and batches, same samples)."),
-    num_samples: int | None = typer.Option(None, "--num-samples", min=1, help="Samples per line (= --n-best)."),
+    num_samples: int | None = typer.Option(None, "--num-samples", min=1, max=MAX_BEAM,
+                                           help="Samples per line (= --n-best)."),
     prefix_file: Path | None = typer.Option(None, "--prefix-file", help="Target prefixes, one line per input line."),
     prefix_column: bool = typer.Option(False, "--prefix-column", help="Input lines are 'source<TAB>prefix'."),
     scores: Path | None = typer.Option(None, "--scores", help="Write 'log-prob<TAB>normalised score' per output line."),
@@ -565,7 +569,8 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests waiting; more get 503 + Retry-After."),
     max_sentences: int = typer.Option(100, "--max-sentences", min=1, help="Sentences per request (else 413)."),
     max_body_kb: int = typer.Option(256, "--max-body-kb", min=1, help="Request body size in KiB (else 413)."),
-    max_beam: int = typer.Option(16, "--max-beam", min=1, help="Largest beam_size a request may ask for."),
+    max_beam: int = typer.Option(16, "--max-beam", min=1, max=MAX_BEAM,
+                                 help="Largest beam_size a request may ask for."),
     body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1, max=3600.0,
                                        help="Seconds for a request body to arrive (else 408)."),
 ) -> None:

@@ -172,3 +172,17 @@ def test_load_holds_its_settings_to_the_config_rules(model_file, settings, messa
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         Translator.load(model_file, **settings)
+
+
+def test_a_stored_min_len_above_max_len_translates_and_only_length_options_are_checked(model_file, tmp_path):
+    """Older nmt stored such configs: unrelated options still load it, and the cap wins over min_len."""
+    from nmt.config import ConfigError
+
+    state = torch.load(model_file, weights_only=True)
+    state["config"]["decoding"].update(min_len=10, max_len=5)
+    path = tmp_path / "minmax.nmt"
+    torch.save(state, path)
+    results = Translator.load(path, device="cpu", beam_size=2).translate(["Ein Hund läuft über die Wiese."])
+    assert 1 <= len(results[0].hypotheses[0].tokens) <= 4 and results[0].text
+    with pytest.raises(ConfigError, match="leaves no room under"):
+        Translator.load(path, device="cpu", max_len=6)

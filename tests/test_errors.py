@@ -86,7 +86,8 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     state["config"]["model"]["decoder_hidden"] = 7                    # weights no longer fit the config
     torch.save(state, run / "mismatch.pt")
     shutil.copy(run / "best.pt", root / "model.pt")                      # a model outside any nmt folder
-    for name, damage in (("norng", lambda st: st.pop("rng")), ("badrng", lambda st: st["rng"].update(torch="x"))):
+    for name, damage in (("norng", lambda st: st.pop("rng")), ("badrng", lambda st: st["rng"].update(torch="x")),
+                         ("badstep", lambda st: st.update(step="x"))):
         shutil.copytree(run, root / name, ignore=shutil.ignore_patterns("mismatch.pt"))
         state = torch.load(root / name / "last.pt", weights_only=False)
         damage(state)
@@ -112,6 +113,11 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     (root / "torn" / "manifest.json").write_text('{"format": ')          # a manifest cut short
     (root / "hollow").mkdir()
     (root / "hollow" / "manifest.json").write_text(json.dumps({"format": FORMAT_VERSION}))
+    shutil.copytree(Path(yaml.safe_load(prepared.read_text())["data"]["out_dir"]), root / "nocorpora",
+                    ignore=shutil.ignore_patterns(LOCK))
+    manifest = json.loads((root / "nocorpora" / "manifest.json").read_text())
+    del manifest["splits"]["train"]["corpora"]
+    (root / "nocorpora" / "manifest.json").write_text(json.dumps(manifest))
     files["data_cfg"] = {"data": {"out_dir": str(root / "data")}}
     return files
 
@@ -182,6 +188,9 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "resume changes model": ([*resume, "--set", "model.decoder_hidden=8"], None),
         "resume without training state": ([*resume[:4], f"training.run_dir={r / 'norng'}", "--resume"], None),
         "resume a damaged training state": ([*resume[:4], f"training.run_dir={r / 'badrng'}", "--resume"], None),
+        "resume a step that is no number": ([*resume[:4], f"training.run_dir={r / 'badstep'}", "--resume"], None),
+        "train on a manifest without corpora": (["train", "-c", cfg, "--set", f"data.out_dir={r / 'nocorpora'}",
+                                                 "--set", "data.train=null"], None),     # the folder as it is
         "train without data folder": (["train", "-c", cfg], None),
         "train on other settings' data": (["train", "-c", prep, "--set", f"training.run_dir={r / 'runs' / 'other'}",
                                            "--set", "data.vocab_size=999"], None),
@@ -222,6 +231,8 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "max-len overflows": ([*translate, "--max-len", str(10**20)], b"x\n"),
         "seed overflows": ([*translate, "--sampling", "--seed", str(10**20)], b"x\n"),
         "temperature without sampling": ([*translate, "--temperature", "0.5"], b"x\n"),
+        "n-best huge with sampling": ([*translate, "--sampling", "--n-best", "1001"], b"x\n"),
+        "serve max-beam huge": (["serve", "--model", ckpt, "--max-beam", "5000"], None),
         "plot folder is the output": ([*translate, "-o", str(r / "plots"), "--plot-attention", str(r / "plots")],
                                       b"ein Hund\n"),
         "threads huge": ([*translate, "--threads", "100000"], b"x\n"),
@@ -272,6 +283,7 @@ CASES = [
     "run_dir is the corpus", "run_dir is the config folder",
     "run_dir is a data folder", "resume without last.pt", "resume changes seed", "resume changes batch_tokens",
     "resume changes data", "resume changes model", "resume without training state", "resume a damaged training state",
+    "resume a step that is no number", "train on a manifest without corpora",
     "train without data folder", "train on a tpu",
     "train on other settings' data", "train on a torn manifest", "train on a hollow manifest",
     "checkpoint missing", "checkpoint garbage", "checkpoint is a folder", "weights do not fit config", "device tpu",
@@ -281,7 +293,8 @@ CASES = [
     "attention onto a folder", "input missing", "input is a folder", "input gzip garbage",
     "input invalid UTF-8 to file", "stdin invalid UTF-8 to file", "input is the output", "n-best above beam",
     "threads negative", "beam size zero", "beam size huge", "min-len above max-len", "max-len overflows",
-    "seed overflows", "temperature without sampling", "plot folder is the output", "threads huge", "device without it",
+    "seed overflows", "temperature without sampling", "plot folder is the output",
+    "n-best huge with sampling", "serve max-beam huge", "threads huge", "device without it",
     "batch tokens not a number", "precision fp8", "translate without checkpoint",
     "evaluate empty files", "evaluate hyp missing", "evaluate line counts differ", "evaluate invalid UTF-8",
     "evaluate gzip hyp invalid", "evaluate json into missing folder", "evaluate json onto a folder",
@@ -340,6 +353,9 @@ def test_messages_name_the_thing_to_fix(world):
         "device without it": "device cuda:99 was asked for",
         "train on other settings' data": "was preprocessed with `data.vocab_size`",
         "resume without training state": f"{r}/norng/last.pt lacks the training state `rng`",
+        "resume a step that is no number": f"{r}/badstep/last.pt: its training state cannot be restored",
+        "train on a manifest without corpora": f"{r}/nocorpora/manifest.json is not a complete nmt manifest",
+        "serve max-beam huge": "--max-beam",
         "resume a damaged training state": f"{r}/badrng/last.pt: its training state cannot be restored",
         "corpus empty": "`data.train`: the training corpora hold no non-blank sentences",
         "dev empty": f"`data.dev`: {r}/emptycorpus/train.de and {r}/emptycorpus/train.en are empty",
@@ -495,3 +511,13 @@ def test_export_onto_a_full_disk_names_the_file(world, tmp_path):
                             capture_output=True, preexec_fn=small_files, cwd=REPO, timeout=300)
     assert f"cannot write {target}: File too large" in assert_one_error(result)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_stderr_loses_only_the_messages(world, tmp_path):
+    """`nmt translate 2>&-`: progress and messages go nowhere, the translation is written as usual."""
+    out = tmp_path / "out.txt"
+    args = [sys.executable, "-m", "nmt", "translate", "-m", str(world["ckpt"]), "--beam-size", "1", "-o", str(out)]
+    result = subprocess.run(args, input=b"ein Hund\n", preexec_fn=lambda: os.close(2), cwd=REPO, timeout=300)
+    assert result.returncode == 0
+    expected = run_cli("translate", "-m", str(world["ckpt"]), "-q", "--beam-size", "1", stdin=b"ein Hund\n").stdout
+    assert out.read_bytes() == expected

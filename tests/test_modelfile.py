@@ -165,6 +165,21 @@ def test_a_model_file_with_damaged_weight_bytes_is_refused(model_file, tmp_path)
     assert result.returncode == 2 and "is damaged" in result.stderr and result.stdout == ""
 
 
+@pytest.mark.parametrize("where", ["local name", "central version"])
+def test_a_model_file_with_damaged_zip_headers_is_refused(model_file, tmp_path, where):
+    """Flipped bytes in the zip structure that torch.load may not notice either: one clean error."""
+    import zipfile
+
+    data = bytearray(model_file.read_bytes())
+    with zipfile.ZipFile(model_file) as archive:
+        central = archive.start_dir
+    data[30 if where == "local name" else central + 6] ^= 0xFF
+    damaged = tmp_path / "damaged.nmt"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=f"model file {damaged} is (truncated or corrupt|damaged)"):
+        load_model(damaged)
+
+
 def test_export_never_replaces_what_nmt_did_not_write(trained_run, model_file, tmp_path):
     notes = tmp_path / "notes.nmt"
     notes.write_text("my notes\n")

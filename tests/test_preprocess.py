@@ -287,3 +287,21 @@ def test_trainer_takes_corpus_weights_from_the_manifest(tmp_path):
     rows = np.concatenate(Trainer(config).sampler.batches(0))
     assert len(rows) == 2 * first["pairs"] + round(0.25 * second["pairs"])
     assert np.bincount(rows, minlength=second["end"])[: first["end"]].tolist() == [2] * first["pairs"]
+
+
+def test_a_data_folder_matches_the_settings_it_was_built_with(prepared):
+    """Paths may move and one prefix equals a one-item list; another setting or a missing split is named."""
+    import dataclasses
+
+    config = load_config(prepared)
+    folder = DataFolder.open(config.data.out_dir)
+    folder.check_settings(config.data)
+    folder.check_settings(dataclasses.replace(config.data, train=[config.data.train]))
+    with pytest.raises(DataError, match="preprocessed with a `data.test`, this config has no `data.test`"):
+        folder.check_settings(dataclasses.replace(config.data, test=None))
+    with pytest.raises(DataError, match="preprocessed with 1 training corpus of weight 1.0, this config has "
+                                        r"2 training corpora of weights \[1.0, 2.0\]"):
+        folder.check_settings(dataclasses.replace(config.data, train=[config.data.train, {"prefix": "x",
+                                                                                          "weight": 2.0}]))
+    with pytest.raises(DataError, match="preprocessed with `data.max_len` 50, this config has `data.max_len` 20"):
+        folder.check_settings(dataclasses.replace(config.data, max_len=20))

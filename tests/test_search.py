@@ -206,6 +206,15 @@ def test_the_length_cap_wins_over_the_minimum_length():
     assert max_output_lengths(lengths, 2.0, min_len=20, cap=15).tolist() == [15, 15, 15]
 
 
+def test_a_cap_below_the_minimum_length_still_ends_every_hypothesis():
+    """min_len 6 under max_len 4 (a stored config older nmt accepted): the cap wins, nothing comes back empty."""
+    model = random_model()
+    src, lengths = source_batch()
+    for hyps in beam_search(model, src, lengths, beam_size=3, min_len=6, max_len=4):
+        assert hyps and len(hyps[0].tokens) == 3
+    assert all(len(hyp.tokens) == 3 for hyp in greedy_search(model, src, lengths, min_len=6, max_len=4))
+
+
 def test_no_repeat_ngram_blocks_repeats():
     model = random_model(tgt_vocab=8, sharpen=8.0)
     src, lengths = source_batch()

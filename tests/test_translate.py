@@ -194,6 +194,20 @@ def test_average_refuses_checkpoints_of_another_vocabulary(trained_run, tmp_path
     assert not (tmp_path / "avg.pt").exists()
 
 
+def test_average_accepts_a_checkpoint_written_before_newer_model_keys(trained_run, tmp_path):
+    """A run's checkpoints across an nmt upgrade: model keys the older nmt did not write take their defaults."""
+    import torch
+
+    first, second = sorted(trained_run.glob("best-step*.pt"))
+    state = torch.load(first, weights_only=False)
+    for key in ("init", "init_scale"):
+        assert state["config"]["model"].pop(key) == {"init": "uniform", "init_scale": 0.1}[key]
+    older = tmp_path / "older.pt"
+    torch.save(state, older)
+    result = run_cli("average", str(older), str(second), "-o", str(tmp_path / "avg.pt"))
+    assert result.returncode == 0, result.stderr
+
+
 # ---------------------------------------------------------------------- streaming
 
 

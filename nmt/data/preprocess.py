@@ -93,6 +93,11 @@ class DataFolder:
         missing = [key for key in MANIFEST_KEYS if not isinstance(manifest.get(key), dict)]
         if missing:
             raise DataError(f"{path} lacks `{missing[0]}`: not a complete nmt manifest; rerun `nmt preprocess`")
+        try:
+            _check_manifest_entries(manifest)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{path} is not a complete nmt manifest ({type(exc).__name__}: {exc}); "
+                            "rerun `nmt preprocess`") from None
         return cls(root, manifest)
 
     def check_settings(self, data: DataConfig) -> None:
@@ -112,9 +117,10 @@ class DataFolder:
         if differ:
             key = differ[0]
             more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
-            raise DataError(f"{where} was preprocessed with `data.{key}` {theirs[key]!r}, this config has "
-                            f"{mine[key]!r}{more}; rerun `nmt preprocess` with this config")
-        inputs = self.manifest.get("inputs", {})
+            raise DataError(f"{where} was preprocessed with {_describe_setting(key, theirs[key])}, this config has "
+                            f"{_describe_setting(key, mine[key])}{more}; rerun `nmt preprocess` with this config")
+        inputs = self.manifest.get("inputs")
+        inputs = inputs if isinstance(inputs, dict) else {}
         for name, (src, tgt) in _existing_input_files(data).items():
             for side, path in (("src", src), ("tgt", tgt)):
                 entry = inputs.get(f"{name}.{side}")
@@ -177,9 +183,20 @@ def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
     return files
 
 
+def _check_manifest_entries(manifest: dict[str, Any]) -> None:
+    """Touch every manifest entry that training and translation read; a missing or mistyped one raises."""
+    for side in ("src", "tgt"):
+        if not isinstance(manifest["langs"][side], str) or not isinstance(manifest["vocab"][side]["model"], str):
+            raise TypeError(f"langs.{side} and vocab.{side}.model must be strings")
+        np.dtype(manifest["dtype"][side])
+    for corpus in manifest["splits"]["train"]["corpora"]:
+        if not all(isinstance(corpus[key], (int, float)) for key in ("start", "end", "weight")):
+            raise TypeError("splits.train.corpora: start, end and weight must be numbers")
+
+
 def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The data settings that must agree between a config and a folder: every value but the paths
-    (a path only counts as given or not), and of several training corpora their number and weights."""
+    (a path only counts as given or not), and of the training corpora the weights (one prefix = [1.0])."""
     comparable = {}
     for key, value in settings.items():
         if key == "out_dir":
@@ -187,10 +204,20 @@ def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
         if key in PATH_SETTINGS:
             value = value is not None
         elif key == "train":
-            value = [corpus.get("weight", 1.0) if isinstance(corpus, dict) else 1.0 for corpus in value] \
-                if isinstance(value, list) else value is not None
+            corpora = value if isinstance(value, list) else [value] if value is not None else []
+            value = [corpus.get("weight", 1.0) if isinstance(corpus, dict) else 1.0 for corpus in corpora]
         comparable[key] = value
     return comparable
+
+
+def _describe_setting(key: str, value: Any) -> str:
+    """A comparable setting in words, for the message that two differ."""
+    if key in PATH_SETTINGS:
+        return f"a `data.{key}`" if value else f"no `data.{key}`"
+    if key == "train":
+        return f"{len(value)} training corpora of weights {value}" if len(value) != 1 else \
+            f"1 training corpus of weight {value[0]}"
+    return f"`data.{key}` {value!r}"
 
 
 def _existing_input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
@@ -286,10 +313,12 @@ def _train_model(data: DataConfig, sample: list[str], prefix: Path, which: str) 
         reason = str(exc).split("] ", 1)[-1].strip()
         if "smaller than required_chars" in reason:
             needed = reason.split(" vs ")[-1].rstrip(".").split(".")[0]
-            raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {which} training text "
+            text = {"src": "source", "tgt": "target"}.get(which, "joint")
+            raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {text} training text "
                             f"needs {needed} pieces for its characters and specials alone; raise it or lower "
                             "`data.character_coverage`") from None
-        raise DataError(f"SentencePiece cannot train the {which} model ({reason})") from None
+        raise DataError(f"SentencePiece cannot train the {which} model ({reason}); check `data.vocab_size` and "
+                        "`data.spm_model_type`") from None
 
 
 def preprocess(config: Config, force: bool = False, config_path: str | Path | None = None) -> Path:

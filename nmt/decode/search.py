@@ -92,14 +92,15 @@ def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap:
 
 
 def _constrain(logp: Tensor, t: int, min_len: int, at_limit: Tensor) -> None:
-    """In place: never PAD or BOS; no EOS before `min_len` tokens; only EOS on a row's last allowed step.
+    """In place: never PAD or BOS; no EOS before `min_len` tokens; only EOS on a row's last allowed step
+    (that wins over `min_len`: a length cap below it ends the row there).
 
     logp: (rows, vocab) log-probabilities of output position t; at_limit: (rows,) bool.
     """
     logp[:, PAD] = NEG_INF
     logp[:, BOS] = NEG_INF
     if t < min_len:
-        logp[:, EOS] = NEG_INF
+        logp[:, EOS] = logp[:, EOS].masked_fill(~at_limit, NEG_INF)
     logp[at_limit] = logp[at_limit].masked_fill(torch.arange(logp.size(1), device=logp.device) != EOS, NEG_INF)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -114,7 +115,7 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
     check_decoding_overrides(overrides)
     raw["decoding"].update(overrides)
     config = stored_config(raw)
-    if overrides:
+    if overrides.keys() & {"min_len", "max_len"}:     # a stored conflict alone: the cap wins (nmt.decode.search)
         check_decoding(config.decoding)
     if "tokenizer" in state:
         src_vocab, tgt_vocab = vocabs_from_tokenizer(path, state["tokenizer"])
@@ -134,7 +135,7 @@ def check_checksums(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error) as exc:
         raise ModelFileError(f"model file {path} is truncated or corrupt ({exc})") from None
     if damaged is not None:
         raise ModelFileError(f"model file {path} is damaged: its record {damaged} fails its checksum; "

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from nmt import __version__
+from nmt.config import stored_config
 from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write
@@ -92,7 +93,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     first = states[0]
     for path, state in zip(paths, states, strict=True):
         if (state["model"].keys() != keys or any(state["model"][k].shape != first["model"][k].shape for k in keys)
-                or state["config"].get("model") != first["config"].get("model")):
+                or stored_config(state["config"]).model != stored_config(first["config"]).model):
             raise CheckpointError(f"checkpoint {path} holds a different model than {paths[0]}; cannot average")
         same_vocab = (state["tokenizer"] == first["tokenizer"] if "tokenizer" in state and "tokenizer" in first
                       else state["vocab"] == first["vocab"])

@@ -341,7 +341,7 @@ class Trainer:
         missing = [key for key in TRAINING_STATE_KEYS if key not in state]
         if missing:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} lacks the training state `{missing[0]}` that --resume "
-                                  "needs (an averaged checkpoint?); start a new run from it instead")
+                                  "needs (an averaged checkpoint?); start a new run instead")
         try:
             self._restore_training_state(state)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -355,6 +355,8 @@ class Trainer:
 
     def _restore_training_state(self, state: dict[str, Any]) -> None:
         """Optimiser, schedule, scaler, RNGs and progress, as `_state` saved them."""
+        if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
+            raise ValueError(f"step {state['step']!r} is not a count of updates")
         self.optimizer.load_state_dict(state["optimizer"])
         t = self.config.training
         for group in self.optimizer.param_groups:      # the state brings back the saved ones; the config wins
