@@ -140,10 +140,10 @@ class TrainingConfig:
 
 @dataclass
 class DecodingConfig:
-    beam_size: int = _bounded(5, ge=1, le=MAX_BEAM, since_saved=True)
+    beam_size: int = _bounded(5, ge=1, le=MAX_BEAM)
     length_penalty: float = _bounded(1.0, ge=0.0)  # GNMT alpha; 0 disables
     max_len_ratio: float = _bounded(2.0, gt=0.0)  # max output length = ratio * source length + 10
-    min_len: int = _bounded(0, ge=0, le=1000, since_saved=True)  # pieces before EOS may come; below max_len
+    min_len: int = _bounded(0, ge=0, le=1000)  # pieces before EOS may come; below max_len
     no_repeat_ngram: int = _bounded(0, ge=0)       # 0 disables
     batch_tokens: int = _bounded(8000, ge=1)      # source tokens x beam per batch (4000: 5% slower beam search)
     max_input_len: int = _bounded(250, ge=1)       # longer inputs are truncated with a warning
