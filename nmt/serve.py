@@ -330,9 +330,9 @@ def format_response(results: list[Translation], n_best: int) -> dict[str, Any]:
     """{"translations": [...]}, with "n_best" lists when n_best > 1 and, when a sentence was over the
     model's input length and translated cut short, "truncated": the indices of those sentences."""
     response: dict[str, Any] = {"translations": [r.text for r in results]}
-    if n_best > 1:
+    if n_best > 1:      # an empty sentence gets n_best empty entries of score 0, as `nmt translate --n-best` prints
         response["n_best"] = [[{"text": text, "score": round(score, 4) if math.isfinite(score) else None}
-                               for text, score in r.nbest] for r in results]
+                               for text, score in (r.nbest or [("", 0.0)] * n_best)] for r in results]
     truncated = [i for i, r in enumerate(results) if r.truncated]
     if truncated:
         response["truncated"] = truncated

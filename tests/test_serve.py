@@ -106,6 +106,13 @@ def test_n_best_with_scores(server, offline, sources):
         assert scores == sorted(scores, reverse=True)
 
 
+def test_an_empty_sentence_gets_n_best_empty_entries_like_the_command_line(server):
+    status, _, body = server.translate({"sentences": ["Ein Hund.", ""], "beam_size": 3, "n_best": 3})
+    assert status == 200 and body["translations"][1] == ""
+    assert len(body["n_best"][0]) == 3
+    assert body["n_best"][1] == [{"text": "", "score": 0.0}] * 3
+
+
 def test_concurrent_clients_each_get_their_own_results(server, offline, sources):
     expected = dict(zip(sources, (t.text for t in offline.translate(sources)), strict=True))
     rng = random.Random(1)
