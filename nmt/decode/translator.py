@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -202,13 +202,9 @@ class Translator:
         if prefixes is not None and len(prefixes) != len(lines):
             raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
-        encoded = self.src_vocab.encode(lines)
         limit = self.decoding.max_input_len
-        truncated = np.array([len(ids) > limit for ids in encoded], dtype=bool)
-        for i in np.flatnonzero(truncated):
-            print(f"warning: input line {first_line + i} has {len(encoded[i])} pieces; truncated to {limit}",
-                  file=sys.stderr)
-        encoded = [ids[:limit] for ids in encoded]
+        encoded, truncated = _truncate(self.src_vocab.encode(lines), limit, lambda i, n: (
+            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
         results: list[list[Hypothesis]] = [[] for _ in lines]
         nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
         if nonempty.size:
@@ -262,8 +258,10 @@ class Translator:
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.decoding.max_input_len
         tgt_limit = int(self.decoding.max_len_ratio * limit) + 10
-        src_ids = _truncated(self.src_vocab.encode(sources), limit, "source", first_line)
-        tgt_ids = _truncated(self.tgt_vocab.encode(targets), tgt_limit, "target", first_line)
+        src_ids, _ = _truncate(self.src_vocab.encode(sources), limit, lambda i, n: (
+            f"warning: line {first_line + i}: the source has {n} pieces; scored truncated to {limit}"))
+        tgt_ids, _ = _truncate(self.tgt_vocab.encode(targets), tgt_limit, lambda i, n: (
+            f"warning: line {first_line + i}: the target has {n} pieces; scored truncated to {tgt_limit}"))
         src_offsets, src_flat = _flatten(src_ids)
         tgt_offsets, tgt_flat = _flatten(tgt_ids)
         src_lengths = np.diff(src_offsets) + 1
@@ -440,13 +438,15 @@ def _search_locks(model: Seq2Seq | Ensemble) -> list[threading.Lock]:
         return [_SEARCH_LOCKS.setdefault(member, threading.Lock()) for member in unique]
 
 
-def _truncated(encoded: list[np.ndarray], limit: int, side: str, first_line: int) -> list[np.ndarray]:
-    """Each sequence cut to `limit` pieces, with a warning on stderr for each one cut."""
-    for i, ids in enumerate(encoded):
-        if len(ids) > limit:
-            print(f"warning: line {first_line + i}: the {side} has {len(ids)} pieces; scored truncated to {limit}",
-                  file=sys.stderr, flush=True)
-    return [ids[:limit] for ids in encoded]
+def _truncate(encoded: list[np.ndarray], limit: int,
+              warning: Callable[[int, int], str]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each id sequence cut to `limit` pieces, and which were cut (bool, one per sequence); each cut one
+    gets a line on stderr, `warning(index, pieces)`."""
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    cut = lengths > limit
+    for i in np.flatnonzero(cut).tolist():
+        print(warning(i, int(lengths[i])), file=sys.stderr, flush=True)
+    return [ids[:limit] for ids in encoded], cut
 
 
 def _as_lines(name: str, lines: object) -> list[str]:
