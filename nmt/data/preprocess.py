@@ -165,15 +165,7 @@ def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
 
 def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
     """(source, target) file of every input: the training corpora (see `train_corpora`), dev, test."""
-    files = {}
-    for name, prefix, _ in train_corpora(data):
-        files[name] = (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
-                       resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
-    for split in SPLITS[1:]:
-        prefix = getattr(data, split)
-        if prefix is not None:
-            files[split] = (resolve_text_file(prefix, data.src_lang, f"data.{split}"),
-                            resolve_text_file(prefix, data.tgt_lang, f"data.{split}"))
+    files = {name: _text_files(data, name, prefix) for name, prefix in _input_prefixes(data)}
     for key in ("src_spm_model", "tgt_spm_model"):
         path = getattr(data, key)
         if path is not None:
@@ -220,14 +212,24 @@ def _describe_setting(key: str, value: Any) -> str:
     return f"`data.{key}` {value!r}"
 
 
+def _input_prefixes(data: DataConfig) -> list[tuple[str, str]]:
+    """(name, prefix) of every input: the training corpora (see `train_corpora`), dev, test."""
+    return ([(name, prefix) for name, prefix, _ in train_corpora(data)]
+            + [(split, getattr(data, split)) for split in SPLITS[1:] if getattr(data, split) is not None])
+
+
+def _text_files(data: DataConfig, name: str, prefix: str) -> tuple[Path, Path]:
+    """(source, target) file of one input; a missing one is a `DataError` naming `data.{name}`."""
+    return (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
+            resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
+
+
 def _existing_input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
     """The inputs of `_input_files` whose two files both exist; missing ones are skipped."""
     files = {}
-    for name, prefix in [(name, prefix) for name, prefix, _ in train_corpora(data)] + \
-            [(split, getattr(data, split)) for split in SPLITS[1:] if getattr(data, split)]:
+    for name, prefix in _input_prefixes(data):
         try:
-            files[name] = (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
-                           resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
+            files[name] = _text_files(data, name, prefix)
         except DataError:
             continue
     return files
@@ -473,9 +475,9 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
     data = config.data
     train_files = [files[name] for name, _, _ in train_corpora(data)]
     src_model, tgt_model = _build_vocabs(data, train_files, out)
-    for model in {src_model, tgt_model}:
-        _check_specials(Vocab(model), str(model))
     src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
+    for vocab in (src_vocab, tgt_vocab):
+        _check_specials(vocab, str(vocab.model_path))
     dtypes = {"src": id_dtype(len(src_vocab)), "tgt": id_dtype(len(tgt_vocab))}
 
     # Training ids are written as SentencePiece ids while the target pieces in use are gathered ...
