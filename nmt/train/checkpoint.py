@@ -89,11 +89,11 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
-    keys = states[0]["model"].keys()
     first = states[0]
+    keys, model_section = first["model"].keys(), stored_config(first["config"]).model
     for path, state in zip(paths, states, strict=True):
         if (state["model"].keys() != keys or any(state["model"][k].shape != first["model"][k].shape for k in keys)
-                or stored_config(state["config"]).model != stored_config(first["config"]).model):
+                or stored_config(state["config"]).model != model_section):
             raise CheckpointError(f"checkpoint {path} holds a different model than {paths[0]}; cannot average")
         same_vocab = (state["tokenizer"] == first["tokenizer"] if "tokenizer" in state and "tokenizer" in first
                       else state["vocab"] == first["vocab"])
