@@ -269,13 +269,12 @@ def translate(
         if n_best != 1 and n_best != num_samples:
             fail(f"--num-samples {num_samples} and --n-best {n_best} disagree; give one of them")
         n_best = num_samples
+    outputs = {"--output": output, "--alignments": alignments, "--attention-out": attention_out, "--scores": scores}
     _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
-                   {"--output": output, "--alignments": alignments, "--attention-out": attention_out,
-                    "--scores": scores}, checkpoint)
+                   outputs, checkpoint)
     if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
         fail(f"--plot-attention: {plot_attention} is a file, not a folder")
-    for option, path in (("--output", output), ("--alignments", alignments), ("--attention-out", attention_out),
-                         ("--scores", scores)):
+    for option, path in outputs.items():
         if plot_attention is not None and path is not None and path.resolve() == plot_attention.resolve():
             fail(f"--plot-attention {plot_attention} is also {option}; the heatmaps need a folder of their own")
     if threads:
