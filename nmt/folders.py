@@ -172,7 +172,7 @@ def copy_atomically(source: str | Path, target: str | Path) -> None:
                 try:
                     block = handle.read(1 << 20)
                 except OSError as exc:
-                    raise OSError(exc.errno, exc.strerror or str(exc), str(source)) from None
+                    raise _naming(exc, Path(source)) from None
                 if not block:
                     return
                 out.write(block)
