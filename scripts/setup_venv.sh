@@ -9,7 +9,8 @@ if [[ "${NMT_SKIP_VENV:-}" != 1 ]]; then
   # shellcheck disable=SC1091
   source .venv/bin/activate
   python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
-  python -c "import nmt" 2>/dev/null || pip install -q -e .
+  # The `nmt` command, not `import nmt`: from the repository root the package imports without being installed.
+  [[ -x .venv/bin/nmt ]] || pip install -q -e .
 fi
 
 if [[ -z "${MULTI30K_MIRROR:-}" && -d ../shared/data/multi30k ]]; then
