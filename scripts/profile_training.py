@@ -7,12 +7,14 @@ the optimiser step), then counts the floating-point work of every matrix product
 torch.profiler and measures this core's float32 GEMM speed, which together give the ceiling: the
 target tokens/s if nothing but the products took time, at that speed.
 
-    taskset -c 1 python scripts/profile_training.py --threads 1 --precision fp32
+    taskset -c 1 python scripts/profile_training.py --threads 1 --precision fp32 [--shapes 12]
 
 The phases are timed in the script's own loop (the trainer's update without batch collation), and
 the products' share of the time comes from updates under the profiler, whose overhead on the many
-small operations makes that share a little low. The data folder of the config must exist
-(`nmt preprocess --config ...`).
+small operations makes that share a little low. `--shapes N` lists the N products that took the
+most time, grouped by their shapes without the sizes that vary by batch (a decoder step's product
+is one entry at any batch size), each with its share of the time and its GFLOP/s. The data folder
+of the config must exist (`nmt preprocess --config ...`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ def product_flops(event) -> float:
     return 2.0 * a[0] * a[1] * b[1]
 
 
+def product_shape(event) -> tuple[str, ...]:
+    """(op, left operand's shape, right operand's) with the sizes that vary by batch left out ("."): a decoder
+    step's product is one entry at any batch size, an attention sum at any batch size and source length."""
+    shapes = event.input_shapes
+    a, b = (shapes[1], shapes[2]) if event.key == "aten::addmm" else (shapes[0], shapes[1])
+    if event.key == "aten::bmm":
+        return event.key, f"(., {a[1]}, .)", f"(., ., {b[2]})"
+    return event.key, f"(., {a[1]})", f"({b[0]}, {b[1]})"
+
+
 def gemm_speed(seconds: float = 1.5) -> float:
     """Float32 GFLOP/s of a 2048^3 matrix product on the threads set."""
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
@@ -61,6 +73,8 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", help="training.precision")
     parser.add_argument("--updates", type=int, default=20, help="timed updates (the profiled ones come after)")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--shapes", type=int, default=0, metavar="N",
+                        help="also list the N products that took the most time, by shape")
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -129,13 +143,19 @@ def profile(trainer, args: argparse.Namespace) -> None:
             profiled_tokens += trainer._update([batch], 1.0)[1]
         profiled_seconds = time.perf_counter() - start
     flops = seconds = 0.0
+    by_shape: collections.defaultdict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     uncounted = sorted({event.key for event in prof.key_averages() if event.key in UNCOUNTED})
     if uncounted:
         print(f"warning: products not counted below: {', '.join(uncounted)}")
     for event in prof.key_averages(group_by_input_shape=True):
         if event.key in PRODUCTS and event.input_shapes:
-            flops += product_flops(event) * event.count
-            seconds += event.self_cpu_time_total / 1e6
+            spent, work = event.self_cpu_time_total / 1e6, product_flops(event) * event.count
+            seconds += spent
+            flops += work
+            entry = by_shape[product_shape(event)]              # seconds, FLOP, calls
+            entry[0] += spent
+            entry[1] += work
+            entry[2] += event.count
     per_token = flops / profiled_tokens
     speed = gemm_speed()
     print(f"matrix products: {per_token / 1e6:.1f} MFLOP per target token, {100 * seconds / profiled_seconds:.0f}% of "
@@ -143,6 +163,12 @@ def profile(trainer, args: argparse.Namespace) -> None:
     print(f"this core's float32 GEMM (2048^3): {speed:.1f} GFLOP/s -> ceiling {speed * 1e9 / per_token:.0f} target "
           f"tokens/s with nothing but the products, at that speed; measured {tokens / total:.0f} "
           f"({100 * tokens / total / (speed * 1e9 / per_token):.0f}%)")
+    if args.shapes:
+        print(f"the {args.shapes} products that took the most time (sizes that vary by batch as '.'):")
+        for shape, (spent, work, calls) in sorted(by_shape.items(), key=lambda item: -item[1][0])[: args.shapes]:
+            speed_here = work / max(spent, 1e-9) / 1e9
+            print(f"  {spent:6.2f} s {100 * spent / profiled_seconds:5.1f}%  {speed_here:6.1f} GFLOP/s  "
+                  f"{calls:6d} calls  {shape[0]} {' x '.join(shape[1:])}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_profile_training_script_small(prepared):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
-                             "--updates", "2", "--warmup", "1", "--threads", "1"],
+                             "--updates", "2", "--warmup", "1", "--threads", "1", "--shapes", "3"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
@@ -23,6 +23,10 @@ def test_profile_training_script_small(prepared):
     assert flop and float(flop.group(1)) > 0 and 0 < int(flop.group(2)) <= 100
     ceiling = re.search(r"ceiling ([0-9]+) target tokens/s .* measured ([0-9]+) \(([0-9]+)%\)", out)
     assert ceiling and int(ceiling.group(1)) > 0 and int(ceiling.group(2)) > 0
+    listed = re.findall(r"^ +[0-9.]+ s +([0-9.]+)% +([0-9.]+) GFLOP/s +([0-9]+) calls +aten::(mm|addmm|bmm) ", out,
+                        re.MULTILINE)
+    assert len(listed) == 3 and all(float(gflops) > 0 and int(calls) > 0 for _, gflops, calls, _ in listed)
+    assert [float(share) for share, *_ in listed] == sorted((float(share) for share, *_ in listed), reverse=True)
 
 
 def test_profile_training_says_when_an_epoch_is_too_short(prepared):
