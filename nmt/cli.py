@@ -359,7 +359,8 @@ def score(
     src: Path = typer.Option(..., "--src", help="Source text, one sentence per line."),
     tgt: Path = typer.Option(..., "--tgt", help="Target text to score, line by line with --src."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Scores; default stdout."),
-    json_lines: bool = typer.Option(False, "--json", help="JSON lines instead of 'log-prob<TAB>normalised'."),
+    json_lines: bool = typer.Option(False, "--json", help="JSON lines instead of 'log-prob<TAB>normalised': "
+                                    "line (0-based, as translate --n-best), log_prob, score, length."),
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
     batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source+target tokens per batch."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
@@ -467,12 +468,12 @@ def evaluate(
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
         return
+    typer.echo(ev.format_report(results, hyp_name, str(ref)))     # first: a closed stdout fails before the file
     if json_out is not None:
         from nmt.folders import atomic_write
 
         remove_leftovers(json_out.parent, json_out.name)
         atomic_write(json_out, lambda handle: handle.write(payload + "\n"), mode="w")
-    typer.echo(ev.format_report(results, hyp_name, str(ref)))
 
 
 @app.command()

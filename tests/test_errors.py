@@ -478,6 +478,18 @@ def test_a_closed_stdout_is_an_error_and_output_files_still_work(world, tmp_path
     assert out.read_bytes() == expected and expected.count(b"\n") == 1
 
 
+def test_evaluate_with_a_closed_stdout_writes_no_json_file(tmp_path):
+    """`nmt evaluate --json F >&-`: the report cannot be printed, so the command fails before F exists."""
+    (tmp_path / "hyp.txt").write_text("ein Hund\n")
+    (tmp_path / "ref.txt").write_text("ein Hund\n")
+    target = tmp_path / "scores.json"
+    result = subprocess.run([sys.executable, "-m", "nmt", "evaluate", "--hyp", str(tmp_path / "hyp.txt"),
+                             "--ref", str(tmp_path / "ref.txt"), "--json", str(target)],
+                            stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1), cwd=REPO, timeout=300)
+    assert "stdout is closed" in assert_one_error(result)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hyp.txt", "ref.txt"]
+
+
 @pytest.mark.parametrize("option", ["--output", "--scores"])
 def test_a_write_error_names_the_file_and_leaves_nothing(world, tmp_path, option):
     """Files may grow to 100 bytes only (RLIMIT_FSIZE, as a full disk would stop them): the error names
