@@ -12,8 +12,11 @@
 # BLEU and chrF with signatures) for each test set. DEVICE=cuda decodes on a GPU (default auto).
 # Multi30k comes from the public repository or MULTI30K_MIRROR=/path (used automatically when
 # ../shared/data/multi30k exists) into DATA (default data/multi30k, where the configs read it).
-# RUN=folder overrides the config's training.run_dir.
+# RUN=folder overrides the config's training.run_dir. BEAMS (default 1,5,10) and PENALTIES (default
+# 0.6,1.0,1.4) are the beam sizes and length penalties tried on dev.
 set -euo pipefail
+# shellcheck source=scripts/script_usage.sh
+source "$(dirname "$0")/script_usage.sh"
 cd "$(dirname "$0")/.."
 
 CONFIG="${CONFIG:-configs/multi30k_de_en_bahdanau_best.yaml}"

@@ -6,9 +6,13 @@
 #   MINUTES=5 bash scripts/quickstart.sh       # a shorter run
 #   CONFIG=configs/multi30k_de_en_luong.yaml bash scripts/quickstart.sh
 #
-# Multi30k comes from the public repository, or from a local copy: MULTI30K_MIRROR=/path
-# (used automatically when ../shared/data/multi30k exists).
+# THREADS=N sets the CPU threads of training and translation (default 0: torch's default, one per
+# core); RUN=folder is where the run goes (default runs/quickstart_CONFIGNAME). Multi30k comes from
+# the public repository, or from a local copy: MULTI30K_MIRROR=/path (used automatically when
+# ../shared/data/multi30k exists).
 set -euo pipefail
+# shellcheck source=scripts/script_usage.sh
+source "$(dirname "$0")/script_usage.sh"
 cd "$(dirname "$0")/.."
 
 CONFIG="${CONFIG:-configs/multi30k_de_en_bahdanau.yaml}"
@@ -27,6 +31,6 @@ nmt train --config "$CONFIG" --overwrite \
 mkdir -p "$RUN/eval"
 zcat data/multi30k/test_2016_flickr.de.gz > "$RUN/eval/test_2016_flickr.de"
 zcat data/multi30k/test_2016_flickr.en.gz > "$RUN/eval/test_2016_flickr.en"
-nmt translate --checkpoint "$RUN/best.pt" --beam-size 5 \
+nmt translate --checkpoint "$RUN/best.pt" --beam-size 5 --threads "$THREADS" \
   --input "$RUN/eval/test_2016_flickr.de" --output "$RUN/eval/hyp.en"
 nmt evaluate --hyp "$RUN/eval/hyp.en" --ref "$RUN/eval/test_2016_flickr.en" --json "$RUN/eval/scores.json"

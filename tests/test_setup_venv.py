@@ -1,4 +1,5 @@
-"""scripts/setup_venv.sh, which the README's main command (quickstart.sh) sources on a fresh machine.
+"""What the README's scripts (quickstart.sh, best_recipe.sh) do before their real work: the
+virtual environment they set up on a fresh machine (setup_venv.sh), and their answer to arguments.
 
 The scripts run in a fake virtual environment whose `python` and `pip` only record their calls, so
 the tests check what gets installed without installing anything.
@@ -12,6 +13,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -23,7 +26,8 @@ def _executable(path: Path, text: str) -> None:
 def _fake_checkout(root: Path) -> Path:
     """A repository root with the script, an importable `nmt/` package and a .venv whose tools log calls."""
     (root / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / "setup_venv.sh", root / "scripts")
+    for script in ("setup_venv.sh", "script_usage.sh", "quickstart.sh", "best_recipe.sh"):
+        shutil.copy(REPO / "scripts" / script, root / "scripts")
     (root / "nmt").mkdir()
     (root / "nmt" / "__init__.py").write_text("")
     bin_dir = root / ".venv" / "bin"
@@ -34,11 +38,19 @@ def _fake_checkout(root: Path) -> Path:
     return root
 
 
-def _source(root: Path) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NMT_SKIP_VENV", "MULTI30K_MIRROR", "VIRTUAL_ENV")}
-    subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/setup_venv.sh"], cwd=root, env=env, check=True)
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("NMT_SKIP_VENV", "MULTI30K_MIRROR", "VIRTUAL_ENV")}
+
+
+def _calls(root: Path) -> list[str]:
     log = root / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
+
+
+def _source(root: Path) -> list[str]:
+    subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/setup_venv.sh"], cwd=root, env=_clean_env(),
+                   check=True)
+    return _calls(root)
 
 
 def test_installs_nmt_when_its_command_is_missing_even_though_the_package_imports_from_the_root(tmp_path):
@@ -53,3 +65,28 @@ def test_leaves_an_installed_nmt_alone(tmp_path):
     calls = _source(root)
     assert not [call for call in calls if call.startswith("pip install") and "-e ." in call]
     assert any(call.startswith("python -c") for call in calls)      # it still checked for torch
+
+
+@pytest.mark.parametrize(("script", "documented"), [("quickstart.sh", ["MINUTES=", "THREADS=", "RUN="]),
+                                                    ("best_recipe.sh", ["THREADS=", "BEAMS", "PENALTIES"])])
+def test_help_prints_the_header_and_does_nothing_else(tmp_path, script, documented):
+    root = _fake_checkout(tmp_path)
+    before = sorted(path.relative_to(root) for path in root.rglob("*"))
+    result = subprocess.run(["bash", f"scripts/{script}", "--help"], cwd=root, env=_clean_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == ""
+    assert all(name in result.stdout for name in documented) and not result.stdout.startswith("#")
+    assert "set -euo" not in result.stdout                                   # the header only, not the code
+    assert _calls(root) == [] and sorted(path.relative_to(root) for path in root.rglob("*")) == before
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "best_recipe.sh"])
+def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
+    # Both take environment variables only; `best_recipe.sh --beams 5` used to start hours of training.
+    root = _fake_checkout(tmp_path)
+    result = subprocess.run(["bash", f"scripts/{script}", "--beams", "5"], cwd=root, env=_clean_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"error: {script} takes no arguments (got '--beams'); its settings are "
+                                          "environment variables, see --help"]
+    assert _calls(root) == [] and not (root / "data").exists()
