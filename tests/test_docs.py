@@ -1,0 +1,75 @@
+"""docs/attention.md, the tour from the equations to the code, still points at the code.
+
+Its references read `symbol` (`file.py:N`) or (`file.py:N-M`): the lines must exist and hold the
+symbol (the last dotted part of the code span just before the reference). Its Python excerpts must
+be lines of nmt/model/ as they are, up to indentation and trailing comments.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOUR = REPO / "docs" / "attention.md"
+MODEL = REPO / "nmt" / "model"
+
+CODE_SPAN = re.compile(r"`([^`]+)`")
+REFERENCE = re.compile(r"^(\w+\.py):(\d+)(?:-(\d+))?$")
+
+
+def _references() -> list[tuple[str, str, int, int]]:
+    """(anchor symbol, file name, first line, last line) of every reference, in order."""
+    found, anchor = [], None
+    prose = re.sub(r"```.*?```", "", TOUR.read_text(encoding="utf-8"), flags=re.DOTALL)   # spans, not code blocks
+    for span in CODE_SPAN.findall(prose):
+        match = REFERENCE.match(span)
+        if match is None:
+            anchor = span
+            continue
+        assert anchor is not None, f"reference {span} has no symbol before it"
+        first = int(match.group(2))
+        found.append((anchor, match.group(1), first, int(match.group(3) or first)))
+    return found
+
+
+def _symbol(anchor: str) -> str:
+    """`BahdanauDecoder._recurrence` -> `_recurrence`; `rnn.step` -> `step`."""
+    return re.findall(r"\w+", anchor)[-1]
+
+
+def test_the_tour_has_references():
+    assert len(_references()) >= 30
+
+
+@pytest.mark.parametrize(("anchor", "name", "first", "last"), _references(),
+                         ids=lambda value: str(value))
+def test_each_reference_holds_its_symbol(anchor, name, first, last):
+    path = MODEL / name
+    assert path.is_file(), f"{name}: no such file in nmt/model/"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert 1 <= first <= last <= len(lines), f"{name}:{first}-{last} is outside the file's {len(lines)} lines"
+    symbol = re.compile(rf"\b{re.escape(_symbol(anchor))}\b")
+    now_at = [str(number) for number, line in enumerate(lines, 1) if symbol.search(line)]
+    assert symbol.search("\n".join(lines[first - 1 : last])), \
+        f"`{anchor}` is not in {name}:{first}-{last}; it is now at line {', '.join(now_at) or 'none'}"
+
+
+def test_no_line_number_without_its_file():
+    bare = re.findall(r"\blines? \d+", TOUR.read_text(encoding="utf-8"))
+    assert bare == []
+
+
+def _code(line: str) -> str:
+    """A line without its indentation and trailing comment."""
+    return line.split("  #")[0].strip()
+
+
+def test_the_python_excerpts_are_the_code_as_it_is():
+    source = {_code(line) for path in MODEL.glob("*.py") for line in path.read_text(encoding="utf-8").splitlines()}
+    blocks = re.findall(r"```python\n(.*?)```", TOUR.read_text(encoding="utf-8"), re.DOTALL)
+    assert blocks
+    missing = [line for block in blocks for line in map(_code, block.splitlines()) if line and line not in source]
+    assert missing == []
