@@ -17,6 +17,7 @@
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
 source "$(dirname "$0")/script_usage.sh"
+(( $# == 0 )) || usage_error "takes no arguments (got '$1'); its settings are environment variables"
 cd "$(dirname "$0")/.."
 
 CONFIG="${CONFIG:-configs/multi30k_de_en_bahdanau_best.yaml}"

@@ -9,12 +9,16 @@
 # DEST defaults to data/iwslt14; it gets train/valid/test.{de,en} (raw text, lowercased) and
 # orig/ (the release). See scripts/prepare_iwslt14.py for the extraction and cleaning steps.
 set -euo pipefail
+# shellcheck source=scripts/script_usage.sh
+source "$(dirname "$0")/script_usage.sh"
 
 mirror="${IWSLT14_MIRROR:-}"
 if [[ "${1:-}" == "--mirror" ]]; then
-  mirror="${2:?--mirror needs a folder}"
+  [[ -n "${2:-}" ]] || usage_error "--mirror needs a folder"
+  mirror="$2"
   shift 2
 fi
+[[ $# -le 1 && "${1:-}" != -* ]] || usage_error "takes [--mirror FOLDER] [DEST], got '$*'"
 dest="${1:-data/iwslt14}"
 url="http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -10,13 +10,16 @@
 # the first three splits; the later test sets are copied when it has them and skipped (with a note)
 # when it does not.
 set -euo pipefail
+# shellcheck source=scripts/script_usage.sh
+source "$(dirname "$0")/script_usage.sh"
 
 mirror="${MULTI30K_MIRROR:-}"
 if [[ "${1:-}" == "--mirror" ]]; then
-  [[ -n "${2:-}" ]] || { echo "error: --mirror needs a folder" >&2; exit 2; }
+  [[ -n "${2:-}" ]] || usage_error "--mirror needs a folder"
   mirror="$2"
   shift 2
 fi
+[[ $# -le 1 && "${1:-}" != -* ]] || usage_error "takes [--mirror FOLDER] [DEST], got '$*'"
 dest="${1:-data/multi30k}"
 base_url="https://github.com/multi30k/dataset/raw/master/data/task1/raw"
 files=() heldout=() skipped=()

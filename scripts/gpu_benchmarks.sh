@@ -9,9 +9,12 @@
 # in this order); BUDGET_S skips what would start after that many seconds, so a time-limited machine
 # still returns the figures taken so far.
 set -euo pipefail
+# shellcheck source=scripts/script_usage.sh
+source "$(dirname "$0")/script_usage.sh"
+[[ $# -ge 1 && $# -le 2 && "$1" != -* && "${2:-}" != -* ]] || usage_error "takes OUT [MODEL], got '$*'"
 cd "$(dirname "$0")/.."
 
-out="${1:?usage: gpu_benchmarks.sh OUT [MODEL]}"
+out="$1"
 model="${2:-}"
 stages="${STAGES:-facts tests train decode large big-decode tf32}"
 deadline=$((SECONDS + ${BUDGET_S:-1000000}))

@@ -1,5 +1,6 @@
-"""What the README's scripts (quickstart.sh, best_recipe.sh) do before their real work: the
-virtual environment they set up on a fresh machine (setup_venv.sh), and their answer to arguments.
+"""What the shell scripts do before their real work: the virtual environment that quickstart.sh and
+best_recipe.sh set up on a fresh machine (setup_venv.sh), and every script's answer to arguments
+(script_usage.sh).
 
 The scripts run in a fake virtual environment whose `python` and `pip` only record their calls, so
 the tests check what gets installed without installing anything.
@@ -88,5 +89,33 @@ def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"error: {script} takes no arguments (got '--beams'); its settings are "
-                                          "environment variables, see --help"]
+                                          "environment variables; see --help"]
     assert _calls(root) == [] and not (root / "data").exists()
+
+
+@pytest.mark.parametrize(("script", "args", "expected"), [
+    ("get_multi30k.sh", ["--help"], "MULTI30K_MIRROR=/path"),
+    ("get_iwslt14.sh", ["-h"], "IWSLT14_MIRROR=/path"),
+    ("gpu_benchmarks.sh", ["--help"], "bash scripts/gpu_benchmarks.sh OUT [MODEL]"),
+])
+def test_the_download_and_gpu_scripts_answer_help_with_their_header(tmp_path, script, args, expected):
+    result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and expected in result.stdout and result.stderr == ""
+    assert list(tmp_path.iterdir()) == []                 # no folder named --help (they used to mkdir it)
+
+
+@pytest.mark.parametrize(("script", "args", "message"), [
+    ("get_multi30k.sh", ["--mirrror", "x"], "takes [--mirror FOLDER] [DEST], got '--mirrror x'"),
+    ("get_multi30k.sh", ["a", "b"], "takes [--mirror FOLDER] [DEST], got 'a b'"),
+    ("get_multi30k.sh", ["--mirror"], "--mirror needs a folder"),
+    ("get_iwslt14.sh", ["--force"], "takes [--mirror FOLDER] [DEST], got '--force'"),
+    ("gpu_benchmarks.sh", [], "takes OUT [MODEL], got ''"),
+    ("gpu_benchmarks.sh", ["--stages", "train"], "takes OUT [MODEL], got '--stages train'"),
+])
+def test_the_download_and_gpu_scripts_refuse_what_they_do_not_take(tmp_path, script, args, message):
+    result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"error: {script} {message}; see --help"]
+    assert list(tmp_path.iterdir()) == []
