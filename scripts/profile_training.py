@@ -12,8 +12,9 @@ target tokens/s if nothing but the products took time, at that speed.
 The phases are timed in the script's own loop (the trainer's update without batch collation), and
 the products' share of the time comes from updates under the profiler, whose overhead on the many
 small operations makes that share a little low. `--shapes N` lists the N products that took the
-most time, grouped by their shapes without the sizes that vary by batch (a decoder step's product
-is one entry at any batch size), each with its share of the time and its GFLOP/s. The data folder
+most time, grouped by their shapes without the size that varies by batch (a decoder step's product
+is one entry at any batch size, a weight gradient one entry at any token count), each with its
+share of the time and its GFLOP/s. The data folder
 of the config must exist (`nmt preprocess --config ...`).
 """
 
@@ -45,14 +46,23 @@ def product_flops(event) -> float:
     return 2.0 * a[0] * a[1] * b[1]
 
 
-def product_shape(event) -> tuple[str, ...]:
-    """(op, left operand's shape, right operand's) with the sizes that vary by batch left out ("."): a decoder
-    step's product is one entry at any batch size, an attention sum at any batch size and source length."""
+def product_dims(event) -> tuple[int, int, int]:
+    """(M, K, N) of one profiled (M x K) @ (K x N) product; a bmm's batch size is left out."""
     shapes = event.input_shapes
     a, b = (shapes[1], shapes[2]) if event.key == "aten::addmm" else (shapes[0], shapes[1])
-    if event.key == "aten::bmm":
-        return event.key, f"(., {a[1]}, .)", f"(., ., {b[2]})"
-    return event.key, f"(., {a[1]})", f"({b[0]}, {b[1]})"
+    return (a[1], a[2], b[2]) if event.key == "aten::bmm" else (a[0], a[1], b[1])
+
+
+def shape_keys(events) -> list[str]:
+    """A label per product with its size that varies by batch written '.': the rows of a step's product,
+    the tokens a weight gradient sums over, a source length. Of the three ways to leave one of M, K, N
+    out, each product takes the one that the most products share; ties leave out M (the rows)."""
+    def candidates(event) -> list[str]:
+        m, k, n = product_dims(event)
+        return [f"{event.key} (., {k}) x ({k}, {n})", f"{event.key} ({m}, .) x (., {n})",
+                f"{event.key} ({m}, {k}) x ({k}, .)"]
+    shared = collections.Counter(key for event in events for key in set(candidates(event)))
+    return [max(candidates(event), key=lambda key: shared[key]) for event in events]
 
 
 def gemm_speed(seconds: float = 1.5) -> float:
@@ -143,19 +153,20 @@ def profile(trainer, args: argparse.Namespace) -> None:
             profiled_tokens += trainer._update([batch], 1.0)[1]
         profiled_seconds = time.perf_counter() - start
     flops = seconds = 0.0
-    by_shape: collections.defaultdict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    by_shape: collections.defaultdict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     uncounted = sorted({event.key for event in prof.key_averages() if event.key in UNCOUNTED})
     if uncounted:
         print(f"warning: products not counted below: {', '.join(uncounted)}")
-    for event in prof.key_averages(group_by_input_shape=True):
-        if event.key in PRODUCTS and event.input_shapes:
-            spent, work = event.self_cpu_time_total / 1e6, product_flops(event) * event.count
-            seconds += spent
-            flops += work
-            entry = by_shape[product_shape(event)]              # seconds, FLOP, calls
-            entry[0] += spent
-            entry[1] += work
-            entry[2] += event.count
+    products = [event for event in prof.key_averages(group_by_input_shape=True)
+                if event.key in PRODUCTS and event.input_shapes]
+    for event, shape in zip(products, shape_keys(products), strict=True):
+        spent, work = event.self_cpu_time_total / 1e6, product_flops(event) * event.count
+        seconds += spent
+        flops += work
+        entry = by_shape[shape]                              # seconds, FLOP, calls
+        entry[0] += spent
+        entry[1] += work
+        entry[2] += event.count
     per_token = flops / profiled_tokens
     speed = gemm_speed()
     print(f"matrix products: {per_token / 1e6:.1f} MFLOP per target token, {100 * seconds / profiled_seconds:.0f}% of "
@@ -168,7 +179,7 @@ def profile(trainer, args: argparse.Namespace) -> None:
         for shape, (spent, work, calls) in sorted(by_shape.items(), key=lambda item: -item[1][0])[: args.shapes]:
             speed_here = work / max(spent, 1e-9) / 1e9
             print(f"  {spent:6.2f} s {100 * spent / profiled_seconds:5.1f}%  {speed_here:6.1f} GFLOP/s  "
-                  f"{calls:6d} calls  {shape[0]} {' x '.join(shape[1:])}")
+                  f"{calls:6d} calls  {shape}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,3 +42,26 @@ def test_profile_training_refuses_mixed_precision(prepared):
                              "--updates", "1", "--warmup", "1", "--precision", "bf16"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "pass --precision fp32" in result.stderr
+
+
+def test_shapes_group_each_product_by_the_size_that_varies():
+    """Step products differ in their rows, weight gradients in the tokens they sum over, attention sums in
+    the source length: each kind becomes one entry, labelled with that size as '.'."""
+    spec = importlib.util.spec_from_file_location("profile_training", REPO / "scripts" / "profile_training.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    event = lambda key, *shapes: SimpleNamespace(key=key, input_shapes=list(shapes))  # noqa: E731
+    events = [
+        *(event("aten::mm", [rows, 512], [512, 2048]) for rows in (97, 100, 88)),         # a decoder step
+        *(event("aten::mm", [2048, tokens], [tokens, 512]) for tokens in (1989, 1522)),  # its weight gradient
+        event("aten::addmm", [2048], [1400, 512], [512, 2048]),                          # addmm: bias first
+        *(event("aten::bmm", [batch, 1, src], [batch, src, 1536]) for batch, src in ((80, 21), (64, 30))),
+        event("aten::mm", [7, 3], [3, 5]),                                                # once: rows left out
+    ]
+    assert script.shape_keys(events) == [
+        *["aten::mm (., 512) x (512, 2048)"] * 3,
+        *["aten::mm (2048, .) x (., 512)"] * 2,
+        "aten::addmm (., 512) x (512, 2048)",
+        *["aten::bmm (1, .) x (., 1536)"] * 2,
+        "aten::mm (., 3) x (3, 5)",
+    ]
