@@ -10,7 +10,7 @@
 # orig/ (the release). See scripts/prepare_iwslt14.py for the extraction and cleaning steps.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
-source "$(dirname "$0")/script_usage.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
 
 mirror="${IWSLT14_MIRROR:-}"
 if [[ "${1:-}" == "--mirror" ]]; then

@@ -11,7 +11,7 @@
 # when it does not.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
-source "$(dirname "$0")/script_usage.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
 
 mirror="${MULTI30K_MIRROR:-}"
 if [[ "${1:-}" == "--mirror" ]]; then

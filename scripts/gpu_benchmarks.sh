@@ -10,7 +10,7 @@
 # still returns the figures taken so far.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
-source "$(dirname "$0")/script_usage.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
 [[ $# -ge 1 && $# -le 2 && "$1" != -* && "${2:-}" != -* ]] || usage_error "takes OUT [MODEL], got '$*'"
 cd "$(dirname "$0")/.."
 

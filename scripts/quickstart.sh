@@ -12,7 +12,7 @@
 # ../shared/data/multi30k exists).
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
-source "$(dirname "$0")/script_usage.sh"
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
 (( $# == 0 )) || usage_error "takes no arguments (got '$1'); its settings are environment variables"
 cd "$(dirname "$0")/.."
 

@@ -119,3 +119,11 @@ def test_the_download_and_gpu_scripts_refuse_what_they_do_not_take(tmp_path, scr
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"error: {script} {message}; see --help"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_script_run_through_a_link_finds_its_helper(tmp_path):
+    link = tmp_path / "bin" / "get_multi30k"
+    link.parent.mkdir()
+    link.symlink_to(REPO / "scripts" / "get_multi30k.sh")
+    result = subprocess.run(["bash", str(link), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "MULTI30K_MIRROR=/path" in result.stdout, result.stderr
