@@ -1,8 +1,9 @@
 """docs/attention.md, the tour from the equations to the code, still points at the code.
 
-Its references read `symbol` (`file.py:N`) or (`file.py:N-M`): the lines must exist and hold the
-symbol (the last dotted part of the code span just before the reference). Its Python excerpts must
-be lines of nmt/model/ as they are, up to indentation and trailing comments.
+Its references read `symbol` (`file.py:N`) or (`file.py:N-M`): the lines must exist and the first
+of them must hold the symbol (the code span just before the reference, or its last dotted part:
+`BahdanauDecoder._recurrence` -> `def _recurrence`). Its Python excerpts must be lines of
+nmt/model/ as they are, up to indentation and trailing comments.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ MODEL = REPO / "nmt" / "model"
 
 CODE_SPAN = re.compile(r"`([^`]+)`")
 REFERENCE = re.compile(r"^(\w+\.py):(\d+)(?:-(\d+))?$")
+SYMBOL = re.compile(r"^[A-Za-z_][\w.]*$")
 
 
 def _references() -> list[tuple[str, str, int, int]]:
@@ -27,9 +29,10 @@ def _references() -> list[tuple[str, str, int, int]]:
     for span in CODE_SPAN.findall(prose):
         match = REFERENCE.match(span)
         if match is None:
+            assert ".py:" not in span, f"`{span}`: write references as `file.py:N` or `file.py:N-M`"
             anchor = span
             continue
-        assert anchor is not None, f"reference {span} has no symbol before it"
+        assert anchor is not None and SYMBOL.match(anchor), f"reference {span} follows `{anchor}`, not a symbol"
         first = int(match.group(2))
         found.append((anchor, match.group(1), first, int(match.group(3) or first)))
     return found
@@ -51,10 +54,10 @@ def test_each_reference_holds_its_symbol(anchor, name, first, last):
     assert path.is_file(), f"{name}: no such file in nmt/model/"
     lines = path.read_text(encoding="utf-8").splitlines()
     assert 1 <= first <= last <= len(lines), f"{name}:{first}-{last} is outside the file's {len(lines)} lines"
-    symbol = re.compile(rf"\b{re.escape(_symbol(anchor))}\b")
+    symbol = re.compile(rf"\b{re.escape(anchor)}\b|\b{re.escape(_symbol(anchor))}\b")
     now_at = [str(number) for number, line in enumerate(lines, 1) if symbol.search(line)]
-    assert symbol.search("\n".join(lines[first - 1 : last])), \
-        f"`{anchor}` is not in {name}:{first}-{last}; it is now at line {', '.join(now_at) or 'none'}"
+    assert symbol.search(lines[first - 1]), \
+        f"`{anchor}` is not on {name}:{first}; it is on line {', '.join(now_at) or 'none'}"
 
 
 def test_no_line_number_without_its_file():
