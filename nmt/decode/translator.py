@@ -444,9 +444,11 @@ def _truncate(encoded: list[np.ndarray], limit: int,
     gets a line on stderr, `warning(index, pieces)`."""
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     cut = lengths > limit
-    for i in np.flatnonzero(cut).tolist():
+    kept = list(encoded)
+    for i in np.flatnonzero(cut).tolist():             # the over-long lines only
         print(warning(i, int(lengths[i])), file=sys.stderr, flush=True)
-    return [ids[:limit] for ids in encoded], cut
+        kept[i] = encoded[i][:limit]
+    return kept, cut
 
 
 def _as_lines(name: str, lines: object) -> list[str]:
