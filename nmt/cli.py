@@ -272,11 +272,12 @@ def translate(
     outputs = {"--output": output, "--alignments": alignments, "--attention-out": attention_out, "--scores": scores}
     _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
                    outputs, checkpoint)
-    if plot_attention is not None and plot_attention.exists() and not plot_attention.is_dir():
-        fail(f"--plot-attention: {plot_attention} is a file, not a folder")
-    for option, path in outputs.items():
-        if plot_attention is not None and path is not None and path.resolve() == plot_attention.resolve():
-            fail(f"--plot-attention {plot_attention} is also {option}; the heatmaps need a folder of their own")
+    if plot_attention is not None:
+        if plot_attention.exists() and not plot_attention.is_dir():
+            fail(f"--plot-attention: {plot_attention} is a file, not a folder")
+        for option, path in outputs.items():
+            if path is not None and path.resolve() == plot_attention.resolve():
+                fail(f"--plot-attention {plot_attention} is also {option}; the heatmaps need a folder of their own")
     if threads:
         import torch
 

@@ -16,9 +16,9 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"unknown device {name!r} (training.device or --device); choose auto, cpu or cuda")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name} was asked for (training.device or --device) but no CUDA device is available")
-    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+    if name.startswith("cuda:") and int(name[5:]) >= (count := torch.cuda.device_count()):
         raise ConfigError(f"device {name} was asked for (--device) but this machine has "
-                          f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+                          f"{count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)

@@ -75,8 +75,8 @@ class ValidationAbandoned(Exception):
     """A stop signal arrived during validation: the loop saves last.pt and exits instead of finishing it."""
 
 
-# Keys whose change would move the data stream that a checkpoint's cursor points into.
 TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
+# Keys whose change would move the data stream that a checkpoint's cursor points into.
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
 FIXED_FOR_A_RUN = {
     "training.optimizer": "the checkpoint holds the other optimizer's state",
