@@ -303,10 +303,10 @@ def _check_specials(vocab: Vocab, name: str) -> None:
 
 def _train_model(data: DataConfig, sample: list[str], prefix: Path, which: str) -> Path:
     """Train one SentencePiece model on `sample`; its failures become one-line `DataError`s."""
+    side = {"src": "source", "tgt": "target"}.get(which)       # None for the joint model
     if not sample:
-        text = {"src": "source ", "tgt": "target "}.get(which, "")
-        raise DataError(f"`data.train`: the training corpora hold no non-blank {text}sentences "
-                        "to train SentencePiece on")
+        raise DataError(f"`data.train`: the training corpora hold no non-blank {f'{side} ' if side else ''}"
+                        "sentences to train SentencePiece on")
     log(f"training {which} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
         f"on {len(sample)} sampled sentences")
     try:
@@ -315,8 +315,7 @@ def _train_model(data: DataConfig, sample: list[str], prefix: Path, which: str) 
         reason = str(exc).split("] ", 1)[-1].strip()
         if "smaller than required_chars" in reason:
             needed = reason.split(" vs ")[-1].rstrip(".").split(".")[0]
-            text = {"src": "source", "tgt": "target"}.get(which, "joint")
-            raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {text} training text "
+            raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {side or 'joint'} training text "
                             f"needs {needed} pieces for its characters and specials alone; raise it or lower "
                             "`data.character_coverage`") from None
         raise DataError(f"SentencePiece cannot train the {which} model ({reason}); check `data.vocab_size` and "
