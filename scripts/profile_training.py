@@ -39,11 +39,9 @@ PHASES = ("encoder and memory, forward", "decoder loop, forward", "output layer 
 
 def product_flops(event) -> float:
     """Floating-point operations of one profiled mm / addmm / bmm call, from its recorded shapes."""
-    shapes = event.input_shapes
-    a, b = (shapes[1], shapes[2]) if event.key == "aten::addmm" else (shapes[0], shapes[1])
-    if event.key == "aten::bmm":
-        return 2.0 * a[0] * a[1] * a[2] * b[2]
-    return 2.0 * a[0] * a[1] * b[1]
+    m, k, n = product_dims(event)
+    batch = event.input_shapes[0][0] if event.key == "aten::bmm" else 1
+    return 2.0 * batch * m * k * n
 
 
 def product_dims(event) -> tuple[int, int, int]:
