@@ -242,6 +242,9 @@ def translate(
     shortlist_file: Path | None = typer.Option(None, "--shortlist-file",
                                                help="A data folder's shortlist.npz, for a model without one "
                                                     "(implies --shortlist)."),
+    cuda_graphs: bool | None = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
+                                            help="On a GPU, replay greedy and beam steps as captured CUDA graphs "
+                                                 "(default on)."),
 ) -> None:
     """Translate text, one line out per line in, in input order.
 
@@ -290,7 +293,7 @@ def translate(
             max_len_ratio=max_len_ratio, max_input_len=max_input_len, coverage_penalty=coverage_penalty,
             early_stop=early_stop, replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k,
             top_p=top_p, seed=seed, quantize=quantize, shortlist=shortlist, shortlist_k=shortlist_k,
-            shortlist_file=shortlist_file)
+            shortlist_file=shortlist_file, cuda_graphs=cuda_graphs)
         translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
     except (ConfigError, ModelFileError) as exc:
         fail(as_options(str(exc)))

@@ -160,6 +160,7 @@ class DecodingConfig:
     quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
     shortlist: bool = False                        # score only the batch's shortlisted target pieces (greedy/beam)
     shortlist_k: int = _bounded(0, ge=0)           # shortlist: the first k of each source piece's list; 0 = all
+    cuda_graphs: bool = True                       # CUDA: greedy/beam steps replayed as captured graphs
 
 
 @dataclass

@@ -95,3 +95,54 @@ def test_mixed_precision_beam_search_keeps_one_line_per_input_in_order(trained_r
     reference = [t.text for t in fp32.translate(SOURCES)]
     agree = sum(t.text == reference[i % len(SOURCES)] for i, t in enumerate(out))
     assert agree >= 0.8 * len(lines), [t.text for t in out]                    # in input order, near fp32's
+
+
+TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 2e-2}      # score difference where the texts agree
+AGREE = {"fp32": 0.97, "bf16": 0.85, "fp16": 0.9}           # share of identical lines, graphed against eager
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=needs_bf16), "fp16"])
+def test_graphed_search_equals_the_eager_search(trained_run, corpus_dir, precision, beam):
+    lines = (corpus_dir / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    lines = [*lines[:60], "", *lines[60:], lines[0]]                      # an empty line and a repeat
+    graphed = Translator.load(trained_run / "best.pt", device="cuda", precision=precision, beam_size=beam,
+                              batch_tokens=600)                           # several batches and shapes
+    eager = Translator.load(trained_run / "best.pt", device="cuda", precision=precision, beam_size=beam,
+                            batch_tokens=600, cuda_graphs=False)
+    found, expected = graphed.translate(lines), eager.translate(lines)
+    assert graphed._graphs is not None and len(graphed._graphs.graphs) >= 2
+    assert eager._graphs is None
+    assert len(found) == len(lines) and found[60].text == "" and found[-1].text == found[0].text
+    same = [(f, e) for f, e in zip(found, expected, strict=True) if f.text == e.text and f.score is not None]
+    assert len(same) >= AGREE[precision] * (len(lines) - 1)
+    assert max(abs(f.score - e.score) for f, e in same) <= TOLERANCE[precision]
+
+
+def test_graphs_are_captured_once_per_shape(trained_run, corpus_dir):
+    lines = (corpus_dir / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    translator = Translator.load(trained_run / "best.pt", device="cuda", precision="fp32", beam_size=4)
+    first = [t.text for t in translator.translate(lines)]
+    captured = len(translator._graphs.graphs)
+    assert [t.text for t in translator.translate(lines)] == first       # replayed graphs, same results
+    assert len(translator._graphs.graphs) == captured
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_dot", "luong_general", "luong_concat"])
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_captured_steps_equal_eager_steps_on_random_models(attention, rnn):
+    from nmt.decode.graphed import SearchGraphs
+    from nmt.decode.search import beam_search, greedy_search
+
+    from .test_search import random_model, source_batch
+
+    model = random_model(attention, rnn).cuda()
+    src, lengths = source_batch()
+    src = src.cuda()
+    graphs = SearchGraphs(model)
+    for _ in range(2):                                                    # the capture, then a replay
+        greedy = graphs.greedy(src, lengths, max_len_ratio=2.0)
+        assert [h.tokens for h in greedy] == [h.tokens for h in greedy_search(model, src, lengths, 2.0)]
+        beam = graphs.beam(src, lengths, 3, 1.0, 2.0, n_best=2)
+        expected = beam_search(model, src, lengths, beam_size=3, alpha=1.0, max_len_ratio=2.0, n_best=2)
+        assert [[h.tokens for h in hyps] for hyps in beam] == [[h.tokens for h in hyps] for hyps in expected]

@@ -43,6 +43,7 @@ from nmt.config import MAX_BEAM, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
+from nmt.decode.graphed import SearchGraphs, graphable
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, beam_search, force_decode, greedy_search, length_penalty, sample
 from nmt.decode.shortlist import Shortlist, shortlist_for, subset_positions
@@ -119,6 +120,7 @@ class Translator:
         self._derived_weights = ExitStack()                         # held open for the Translator's life
         self._derived_weights.enter_context(self.model.decoder.frozen_weights())
         self._locks = _search_locks(self.model)
+        self._graphs: SearchGraphs | None = None                    # CUDA: captured search steps, made on first use
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
@@ -398,7 +400,17 @@ class Translator:
 
     def _greedy_or_beam(self, src: Tensor, src_lengths: Tensor, n_best: int, return_attention: bool,
                         d: DecodingConfig, max_len: int | None, prefix: Tensor | None) -> list[list[Hypothesis]]:
-        if d.beam_size == 1 and n_best == 1 and not d.coverage_penalty:
+        greedy = d.beam_size == 1 and n_best == 1 and not d.coverage_penalty
+        if d.cuda_graphs and graphable(self.model, self.device, sampling=False, prefix=prefix,
+                                       no_repeat_ngram=d.no_repeat_ngram, coverage=d.coverage_penalty,
+                                       return_attention=return_attention, shortlist=self.model.decoder.in_subset):
+            if self._graphs is None:
+                self._graphs = SearchGraphs(self.model)
+            if greedy:
+                return [[h] for h in self._graphs.greedy(src, src_lengths, d.max_len_ratio, d.min_len, max_len)]
+            return self._graphs.beam(src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio, d.min_len,
+                                     n_best, max_len, d.early_stop)
+        if greedy:
             hyps = greedy_search(self.model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention,
                                  max_len, d.no_repeat_ngram, prefix)
             return [[h] for h in hyps]

@@ -114,6 +114,11 @@ class Decoder(nn.Module):
         finally:
             self._subset = None
 
+    @property
+    def in_subset(self) -> bool:
+        """Whether `step` is inside `output_subset`."""
+        return self._subset is not None
+
     def subset_ids(self, tokens: Tensor) -> Tensor:
         """Tokens `step` returned -> vocabulary ids: keep[tokens] inside `output_subset`, else unchanged."""
         return tokens if self._subset is None else self._subset[0][tokens]

@@ -1,0 +1,366 @@
+"""Greedy and beam search on a GPU with the decoder's steps replayed as captured CUDA graphs.
+
+At the reference model's size a decoder step is a few dozen kernels of a few microseconds each;
+launched one by one from Python, the GPU spends most of a step waiting for the next launch. Here
+`STEPS_PER_GRAPH` consecutive steps are captured once per shape as one CUDA graph and replayed:
+one launch per chunk of steps, and one host synchronisation per chunk to see whether every
+sentence has ended.
+
+A graph needs static shapes and no host synchronisation inside, so the searches here differ from
+nmt.decode.search in how they keep their books, not in what they compute:
+  * the batch is padded to a row bucket and a source-length bucket (`_bucket`), so that a few graphs
+    serve every batch; padded rows start ended, padded source positions are masked;
+  * rows whose search is over are masked (they keep decoding, record nothing), never dropped;
+  * beam search records each step's tokens and parent rows and rebuilds the finished hypotheses
+    afterwards, instead of copying token histories at every step; its first step runs all `beam`
+    rows with every beam but the first at log p = -inf, which selects exactly what one row would.
+Their outputs equal the eager searches' (`tests/test_cuda.py`), up to the last bits that another
+batch shape may change in a matrix product.
+
+Only the plain searches are graphed: sampling, prefixes, n-gram blocking, coverage, attention
+output, shortlists and ensembles take the eager path (`graphable`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.decode.search import NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
+from nmt.device import active_autocast_dtype
+from nmt.model.attention import Memory
+from nmt.model.decoder import DecoderState
+from nmt.model.seq2seq import Seq2Seq
+
+STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
+
+
+def _bucket(n: int, step: int) -> int:
+    """n rounded up to `step` below 8 steps, then to the next of 8, 10, 12, 14, 16, 20, ... steps (at most
+    ~25% waste), so that the number of distinct shapes grows with the log of the largest."""
+    units = math.ceil(n / step)
+    if units <= 8:
+        return units * step
+    scale = 2 ** (units.bit_length() - 4)                       # units in [8*scale, 16*scale)
+    return math.ceil(units / (2 * scale)) * 2 * scale * step
+
+
+def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
+              coverage: float, return_attention: bool, shortlist: bool) -> bool:
+    """Whether a search with these options can run as captured graphs."""
+    return (device.type == "cuda" and isinstance(model, Seq2Seq) and not sampling and prefix is None
+            and not no_repeat_ngram and not coverage and not return_attention and not shortlist)
+
+
+@dataclass
+class _Static:
+    """The tensors a captured graph reads and writes: their addresses are fixed at capture."""
+
+    memory: Memory              # (rows or sentences, src_len, ...) padded copies of the batch's memory
+    hidden: Tensor              # (layers, rows, dec_hidden)
+    cell: Tensor | None         # (layers, rows, dec_hidden), LSTM
+    feed: Tensor | None         # (rows, dec_hidden), Luong input feeding
+    prev: Tensor                # (rows,) the previous output token
+    limits: Tensor              # (rows,) output length limits, EOS included
+    step: Tensor                # () the output position t of the chunk's next step
+    scores: Tensor              # greedy: (rows,) log p; beam: (rows,) alive log p
+    out_tokens: Tensor          # (rows, STEPS_PER_GRAPH) each step's token
+    going: Tensor               # greedy: (rows,) not ended; beam: (sentences,) still searching
+    lengths: Tensor | None = None      # greedy: (rows,) tokens recorded
+    out_parents: Tensor | None = None  # beam: (rows, STEPS_PER_GRAPH) each step's parent row
+    fin_scores: Tensor | None = None   # beam: (sentences, beam) normalised scores of the finished
+    fin_step: Tensor | None = None     # beam: (sentences, beam) the step each finished at
+    fin_row: Tensor | None = None      # beam: (sentences, beam) the alive row it finished from
+    top_ended: Tensor | None = None    # beam, early_stop: (sentences,) a best candidate ended
+
+    def state(self) -> DecoderState:
+        return DecoderState(self.hidden, self.cell, self.feed)
+
+    def store_state(self, state: DecoderState) -> None:
+        self.hidden.copy_(state.hidden)
+        if self.cell is not None:
+            self.cell.copy_(state.cell)
+        if self.feed is not None:
+            self.feed.copy_(state.feed)
+
+
+def _padded(tensor: Tensor | None, shape: tuple[int, ...], fill: float | bool = 0) -> Tensor | None:
+    """A zero (or `fill`) tensor of `shape` with `tensor` in its leading corner."""
+    if tensor is None:
+        return None
+    out = tensor.new_full(shape, fill)
+    out[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    return out
+
+
+def _padded_memory(memory: Memory, sentences: int, src_len: int) -> Memory:
+    """The memory padded to (sentences, src_len); a padded sentence attends to one zero position, so
+    that its softmax stays finite."""
+    pad = lambda t: _padded(t, (sentences, src_len, t.size(2))) if t is not None else None  # noqa: E731
+    mask = _padded(memory.mask, (sentences, src_len), False)
+    mask[memory.mask.size(0):, 0] = True
+    return Memory(pad(memory.values), pad(memory.keys), mask, pad(memory.values_in), pad(memory.values_out))
+
+
+def _padded_state(state: DecoderState, rows: int) -> DecoderState:
+    layers, _, hidden = state.hidden.shape
+    return DecoderState(_padded(state.hidden, (layers, rows, hidden)),
+                        _padded(state.cell, (layers, rows, hidden)) if state.cell is not None else None,
+                        _padded(state.feed, (rows, hidden)) if state.feed is not None else None)
+
+
+def _constrain_static(logp: Tensor, step: Tensor, min_len: int, limits: Tensor) -> None:
+    """nmt.decode.search._constrain with the position t on the device. In place; logp: (rows, vocab)."""
+    logp[:, PAD] = NEG_INF
+    logp[:, BOS] = NEG_INF
+    at_limit = limits - 1 <= step                                            # (rows,)
+    if min_len:
+        logp[:, EOS] = logp[:, EOS].masked_fill((step < min_len) & ~at_limit, NEG_INF)
+    not_eos = torch.arange(logp.size(1), device=logp.device) != EOS
+    logp.masked_fill_(at_limit.unsqueeze(1) & not_eos, NEG_INF)
+
+
+class SearchGraphs:
+    """Captured greedy and beam search chunks for one model, by shape and options.
+
+    Belongs to one Translator, which runs one search at a time. It holds the decoder's derived weights
+    (`Decoder.frozen_weights`) for its life, since the graphs read them where they were when captured:
+    the model must not change while it lives. All graphs share one memory pool: whatever a graph
+    computes inside is scratch, and its results are copied out of the static tensors before another
+    graph runs.
+    """
+
+    def __init__(self, model: Seq2Seq, capture: bool = True) -> None:
+        """`capture=False` runs the same static-shape chunks eagerly (the CPU, tests): no graphs."""
+        self.model, self.capture = model, capture
+        self._frozen = ExitStack()
+        self._frozen.enter_context(model.decoder.frozen_weights())
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.graphs: dict[tuple, tuple[Callable[[], None], _Static]] = {}
+
+    def _graph(self, key: tuple, build: Callable[[], _Static], chunk: Callable[[_Static], None]
+               ) -> tuple[Callable[[], None], _Static]:
+        """The replay function and static tensors of the chunk for `key`, captured on first use."""
+        key = (*key, active_autocast_dtype(self.model.decoder.output.weight.device.type))
+        if key not in self.graphs:
+            static = build()
+            if not self.capture:
+                self.graphs[key] = (lambda: chunk(static), static)
+                return self.graphs[key]
+            chunk(static)                                # warm-up: builds derived weights, cuBLAS workspaces
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            dtype = active_autocast_dtype("cuda")
+            # autocast's cast cache does not survive a capture: off inside it
+            with (torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None, cache_enabled=False),
+                  torch.cuda.graph(graph, pool=self.pool)):
+                chunk(static)
+            self.graphs[key] = (graph.replay, static)
+        return self.graphs[key]
+
+    # ------------------------------------------------------------------ greedy
+
+    def close(self) -> None:
+        """Drop the graphs and release the derived weights."""
+        self.graphs.clear()
+        self._frozen.close()
+
+    @torch.no_grad()
+    def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = 0,
+               max_len: int | None = None) -> list[Hypothesis]:
+        """nmt.decode.search.greedy_search, graphed."""
+        decoder = self.model.decoder
+        with decoder.frozen_weights():
+            memory, state = self.model.encode(src, src_lengths, fold_context=False)
+            batch, src_len = src.shape
+            rows, padded_len = _bucket(batch, 8), _bucket(src_len, 8)
+            limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
+            steps = int(limits.max())
+
+            def build() -> _Static:
+                st = _padded_state(state, rows)
+                return _Static(_padded_memory(memory, rows, padded_len), st.hidden, st.cell, st.feed,
+                               prev=src.new_full((rows,), BOS), limits=_padded(limits, (rows,), 1),
+                               step=torch.zeros((), dtype=torch.long, device=src.device),
+                               scores=torch.zeros(rows, device=src.device),
+                               out_tokens=src.new_full((rows, STEPS_PER_GRAPH), PAD),
+                               going=torch.zeros(rows, dtype=torch.bool, device=src.device),
+                               lengths=torch.zeros(rows, dtype=torch.long, device=src.device))
+
+            def chunk(s: _Static) -> None:
+                state, prev = s.state(), s.prev
+                for k in range(STEPS_PER_GRAPH):
+                    logits, state, _ = decoder.step(prev, state, s.memory)
+                    logp = logits.float().log_softmax(-1)                    # (rows, vocab)
+                    _constrain_static(logp, s.step, min_len, s.limits)
+                    best, prev = logp.max(-1)                                # (rows,)
+                    prev = prev.masked_fill(~s.going, PAD)                  # ended rows record nothing
+                    s.out_tokens[:, k] = prev
+                    s.scores.add_(best.masked_fill(~s.going, 0.0))
+                    s.lengths.add_(s.going)
+                    s.going.logical_and_(prev != EOS)
+                    s.step.add_(1)
+                s.store_state(state)
+                s.prev.copy_(prev)
+
+            replay, s = self._graph(("greedy", rows, padded_len, min_len), build, chunk)
+            self._load(s, memory, state, rows)
+            s.prev.fill_(BOS)
+            s.limits.fill_(1)
+            s.limits[:batch] = limits
+            s.step.zero_()
+            s.scores.zero_()
+            s.lengths.zero_()
+            s.going.zero_()
+            s.going[:batch] = True
+            chunks = []
+            for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
+                replay()
+                chunks.append(s.out_tokens[:batch].clone())
+                if not bool(s.going.any()):
+                    break
+            tokens = torch.cat(chunks, 1)[:, :steps]                       # (batch, steps)
+            return _collect(tokens, s.lengths[:batch], s.scores[:batch], None, src_lengths)
+
+    @staticmethod
+    def _load(s: _Static, memory: Memory, state: DecoderState, rows: int) -> None:
+        """Copy a batch's memory and start state into the static tensors (padding zeroed)."""
+        padded = _padded_memory(memory, s.memory.mask.size(0), s.memory.mask.size(1))
+        for f in fields(Memory):
+            target, value = getattr(s.memory, f.name), getattr(padded, f.name)
+            if target is not None:
+                target.copy_(value)
+        s.store_state(_padded_state(state, rows))
+
+    # ------------------------------------------------------------------ beam
+
+    @torch.no_grad()
+    def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
+             max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, max_len: int | None = None,
+             early_stop: bool = False) -> list[list[Hypothesis]]:
+        """nmt.decode.search.beam_search, graphed (see the module's docstring for the bookkeeping)."""
+        decoder, k = self.model.decoder, beam_size
+        n_best = min(n_best, k)
+        with decoder.frozen_weights():
+            memory, state = self.model.encode(src, src_lengths)
+            batch, src_len = src.shape
+            sentences, padded_len = _bucket(batch, 8), _bucket(src_len, 8)
+            rows = sentences * k
+            limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
+            steps = int(limits.max())
+            device = src.device
+
+            def build() -> _Static:
+                st = _padded_state(state, sentences).index_select(torch.arange(rows, device=device) // k)
+                return _Static(_padded_memory(memory, sentences, padded_len), st.hidden, st.cell, st.feed,
+                               prev=src.new_full((rows,), BOS),
+                               limits=torch.ones(sentences, dtype=torch.long, device=device),
+                               step=torch.zeros((), dtype=torch.long, device=device),
+                               scores=torch.zeros(rows, device=device),
+                               out_tokens=src.new_full((rows, STEPS_PER_GRAPH), PAD),
+                               going=torch.zeros(sentences, dtype=torch.bool, device=device),
+                               out_parents=torch.zeros(rows, STEPS_PER_GRAPH, dtype=torch.long, device=device),
+                               fin_scores=torch.full((sentences, k), NEG_INF, device=device),
+                               fin_step=torch.zeros(sentences, k, dtype=torch.long, device=device),
+                               fin_row=torch.zeros(sentences, k, dtype=torch.long, device=device),
+                               top_ended=torch.zeros(sentences, dtype=torch.bool, device=device))
+
+            def chunk(s: _Static) -> None:
+                state, prev, alive = s.state(), s.prev, s.scores
+                # made inside the graph: a tensor from outside must outlive it, this call's would not
+                base = (torch.arange(sentences, device=device) * k).unsqueeze(1)  # (sentences, 1)
+                rank = torch.arange(2 * k, device=device).unsqueeze(0)            # (1, 2k)
+                row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
+                lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
+                for j in range(STEPS_PER_GRAPH):
+                    logits, state, _ = decoder.step(prev, state, s.memory)
+                    logp = logits.float().log_softmax(-1)                         # (rows, vocab)
+                    vocab = logp.size(1)
+                    _constrain_static(logp, s.step, min_len, row_limits)
+                    candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
+                    top_scores, top_ids = candidates.topk(2 * k, dim=1)            # (sentences, 2k)
+                    top_beam, top_token = top_ids // vocab, top_ids % vocab
+                    is_eos = (top_token == EOS) & (top_scores > NEG_INF)
+                    source_rows = base + top_beam                                  # (sentences, 2k)
+                    # 1. EOS candidates ranked within the top k finish; the pool keeps the best k.
+                    norm = top_scores / length_penalty(s.step.float() + 1, alpha)
+                    new_fin = norm.masked_fill(~(is_eos & (rank < k)), NEG_INF)
+                    fin_best, fin_pick = torch.cat([s.fin_scores, new_fin], 1).topk(k, dim=1)
+                    from_new, new_idx, old_idx = fin_pick >= k, (fin_pick - k).clamp(min=0), fin_pick.clamp(max=k - 1)
+                    s.fin_step.copy_(torch.where(from_new, s.step, s.fin_step.gather(1, old_idx)))
+                    s.fin_row.copy_(torch.where(from_new, source_rows.gather(1, new_idx), s.fin_row.gather(1, old_idx)))
+                    s.fin_scores.copy_(fin_best)
+                    # 2. The best k candidates that do not end continue.
+                    alive_best, alive_pick = top_scores.masked_fill(top_token == EOS, NEG_INF).topk(k, dim=1)
+                    parents = source_rows.gather(1, alive_pick).view(-1)          # (rows,)
+                    prev = top_token.gather(1, alive_pick).view(-1)
+                    state = state.index_select(parents)
+                    s.out_tokens[:, j] = prev
+                    s.out_parents[:, j] = parents
+                    # 3. A sentence is done when no alive beam can beat its n_best-th finished.
+                    best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
+                    done = ((last_kept > NEG_INF) & (last_kept >= best_alive / lp_limit)) | (best_alive == NEG_INF)
+                    if early_stop:
+                        s.top_ended.logical_or_(is_eos[:, 0])
+                        done |= s.top_ended & (last_kept > NEG_INF)
+                    s.going.logical_and_(~done)
+                    alive = alive_best.masked_fill(~s.going.unsqueeze(1), NEG_INF).view(-1)
+                    s.step.add_(1)
+                s.store_state(state)
+                s.prev.copy_(prev)
+                s.scores.copy_(alive)
+
+            replay, s = self._graph(("beam", sentences, padded_len, k, alpha, min_len, n_best, early_stop),
+                                   build, chunk)
+            start = _padded_state(state, sentences).index_select(torch.arange(rows, device=device) // k)
+            self._load(s, memory, start, rows)
+            s.prev.fill_(BOS)
+            s.limits.fill_(1)
+            s.limits[:batch] = limits
+            s.step.zero_()
+            beam_rows = torch.arange(k, device=device).repeat(sentences)        # (rows,) each row's beam
+            s.scores.copy_(torch.where(beam_rows == 0, 0.0, NEG_INF))            # one live beam per sentence
+            s.scores.view(sentences, k)[batch:] = NEG_INF                           # padded sentences: none
+            s.going.zero_()
+            s.going[:batch] = True
+            s.fin_scores.fill_(NEG_INF)
+            s.top_ended.zero_()
+            tokens, parents = [], []
+            for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
+                replay()
+                tokens.append(s.out_tokens.clone())
+                parents.append(s.out_parents.clone())
+                if not bool(s.going.any()):
+                    break
+            fin = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), s.fin_step[:batch], s.fin_row[:batch], steps)
+            fin_lengths = (s.fin_step[:batch] + 1).masked_fill(s.fin_scores[:batch] == NEG_INF, 0)
+            fin_scores = s.fin_scores[:batch]
+            fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
+            return _collect_beams(fin, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
+
+
+def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tensor, steps: int) -> Tensor:
+    """The finished hypotheses' tokens from the per-step records, EOS included, PAD after it.
+
+    tokens, parents: (rows, recorded steps): the token alive row r holds after step t, and the row it came
+    from. A hypothesis that finished at step s from alive row r holds the tokens of row r after step s-1,
+    then EOS. fin_step, fin_row: (batch, beam). Returns (batch, beam, steps). Walks back over the steps on
+    the host (one vectorised pass per step over all hypotheses), after one copy of the records.
+    """
+    tok, par = tokens.cpu().numpy(), parents.cpu().numpy()
+    end, row = fin_step.cpu().numpy(), fin_row.cpu().numpy()
+    out = np.full((*end.shape, steps), PAD, dtype=np.int64)
+    np.put_along_axis(out, np.minimum(end, steps - 1)[..., None], EOS, axis=2)
+    current = row.copy()                                        # the row holding position t of each hypothesis
+    for t in range(int(end.max(initial=0)) - 1, -1, -1):
+        inside = end > t                                        # hypotheses with a token at position t
+        out[..., t] = np.where(inside, tok[current, t], out[..., t])
+        current = np.where(inside, par[current, t], current)
+    return torch.from_numpy(out)

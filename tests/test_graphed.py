@@ -1,0 +1,82 @@
+"""The static-shape searches of nmt.decode.graphed, run eagerly on the CPU (capture=False): the same
+hypotheses and scores as the eager searches of nmt.decode.search. tests/test_cuda.py runs them captured."""
+
+import pytest
+import torch
+
+from nmt.decode.graphed import STEPS_PER_GRAPH, SearchGraphs, _bucket
+from nmt.decode.search import beam_search, greedy_search
+
+from .test_search import VARIANTS, random_model, source_batch
+
+
+def assert_same(expected, found):
+    assert [h.tokens for h in expected] == [h.tokens for h in found]
+    assert torch.allclose(torch.tensor([h.score for h in expected]), torch.tensor([h.score for h in found]), atol=1e-5)
+    assert torch.allclose(torch.tensor([h.log_prob for h in expected]), torch.tensor([h.log_prob for h in found]),
+                          atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_static_greedy_equals_greedy(attention, rnn):
+    model = random_model(attention, rnn)
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model, capture=False)
+    for ratio, min_len, cap in [(1.5, 0, None), (3.0, 4, None), (2.0, 0, 3)]:
+        expected = greedy_search(model, src, lengths, max_len_ratio=ratio, min_len=min_len, max_len=cap)
+        assert_same(expected, graphs.greedy(src, lengths, ratio, min_len, cap))
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize(("beam", "alpha", "n_best", "early_stop"),
+                         [(5, 1.0, 1, False), (3, 0.0, 3, False), (4, 0.6, 2, True), (1, 0.0, 1, False)])
+def test_static_beam_equals_beam(attention, beam, alpha, n_best, early_stop):
+    model = random_model(attention, "gru" if attention != "luong_concat" else "lstm")
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model, capture=False)
+    expected = beam_search(model, src, lengths, beam_size=beam, alpha=alpha, n_best=n_best, max_len_ratio=2.5,
+                           early_stop=early_stop)
+    found = graphs.beam(src, lengths, beam, alpha, 2.5, n_best=n_best, early_stop=early_stop)
+    assert len(found) == len(expected) == src.size(0)
+    for e, f in zip(expected, found, strict=True):
+        assert len(e) == len(f) == n_best
+        assert_same(e, f)
+
+
+def test_min_len_and_length_cap_in_beam():
+    model = random_model("bahdanau")
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model, capture=False)
+    found = graphs.beam(src, lengths, 3, 1.0, 2.0, min_len=4, max_len=6)
+    expected = beam_search(model, src, lengths, beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6)
+    for e, f in zip(expected, found, strict=True):
+        assert_same(e, f)
+        assert 4 <= len(f[0].tokens) <= 5
+
+
+def test_a_shape_is_built_once_and_serves_smaller_batches():
+    """Batches that fall into one bucket reuse one set of static tensors; the padding changes nothing."""
+    model = random_model("luong_general")
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model, capture=False)
+    graphs.greedy(src, lengths)
+    graphs.greedy(src[1:], lengths[1:])                             # 4 sentences, 9 columns: the same bucket
+    assert len(graphs.graphs) == 1
+    assert_same(greedy_search(model, src[1:], lengths[1:]), graphs.greedy(src[1:], lengths[1:]))
+
+
+def test_long_outputs_span_several_chunks():
+    model = random_model("bahdanau", sharpen=0.0)                  # flat distributions: no early EOS
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model, capture=False)
+    found = graphs.greedy(src, lengths, max_len_ratio=4.0)
+    assert max(len(h.tokens) for h in found) > 2 * STEPS_PER_GRAPH
+    assert_same(greedy_search(model, src, lengths, max_len_ratio=4.0), found)
+
+
+@pytest.mark.parametrize(("n", "bucket"), [(1, 8), (8, 8), (9, 16), (64, 64), (65, 80), (81, 96), (129, 160),
+                                           (1000, 1024)])
+def test_buckets_waste_at_most_a_quarter(n, bucket):
+    assert _bucket(n, 8) == bucket
+    assert _bucket(n, 8) >= n and (_bucket(n, 8) <= 1.25 * n or n <= 64)
