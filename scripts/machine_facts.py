@@ -30,6 +30,18 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def _nvidia_driver() -> str | None:
+    """The NVIDIA driver's version, from nvidia-smi (torch does not report it); None without it."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
 def machine_facts(threads: int | None = None, precision: str | None = None) -> dict:
     """CPU model, SIMD flags present, usable cores, torch version and its CPU kernel level,
     the thread count and the precision a measurement ran with."""
@@ -52,7 +64,8 @@ def machine_facts(threads: int | None = None, precision: str | None = None) -> d
         props = torch.cuda.get_device_properties(0)
         facts["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
                         "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count(),
-                        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+                        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                        "driver": _nvidia_driver()}
     if threads is not None:
         facts["threads"] = threads
     if precision is not None:

@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""GPU decoding speed, in one process per precision: captured graphs against the eager steps.
+
+    python scripts/bench_gpu_decoding.py MODEL --source test.de --reference test.en --json-out OUT.json
+
+For each precision (fp32, bf16, fp16) and search (greedy, beam 5): sentences/s of `translate()` over the
+whole source after a warm-up on its first 50 lines (decoding alone, median of --runs), with the CUDA graphs
+on and off, and BLEU of each output. Also, in a fresh process each: the seconds from the start of Python
+to `import torch` done, to the model loaded, and to the first translation of one line (`--first-line`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+FIRST_LINE = """
+import time; t0 = time.perf_counter()
+import torch; torch.cuda.init(); t1 = time.perf_counter()
+from nmt.decode.translator import Translator
+translator = Translator.load({model!r}, device="cuda", precision={precision!r}, beam_size={beam})
+torch.cuda.synchronize(); t2 = time.perf_counter()
+text = translator.translate(["Ein Hund läuft durch das Gras."])[0].text
+torch.cuda.synchronize(); t3 = time.perf_counter()
+import json; print(json.dumps({{"import_torch_s": t1 - t0, "load_s": t2 - t1, "first_translation_s": t3 - t2,
+                               "beyond_import_s": t3 - t1, "text": text}}))
+"""
+
+
+def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam: int, graphs: bool,
+           runs: int, batch_tokens: int | None) -> dict:
+    import sacrebleu
+    import torch
+
+    from nmt.decode.translator import Translator
+
+    overrides = {"batch_tokens": batch_tokens} if batch_tokens else {}
+    translator = Translator.load(model, device="cuda", precision=precision, beam_size=beam, cuda_graphs=graphs,
+                                 **overrides)
+    start = time.perf_counter()
+    translator.translate(lines[:50])                                        # warm-up (and first captures)
+    torch.cuda.synchronize()
+    warmup = time.perf_counter() - start
+    times, out = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = translator.translate(lines)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    texts = [t.text for t in out]
+    result = {"precision": precision, "beam": beam, "graphs": graphs,
+              "sent_per_s": len(lines) / statistics.median(times), "seconds": times, "warmup_s": warmup,
+              "lines": len(lines),
+              "graphs_captured": len(translator._graphs.graphs) if translator._graphs else 0}
+    if refs:
+        result["bleu"] = sacrebleu.corpus_bleu(texts, [refs]).score
+    result["_texts"] = texts
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--source", type=Path, required=True)
+    parser.add_argument("--reference", type=Path)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "fp16"])
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 5])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--batch-tokens", type=int)
+    parser.add_argument("--no-eager", action="store_true", help="graphs only (large sources)")
+    parser.add_argument("--first-line", action="store_true", help="also time start-up to the first translation")
+    parser.add_argument("--json-out", type=Path, required=True)
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from machine_facts import machine_facts
+
+    lines = args.source.read_text(encoding="utf-8").splitlines()
+    refs = args.reference.read_text(encoding="utf-8").splitlines() if args.reference else []
+    report: dict = {"machine": machine_facts(), "model": str(args.model), "source": str(args.source),
+                    "batch_tokens": args.batch_tokens, "decode": []}
+    for precision in args.precisions:
+        for beam in args.beams:
+            pair = {}
+            for graphs in ([True] if args.no_eager else [True, False]):
+                result = decode(args.model, lines, refs, precision, beam, graphs, args.runs, args.batch_tokens)
+                pair[graphs] = result.pop("_texts")
+                report["decode"].append(result)
+                print(json.dumps(result), flush=True)
+            if len(pair) == 2:
+                same = sum(a == b for a, b in zip(pair[True], pair[False], strict=True))
+                report["decode"][-1]["same_as_graphed"] = same / len(lines)
+    if args.first_line:
+        report["first_line"] = []
+        for precision in args.precisions:
+            for beam in args.beams:
+                code = FIRST_LINE.format(model=str(args.model), precision=precision, beam=beam)
+                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+                if proc.returncode:
+                    raise SystemExit(proc.stderr[-3000:])
+                result = {"precision": precision, "beam": beam, **json.loads(proc.stdout.splitlines()[-1])}
+                report["first_line"].append(result)
+                print(json.dumps(result), flush=True)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

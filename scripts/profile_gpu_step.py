@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Where a GPU's time goes: kernels per training update and per decoded batch, launch calls, busy time.
+
+    python scripts/profile_gpu_step.py --config configs/multi30k_de_en_bahdanau.yaml [--model MODEL] --json-out F
+
+Training: the reference model's updates (after warm-up) under torch.profiler: GPU kernels per update, the
+kernels' summed time against the update's wall time (how much of it the GPU computes rather than waits),
+and the launch calls the host made. Decoding (with --model): the same for translating 200 test lines with
+the CUDA graphs on and off, greedy and beam 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def summarize(prof, wall: float, units: int) -> dict:
+    """Kernel count and time, host launch calls, per unit (update or batch of lines)."""
+    kernels = kernel_us = launches = graph_launches = 0
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels += event.count
+            kernel_us += event.self_device_time_total if hasattr(event, "self_device_time_total") \
+                else event.self_cuda_time_total
+        elif event.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"):
+            launches += event.count
+        elif event.key in ("cudaGraphLaunch", "cuGraphLaunch"):
+            graph_launches += event.count
+    return {"units": units, "wall_ms_per_unit": 1e3 * wall / units, "kernels_per_unit": kernels / units,
+            "kernel_ms_per_unit": kernel_us / 1e3 / units, "gpu_busy_share": kernel_us / 1e6 / wall,
+            "launch_calls_per_unit": launches / units, "graph_launches_per_unit": graph_launches / units}
+
+
+def profile_training(args: argparse.Namespace) -> dict:
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = load_config(args.config, [f"training.run_dir={run_dir}/run", "training.device=cuda",
+                                           f"training.precision={args.precision}", *args.set])
+        trainer = Trainer(config)
+        batches = [trainer.train_ids.collate(rows) for rows in trainer.sampler.batches(0)[: args.updates + 10]]
+        for batch in batches[:10]:
+            trainer._update([batch], 1.0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            for batch in batches[10:]:
+                trainer._update([batch], 1.0)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+        result = summarize(prof, wall, args.updates)
+        result["tgt_tokens_per_unit"] = sum(b.n_tgt_tokens for b in batches[10:]) / args.updates
+        trainer.close()
+    return result
+
+
+def profile_decoding(args: argparse.Namespace, lines: list[str], beam: int, graphs: bool) -> dict:
+    from nmt.decode.translator import Translator
+
+    translator = Translator.load(args.model, device="cuda", precision=args.precision, beam_size=beam,
+                                 cuda_graphs=graphs)
+    translator.translate(lines)                                             # captures, warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        translator.translate(lines)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    return {"beam": beam, "graphs": graphs, **summarize(prof, wall, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
+    parser.add_argument("--model", type=Path, help="a trained model, for the decoding profile")
+    parser.add_argument("--source", type=Path, help="lines to decode (the first 200 are used)")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--set", action="append", default=[], help="config override for training")
+    parser.add_argument("--json-out", type=Path, required=True)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "scripts"))
+    from machine_facts import machine_facts
+
+    report = {"machine": machine_facts(precision=args.precision), "train": profile_training(args)}
+    print(json.dumps(report["train"]), flush=True)
+    if args.model and args.source:
+        lines = args.source.read_text(encoding="utf-8").splitlines()[:200]
+        report["decode"] = []
+        for beam in (1, 5):
+            for graphs in (True, False):
+                report["decode"].append(profile_decoding(args, lines, beam, graphs))
+                print(json.dumps(report["decode"][-1]), flush=True)
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
