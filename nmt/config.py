@@ -103,6 +103,7 @@ class TrainingConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast; auto: fp32 on CUDA, bf16 on bf16 CPUs
     threads: int = _bounded(0, ge=0, le=1024)            # torch CPU threads; 0 = torch's default
     deterministic: bool = False                          # deterministic kernels (process-wide): exact CUDA resume
+    cuda_graphs: bool = True                             # CUDA: each update replayed as a captured graph
     batch_tokens: int = _bounded(2000, ge=0)             # padded tokens per batch; 0 = use batch_size
     batch_size: int = _bounded(0, ge=0)                  # sentences per batch when batch_tokens is 0
     bucket_pool: int = _bounded(100, ge=1)               # batches' worth of sentences sorted together

@@ -41,10 +41,11 @@ def measure_training(args: argparse.Namespace) -> dict:
         overrides = [f"training.run_dir={run_dir}/run", f"training.device={args.device}",
                      f"training.precision={args.precision}", *args.set]
         trainer = Trainer(load_config(args.config, overrides))
-        batches = trainer.sampler.batches(0)
         warmup, updates = args.warmup, args.updates
-        if len(batches) < warmup + updates:
-            raise SystemExit(f"only {len(batches)} batches per epoch; lower --updates")
+        batches, epoch = [], 0                  # as many epochs as the updates need (CUDA graphs: warm-up
+        while len(batches) < warmup + updates:  # over a whole epoch captures every batch shape)
+            batches += trainer.sampler.batches(epoch)
+            epoch += 1
         cuda = trainer.device.type == "cuda"
         tokens, start = 0, 0.0
         for i, rows in enumerate(batches[: warmup + updates]):
@@ -58,6 +59,7 @@ def measure_training(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         result = {"tgt_tokens_per_s": tokens / seconds, "updates": updates, "seconds": seconds,
+                  "cuda_graphs": trainer.graphed is not None,
                   "precision": str(trainer.amp_dtype or torch.float32).replace("torch.", ""),
                   "peak_rss_mb": peak_rss_mb()}
         if cuda:

@@ -146,3 +146,31 @@ def test_captured_steps_equal_eager_steps_on_random_models(attention, rnn):
         beam = graphs.beam(src, lengths, 3, 1.0, 2.0, n_best=2)
         expected = beam_search(model, src, lengths, beam_size=3, alpha=1.0, max_len_ratio=2.0, n_best=2)
         assert [[h.tokens for h in hyps] for hyps in beam] == [[h.tokens for h in hyps] for hyps in expected]
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
+def test_graphed_training_follows_the_eager_loss_curve(prepared, tmp_path, attention):
+    """Without dropout the padded, captured updates compute what the eager ones do, up to summation order."""
+    losses = {}
+    for graphs in (True, False):
+        run = tmp_path / f"run-{graphs}"
+        trainer = Trainer(load_config(prepared, [f"training.run_dir={run}", "training.device=cuda",
+                                                 "training.precision=fp32", f"training.cuda_graphs={graphs}",
+                                                 "model.dropout=0", f"model.attention={attention}",
+                                                 "training.max_updates=60", "training.log_every=10",
+                                                 "training.validate_every=60", "training.val_max_sentences=20"]))
+        assert (trainer.graphed is not None) == graphs
+        trainer.train()
+        if graphs:
+            assert 1 <= len(trainer.graphed.graphs) < 60                    # shapes captured once, replayed
+        losses[graphs] = train_losses(run)
+    assert len(losses[True]) == len(losses[False]) == 6
+    assert losses[True] == pytest.approx(losses[False], rel=0.02), losses
+
+
+def test_fp16_and_accumulation_take_the_eager_path(prepared, tmp_path):
+    for override in ("training.precision=fp16", "training.accumulate=2"):
+        trainer = Trainer(load_config(prepared, [f"training.run_dir={tmp_path / override}", "training.device=cuda",
+                                                 override]))
+        assert trainer.graphed is None
+        trainer.close()

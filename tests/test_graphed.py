@@ -4,7 +4,8 @@ hypotheses and scores as the eager searches of nmt.decode.search. tests/test_cud
 import pytest
 import torch
 
-from nmt.decode.graphed import STEPS_PER_GRAPH, SearchGraphs, _bucket
+from nmt.data.batching import bucket_size
+from nmt.decode.graphed import STEPS_PER_GRAPH, SearchGraphs
 from nmt.decode.search import beam_search, greedy_search
 
 from .test_search import VARIANTS, random_model, source_batch
@@ -78,5 +79,28 @@ def test_long_outputs_span_several_chunks():
 @pytest.mark.parametrize(("n", "bucket"), [(1, 8), (8, 8), (9, 16), (64, 64), (65, 80), (81, 96), (129, 160),
                                            (1000, 1024)])
 def test_buckets_waste_at_most_a_quarter(n, bucket):
-    assert _bucket(n, 8) == bucket
-    assert _bucket(n, 8) >= n and (_bucket(n, 8) <= 1.25 * n or n <= 64)
+    assert bucket_size(n, 8) == bucket
+    assert bucket_size(n, 8) >= n and (bucket_size(n, 8) <= 1.25 * n or n <= 64)
+
+
+def test_the_schedule_fills_a_tensor_lr_in_place():
+    """A capturable optimiser keeps its lr in a tensor that a captured step reads: the schedule must fill it."""
+    from nmt.config import TrainingConfig
+    from nmt.train.schedules import LrSchedule
+
+    parameter = torch.nn.Parameter(torch.zeros(3))
+    lr = torch.tensor(1e-3)
+    optimizer = torch.optim.Adam([parameter], lr=lr)
+    schedule = LrSchedule(optimizer, TrainingConfig(lr=1e-3, lr_schedule="inverse_sqrt", warmup_updates=10))
+    schedule.step(5)
+    assert optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(5e-4)
+
+
+def test_checkpoints_store_plain_learning_rates():
+    from nmt.train.trainer import _portable
+
+    state = {"state": {}, "param_groups": [{"lr": torch.tensor(2e-3), "params": [0]}]}
+    portable = _portable(state)
+    assert portable["param_groups"][0]["lr"] == pytest.approx(2e-3)
+    assert isinstance(portable["param_groups"][0]["lr"], float)
+    assert isinstance(state["param_groups"][0]["lr"], torch.Tensor)      # the optimiser's own state untouched

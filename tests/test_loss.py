@@ -46,3 +46,23 @@ def test_fused_loss_under_bfloat16_autocast_is_close():
     plain = F.cross_entropy(layer(features), targets, reduction="sum")
     assert fused.dtype == torch.float32
     assert torch.allclose(fused, plain, rtol=2e-2)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_all_rows_masks_the_padding_as_the_gathered_rows_do(label_smoothing):
+    """`all_rows` (a captured CUDA step: static shapes, no nonzero) gives the same loss and gradients."""
+    torch.manual_seed(0)
+    features = torch.randn(3, 5, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    bias = torch.randn(11, requires_grad=True)
+    targets = torch.randint(4, 11, (3, 5))
+    targets[1, 3:] = PAD
+    targets[2, 1:] = PAD
+    results = []
+    for all_rows in (False, True):
+        loss = output_cross_entropy(features, weight, bias, targets, label_smoothing, chunk_rows=4, all_rows=all_rows)
+        grads = torch.autograd.grad(loss, (features, weight, bias))
+        results.append((loss, *grads))
+    for gathered, masked in zip(*results, strict=True):
+        assert torch.allclose(gathered, masked, atol=1e-5)
+    assert results[1][1][2, 1:].abs().max() == 0                      # padded positions get no gradient

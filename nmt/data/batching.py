@@ -13,6 +13,7 @@ communication to split the data.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,16 @@ class Batch:
             return self
         move = lambda t: t.pin_memory().to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.src), self.src_lengths, move(self.tgt_in), move(self.tgt_out), self.indices)
+
+
+def bucket_size(n: int, step: int) -> int:
+    """n rounded up to `step` below 8 steps, then to the next of 8, 10, 12, 14, 16, 20, ... steps (at most
+    ~25% waste), so that the number of distinct shapes grows with the log of the largest."""
+    units = math.ceil(n / step)
+    if units <= 8:
+        return units * step
+    scale = 2 ** (units.bit_length() - 4)                       # units in [8*scale, 16*scale)
+    return math.ceil(units / (2 * scale)) * 2 * scale * step
 
 
 def pad_rows(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray, prefix: int | None, suffix: int | None) -> Tensor:

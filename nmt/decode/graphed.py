@@ -8,7 +8,7 @@ sentence has ended.
 
 A graph needs static shapes and no host synchronisation inside, so the searches here differ from
 nmt.decode.search in how they keep their books, not in what they compute:
-  * the batch is padded to a row bucket and a source-length bucket (`_bucket`), so that a few graphs
+  * the batch is padded to a row bucket and a source-length bucket (`bucket_size`), so that a few graphs
     serve every batch; padded rows start ended, padded source positions are masked;
   * rows whose search is over are masked (they keep decoding, record nothing), never dropped;
   * beam search records each step's tokens and parent rows and rebuilds the finished hypotheses
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nmt.data.batching import bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.decode.search import NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
 from nmt.device import active_autocast_dtype
@@ -40,16 +41,6 @@ from nmt.model.decoder import DecoderState
 from nmt.model.seq2seq import Seq2Seq
 
 STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
-
-
-def _bucket(n: int, step: int) -> int:
-    """n rounded up to `step` below 8 steps, then to the next of 8, 10, 12, 14, 16, 20, ... steps (at most
-    ~25% waste), so that the number of distinct shapes grows with the log of the largest."""
-    units = math.ceil(n / step)
-    if units <= 8:
-        return units * step
-    scale = 2 ** (units.bit_length() - 4)                       # units in [8*scale, 16*scale)
-    return math.ceil(units / (2 * scale)) * 2 * scale * step
 
 
 def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
@@ -180,7 +171,7 @@ class SearchGraphs:
         with decoder.frozen_weights():
             memory, state = self.model.encode(src, src_lengths, fold_context=False)
             batch, src_len = src.shape
-            rows, padded_len = _bucket(batch, 8), _bucket(src_len, 8)
+            rows, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
             limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
             steps = int(limits.max())
 
@@ -251,7 +242,7 @@ class SearchGraphs:
         with decoder.frozen_weights():
             memory, state = self.model.encode(src, src_lengths)
             batch, src_len = src.shape
-            sentences, padded_len = _bucket(batch, 8), _bucket(src_len, 8)
+            sentences, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
             rows = sentences * k
             limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
             steps = int(limits.max())

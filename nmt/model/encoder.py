@@ -52,8 +52,13 @@ class Encoder(nn.Module):
         self.int8_products: dict[str, nn.Module] = {}      # an int8 "rnn" (nmt.decode.quantize); not parameters
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
-        """src: (batch, src_len) padded ids; src_lengths: (batch,) on the CPU."""
+        """src: (batch, src_len) padded ids; src_lengths: (batch,) on the CPU, or on the GPU for a captured
+        training step (nmt.train.graphed), which packing cannot serve (it reads the lengths on the host)."""
         embedded = self.dropout(self.embed(src))                          # (batch, src_len, emb)
+        if src_lengths.device.type != "cpu":
+            if not isinstance(self.rnn, nn.GRU):
+                raise ValueError("source lengths on the GPU need a GRU encoder (the unpacked path)")
+            return self._output(*self._gru_unpacked(embedded, src_lengths))
         if torch.is_grad_enabled() and self._unpacked_pays(src, src_lengths):
             return self._output(*self._gru_unpacked(embedded, src_lengths))
         int8 = self.int8_products.get("rnn") if not (self.training or torch.is_grad_enabled()) else None

@@ -24,8 +24,9 @@ from nmt.model.output_rows import padded_rows
 class _FusedOutputCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                label_smoothing: float, chunk_rows: int, compute_dtype: torch.dtype) -> Tensor:
-        """features: (tokens, hidden); weight: (vocab, hidden); targets: (tokens,) -> summed loss ()."""
+                label_smoothing: float, chunk_rows: int, compute_dtype: torch.dtype, masked: bool) -> Tensor:
+        """features: (tokens, hidden); weight: (vocab, hidden); targets: (tokens,) -> summed loss ().
+        `masked`: rows whose target is PAD count for nothing (their loss and gradients are zero)."""
         vocab = weight.size(0)
         w = padded_rows(weight.to(compute_dtype))                               # (vocab padded to 16s, hidden)
         padded_bias = padded_rows(bias if bias is not None else weight.new_zeros(vocab, dtype=torch.float32),
@@ -43,11 +44,16 @@ class _FusedOutputCrossEntropy(torch.autograd.Function):
             nll = -log_probs.gather(1, y.unsqueeze(1)).squeeze(1)
             if label_smoothing:
                 nll = (1 - label_smoothing) * nll - label_smoothing * log_probs[:, :vocab].mean(-1)
+            padding = (y == PAD).unsqueeze(1) if masked else None              # (chunk, 1)
+            if padding is not None:
+                nll = nll.masked_fill(padding.squeeze(1), 0.0)
             total += nll.sum()
             grad = log_probs.exp_()                                              # softmax, in place; 0 at the padding
             grad.scatter_add_(1, y.unsqueeze(1), grad.new_full((len(y), 1), -(1 - label_smoothing)))
             if label_smoothing:
                 grad[:, :vocab] -= label_smoothing / vocab
+            if padding is not None:
+                grad.masked_fill_(padding, 0.0)
             grad_bias += grad.sum(0)
             grad = grad.to(compute_dtype)
             grad_features[start : start + chunk_rows] = grad @ w                  # (chunk, hidden)
@@ -60,21 +66,27 @@ class _FusedOutputCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output: Tensor):
         grad_features, grad_weight, grad_bias = ctx.saved_tensors
         return (grad_features * grad_output, (grad_weight * grad_output).to(ctx.weight_dtype),
-                grad_bias * grad_output if ctx.has_bias else None, None, None, None, None)
+                grad_bias * grad_output if ctx.has_bias else None, None, None, None, None, None)
 
 
 def output_cross_entropy(features: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                         label_smoothing: float = 0.0, chunk_rows: int = 4096) -> Tensor:
+                         label_smoothing: float = 0.0, chunk_rows: int = 4096, all_rows: bool = False) -> Tensor:
     """Summed cross-entropy of softmax(features W_sᵀ + b) over the non-padding targets.
 
     features: (batch, tgt_len, hidden); targets: (batch, tgt_len) with PAD where there is no token.
     Under autocast the matrix products run in the autocast dtype; the softmax runs in float32.
+    The real targets are gathered first (fewer rows), unless `all_rows`: then every position is computed
+    and the padding masked, with no host synchronisation and static shapes (a captured CUDA graph).
     """
     flat_targets = targets.reshape(-1)
-    rows = (flat_targets != PAD).nonzero().squeeze(1)
-    picked = features.reshape(-1, features.size(-1)).index_select(0, rows)      # (tokens, hidden)
+    flat_features = features.reshape(-1, features.size(-1))
+    if all_rows:
+        picked, picked_targets = flat_features, flat_targets                    # (positions, hidden)
+    else:
+        rows = (flat_targets != PAD).nonzero().squeeze(1)
+        picked, picked_targets = flat_features.index_select(0, rows), flat_targets.index_select(0, rows)
     device = features.device.type
     compute_dtype = active_autocast_dtype(device) or picked.dtype
     with torch.autocast(device, enabled=False):
-        return _FusedOutputCrossEntropy.apply(picked, weight, bias, flat_targets.index_select(0, rows),
-                                              label_smoothing, chunk_rows, compute_dtype)
+        return _FusedOutputCrossEntropy.apply(picked, weight, bias, picked_targets, label_smoothing, chunk_rows,
+                                              compute_dtype, all_rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from torch import Tensor
 from torch.optim import Optimizer
 
 from nmt.config import TrainingConfig
@@ -43,7 +44,10 @@ class LrSchedule:
         """Set the lr for update number `step` (1-based); returns it."""
         lr = self.lr_at(step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], Tensor):           # a capturable optimiser: a captured step reads it there
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
         return lr
 
     def on_validation(self, score: float, higher_is_better: bool) -> None:

@@ -63,6 +63,8 @@ from nmt.folders import (
 from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
 from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.train.graphed import GraphedUpdates, capturable_optimizer
+from nmt.train.graphed import applies as graphs_apply
 from nmt.train.loss import output_cross_entropy
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
@@ -144,10 +146,18 @@ class Trainer:
             self._setup_distributed()
             torch.manual_seed(t.seed + self.rank)      # same initial parameters, different dropout per rank
         optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = make_optimizer(optim_class, self.model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
-                                        weight_decay=t.weight_decay)
-        self.schedule = LrSchedule(self.optimizer, t)
         self.amp_dtype = autocast_dtype(t.precision, self.device)
+        self.graphed: GraphedUpdates | None = None     # CUDA: updates replayed as captured graphs
+        if t.cuda_graphs and graphs_apply(self.model, self.device, self.world_size, self.amp_dtype,
+                                          config.model.rnn_type, t.accumulate):
+            self.optimizer = capturable_optimizer(optim_class, self.model.parameters(), t.lr, self.device,
+                                                  betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+            self.graphed = GraphedUpdates(self.model, self.optimizer, self.amp_dtype, t.clip_grad_norm,
+                                          t.label_smoothing)
+        else:
+            self.optimizer = make_optimizer(optim_class, self.model.parameters(), lr=t.lr,
+                                            betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        self.schedule = LrSchedule(self.optimizer, t)
         self.scaler = grad_scaler(enabled=self.amp_dtype == torch.float16)
         self.progress = Progress(cursor=Cursor(seed=t.seed))
 
@@ -316,7 +326,7 @@ class Trainer:
             "config": self.config.to_dict(),
             "vocab": self.data.manifest["vocab"],
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": _portable(self.optimizer.state_dict()),
             "schedule": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict(),
             "rng": rng,
@@ -357,10 +367,13 @@ class Trainer:
         """Optimiser, schedule, scaler, RNGs and progress, as `_state` saved them."""
         if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
             raise ValueError(f"step {state['step']!r} is not a count of updates")
+        lr_tensors = [g["lr"] for g in self.optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
         self.optimizer.load_state_dict(state["optimizer"])
         t = self.config.training
         for group in self.optimizer.param_groups:      # the state brings back the saved ones; the config wins
             group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
+        for group, lr in zip(self.optimizer.param_groups, lr_tensors, strict=False):   # a capturable optimiser
+            group["lr"] = lr.fill_(float(group["lr"]))                               # keeps its lr tensor
         self.schedule.load_state_dict(state["schedule"])
         self.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
@@ -416,6 +429,8 @@ class Trainer:
     def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
         """One optimiser update over `batches` (gradient accumulation); returns (summed loss, target tokens)."""
         t = self.config.training
+        if self.graphed is not None and len(batches) == 1 and teacher_forcing >= 1.0:
+            return float(self.graphed.update(batches[0])), batches[0].n_tgt_tokens
         self.train_model.train()
         self.optimizer.zero_grad(set_to_none=True)
         tokens = sum(b.n_tgt_tokens for b in batches)
@@ -617,7 +632,7 @@ class Trainer:
                 metrics = self._evaluate_dev()
             finally:
                 self.evaluating_dev = False
-        metrics.update(step=p.step, epoch=p.cursor.epoch, lr=self.optimizer.param_groups[0]["lr"],
+        metrics.update(step=p.step, epoch=p.cursor.epoch, lr=float(self.optimizer.param_groups[0]["lr"]),
                        wall_time=p.elapsed + self._session_time(), peak_rss_mb=peak_rss_mb())
         score = metrics[t.early_stopping_metric]
         higher = _higher_is_better(t.early_stopping_metric)
@@ -692,6 +707,14 @@ def peak_rss_mb() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimiser's state with plain-number learning rates (a capturable one keeps its lr in a GPU tensor),
+    so that a checkpoint resumes on any device, with or without CUDA graphs."""
+    groups = [{**g, "lr": float(g["lr"])} if isinstance(g["lr"], torch.Tensor) else g
+              for g in optimizer_state["param_groups"]]
+    return {**optimizer_state, "param_groups": groups}
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
