@@ -100,7 +100,7 @@ class TrainingConfig:
     run_dir: str | None = _path()
     seed: int = _bounded(42, ge=0, since_saved=True)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast; auto: fp32 on CUDA, bf16 on bf16 CPUs
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast; auto: bf16 on bf16 CPUs and graphed CUDA
     threads: int = _bounded(0, ge=0, le=1024)            # torch CPU threads; 0 = torch's default
     deterministic: bool = False                          # deterministic kernels (process-wide): exact CUDA resume
     cuda_graphs: bool = True                             # CUDA: each update replayed as a captured graph

@@ -174,3 +174,19 @@ def test_fp16_and_accumulation_take_the_eager_path(prepared, tmp_path):
                                                  override]))
         assert trainer.graphed is None
         trainer.close()
+
+
+@needs_bf16
+def test_auto_precision_is_bf16_where_graphs_run(prepared, tmp_path, trained_run):
+    from nmt.device import autocast_dtype
+
+    assert autocast_dtype("auto", torch.device("cuda"), graphed=True) == torch.bfloat16
+    graphed = Trainer(load_config(prepared, [f"training.run_dir={tmp_path / 'a'}", "training.device=cuda"]))
+    assert graphed.graphed is not None and graphed.amp_dtype == torch.bfloat16
+    graphed.close()
+    eager = Trainer(load_config(prepared, [f"training.run_dir={tmp_path / 'b'}", "training.device=cuda",
+                                           "training.cuda_graphs=false"]))
+    assert eager.graphed is None and eager.amp_dtype is None
+    eager.close()
+    assert Translator.load(trained_run / "best.pt", device="cuda").amp_dtype == torch.bfloat16
+    assert Translator.load(trained_run / "best.pt", device="cuda", cuda_graphs=False).amp_dtype is None

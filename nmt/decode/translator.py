@@ -106,7 +106,8 @@ class Translator:
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
         self.shortlist = shortlist                                  # used when decoding.shortlist is on
-        self.amp_dtype = autocast_dtype(decoding.precision, device)
+        self.amp_dtype = autocast_dtype(decoding.precision, device,
+                                        graphed=decoding.cuda_graphs and isinstance(self.model, Seq2Seq))
         if decoding.quantize == "int8":
             if decoding.precision in ("bf16", "fp16"):
                 raise ConfigError(f"--quantize int8 computes in float32 around its int8 products; "

@@ -146,10 +146,12 @@ class Trainer:
             self._setup_distributed()
             torch.manual_seed(t.seed + self.rank)      # same initial parameters, different dropout per rank
         optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-        self.amp_dtype = autocast_dtype(t.precision, self.device)
+        graphed = t.cuda_graphs and graphs_apply(self.model, self.device, self.world_size,
+                                                 autocast_dtype(t.precision, self.device, graphed=True),
+                                                 config.model.rnn_type, t.accumulate)
+        self.amp_dtype = autocast_dtype(t.precision, self.device, graphed)
         self.graphed: GraphedUpdates | None = None     # CUDA: updates replayed as captured graphs
-        if t.cuda_graphs and graphs_apply(self.model, self.device, self.world_size, self.amp_dtype,
-                                          config.model.rnn_type, t.accumulate):
+        if graphed:
             self.optimizer = capturable_optimizer(optim_class, self.model.parameters(), t.lr, self.device,
                                                   betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
             self.graphed = GraphedUpdates(self.model, self.optimizer, self.amp_dtype, t.clip_grad_norm,
