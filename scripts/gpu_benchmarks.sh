@@ -3,10 +3,13 @@
 #
 #   bash scripts/gpu_benchmarks.sh OUT [MODEL]
 #
-# OUT gets the machine's facts, the CUDA tests' log and one JSON per measurement (scripts/benchmark.py);
-# MODEL (a model file or checkpoint of the reference model) adds the decoding figures. The data folder of
-# configs/multi30k_de_en_bahdanau.yaml must exist (nmt preprocess). STAGES picks the stages (default: all,
-# in this order); BUDGET_S skips what would start after that many seconds, so a time-limited machine
+# OUT (e.g. docs/results/h200-DATE) gets one JSON per measurement, each with the machine's facts (GPU,
+# driver, CUDA, cuDNN, torch), the CUDA tests' log and the recipe run's logs; `python scripts/gpu_table.py
+# OUT` prints the tables of docs/benchmarks.md from them. MODEL (a model file or checkpoint of the
+# reference model) adds the decoding figures. The data folder of configs/multi30k_de_en_bahdanau.yaml
+# must exist (nmt preprocess). ONMT=folder of an OpenNMT-py 3.5.1 install (its bin/onmt_* commands, as
+# ../shared/peers/opennmt-setup.sh makes) adds the side-by-side stage. STAGES picks the stages (default:
+# all, in this order); BUDGET_S skips what would start after that many seconds, so a time-limited machine
 # still returns the figures taken so far.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
@@ -16,78 +19,92 @@ cd "$(dirname "$0")/.."
 
 out="$1"
 model="${2:-}"
-stages="${STAGES:-facts tests train decode large big-decode tf32}"
+stages="${STAGES:-facts tests train decode profile recipe compare}"
 deadline=$((SECONDS + ${BUDGET_S:-1000000}))
 mkdir -p "$out"
+test_src="$(mktemp)" test_ref="$(mktemp)"
+trap 'rm -f "$test_src" "$test_ref"' EXIT
+python - "$test_src" "$test_ref" <<'PY'
+import sys
+from nmt.config import load_config
+from nmt.data.corpus import read_lines, resolve_text_file
+data = load_config("configs/multi30k_de_en_bahdanau.yaml").data
+for path, lang in zip(sys.argv[1:], (data.src_lang, data.tgt_lang)):
+    lines = read_lines(resolve_text_file(data.test, lang, "data.test"))
+    open(path, "w", encoding="utf-8").write("".join(line + "\n" for line in lines))
+PY
 
 has() { [[ " $stages " == *" $1 "* ]] && (( SECONDS < deadline )); }
-bench() { echo "== benchmark.py $*" >&2; python scripts/benchmark.py --device cuda --threads 4 "$@" || true; }
 
 if has facts; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.csv"
-  python scripts/machine_facts.py | tee "$out/machine.txt"
+  python -c "import json, sys; sys.path.insert(0, 'scripts'); from machine_facts import machine_facts; \
+print(json.dumps({'machine': machine_facts()}, indent=2))" | tee "$out/machine.json"
 fi
 
 if has tests; then
   python -m pytest -m cuda -q -p no:cacheprovider 2>&1 | tee "$out/pytest-cuda.log" || true
 fi
 
-# Training: target tokens/s over 100 updates after 10 of warm-up, the reference models in each precision.
+# Training: target tokens/s over 200 updates after a 260-update warm-up (an epoch: every batch shape
+# captured), the reference models, fp32 and bf16, each with the CUDA graphs on and off.
 if has train; then
   for name in bahdanau luong; do
-    for precision in fp32 bf16 fp16; do
-      has train && bench --config "configs/multi30k_de_en_$name.yaml" --precision "$precision" \
-        --skip greedy beam --updates 100 --warmup 10 --json-out "$out/train-$name-$precision.json"
-    done
-  done
-fi
-
-# Decoding test_2016_flickr (1000 sentences), greedy and beam 5: whole process and decoding alone.
-if has decode && [[ -n "$model" ]]; then
-  for precision in fp32 bf16; do
-    has decode && bench --checkpoint "$model" --precision "$precision" --skip train \
-      --json-out "$out/decode-test2016-$precision.json"
-  done
-fi
-
-# A large model (2-layer LSTMs: bi-encoder 2x512, decoder 1024, Luong general attention, 12k-token
-# batches), with and without input feeding (without it the decoder RNN is one cuDNN call).
-large=(--config configs/multi30k_de_en_luong.yaml --set model.rnn_type=lstm --set model.embedding_dim=512
-       --set model.encoder_hidden=512 --set model.encoder_layers=2 --set model.decoder_hidden=1024
-       --set model.decoder_layers=2 --set model.attention_dim=1024 --set training.batch_tokens=12000)
-if has large; then
-  for feed in false true; do
     for precision in fp32 bf16; do
-      has large && bench "${large[@]}" --set "model.input_feeding=$feed" --precision "$precision" \
-        --skip greedy beam --updates 30 --warmup 5 --json-out "$out/train-large-feed_$feed-$precision.json"
+      for graphs in true false; do
+        has train && python scripts/benchmark.py --config "configs/multi30k_de_en_$name.yaml" --device cuda \
+          --threads 4 --precision "$precision" --set "training.cuda_graphs=$graphs" --skip greedy beam \
+          --updates 200 --warmup 260 --json-out "$out/train-$name-$precision-graphs_$graphs.json" || true
+      done
     done
   done
 fi
 
-# Decoding 100,000 sentences (the training source, repeated), fp32, at two batch budgets.
-if has big-decode && [[ -n "$model" && -f data/multi30k/train.de.gz ]]; then
-  big="$out/source-100k.de"
-  python - "$big" <<'PY'
+# Decoding test_2016_flickr and 100,000 sentences (the training source, repeated): decoding alone, graphs
+# on and off, fp32 and bf16, greedy and beam 5; start-up to the first translation.
+if has decode && [[ -n "$model" ]]; then
+  python scripts/bench_gpu_decoding.py "$model" --source "$test_src" --reference "$test_ref" --runs 3 \
+    --precisions fp32 bf16 --first-line --json-out "$out/decode-test2016.json" || true
+  if has decode && [[ -f data/multi30k/train.de.gz ]]; then
+    big="$(mktemp)"
+    python - "$big" <<'PY'
 import gzip, itertools, sys
 with gzip.open("data/multi30k/train.de.gz", "rt", encoding="utf-8") as handle:
     lines = handle.readlines()
 with open(sys.argv[1], "w", encoding="utf-8") as out:
     out.writelines(itertools.islice(itertools.cycle(lines), 100_000))
 PY
-  for tokens in ${BIG_TOKENS:-8000 32000}; do
-    has big-decode && bench --checkpoint "$model" --precision fp32 --skip train --source "$big" \
-      --batch-tokens "$tokens" --json-out "$out/decode-100k-fp32-tokens$tokens.json"
-  done
-  rm -f "$big"
+    python scripts/bench_gpu_decoding.py "$model" --source "$big" --runs 1 --precisions fp32 bf16 \
+      --batch-tokens 64000 --json-out "$out/decode-100k.json" || true
+    rm -f "$big"
+  fi
 fi
 
-# TF32 matrix products for float32 training (torch.set_float32_matmul_precision("high")).
-if has tf32; then
-  has tf32 && bench --config configs/multi30k_de_en_bahdanau.yaml --precision fp32 --matmul-precision high \
-    --skip greedy beam --updates 100 --warmup 10 --json-out "$out/train-bahdanau-fp32-tf32.json"
-  for feed in false true; do
-    has tf32 && bench "${large[@]}" --set "model.input_feeding=$feed" --precision fp32 --matmul-precision high \
-      --skip greedy beam --updates 30 --warmup 5 --json-out "$out/train-large-feed_$feed-fp32-tf32.json"
-  done
+# Kernels per training update and per decoded batch, and how busy they keep the GPU.
+if has profile; then
+  python scripts/profile_gpu_step.py ${model:+--model "$model" --source "$test_src"} \
+    --json-out "$out/profile.json" || true
+fi
+
+# The GPU recipe from nothing to its test BLEU: trains until its schedule ends it, averages, chooses on dev.
+if has recipe; then
+  run="$(mktemp -d)/run"
+  CONFIG=configs/multi30k_de_en_bahdanau_gpu.yaml DEVICE=cuda RUN="$run" BEAMS=1,5,10 NMT_SKIP_VENV=1 \
+    bash scripts/best_recipe.sh 2>&1 | tr '\r' '\n' | grep -v 'upd/s' > "$out/recipe.log" || true
+  python scripts/recipe_summary.py "$run" configs/multi30k_de_en_bahdanau_gpu.yaml --json-out "$out/recipe.json" \
+    || true
+  cp "$run/metrics.jsonl" "$out/recipe-metrics.jsonl" 2>/dev/null || true
+fi
+
+# Side by side with OpenNMT-py on the same GPU, alternating runs, median of 3.
+if has compare && [[ -n "${ONMT:-}" ]]; then
+  python scripts/compare_opennmt.py --onmt-venv "$ONMT" --device cuda --threads 4 --runs 3 --steps 460 \
+    --warmup 260 --json-out "$out/compare-train.json" || true
+  if [[ -n "$model" ]] && has compare; then
+    python scripts/compare_opennmt.py --onmt-venv "$ONMT" --device cuda --task train-model --steps 800 || true
+    python scripts/compare_opennmt.py --onmt-venv "$ONMT" --device cuda --task decode --runs 3 --threads 4 \
+      --checkpoint "$model" --onmt-checkpoint bench/opennmt/run/model_step_800.pt \
+      --json-out "$out/compare-decode.json" || true
+  fi
 fi
 exit 0                                  # what the budget allowed is in OUT

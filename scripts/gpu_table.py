@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""The GPU section's tables of docs/benchmarks.md, from a folder that scripts/gpu_benchmarks.sh wrote.
+
+    python scripts/gpu_table.py docs/results/h200-2026-11-24 > table.md
+
+Reads the JSON files there (whichever exist) and prints Markdown: the machine, training and decoding
+with the CUDA graphs on and off per precision, start-up to the first translation, the side-by-side ratios
+with OpenNMT-py and the GPU recipe's result. tests/test_docs.py checks that docs/benchmarks.md holds this
+output for the folder it names, so the page cannot drift from its data.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _load(folder: Path, name: str) -> dict | None:
+    path = folder / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _machine(folder: Path) -> str:
+    for path in sorted(folder.glob("*.json")):
+        facts = json.loads(path.read_text(encoding="utf-8")).get("machine")
+        if facts and "gpu" in facts:
+            gpu = facts["gpu"]
+            return (f"{gpu['count']}x {gpu['name']} ({gpu['memory_gib']} GiB), driver {gpu.get('driver') or '?'}, "
+                    f"CUDA {gpu['cuda']}, cuDNN {gpu['cudnn']}, torch {facts['torch']}, Python {facts['python']}; "
+                    f"host {facts['cpu']} with {facts['cores']} cores")
+    return "unknown machine"
+
+
+def training_rows(folder: Path) -> list[str]:
+    rows = []
+    for model in ("bahdanau", "luong"):
+        cells = []
+        for precision in ("fp32", "bf16"):
+            for graphs in ("false", "true"):
+                report = _load(folder, f"train-{model}-{precision}-graphs_{graphs}.json")
+                cells.append(f"{report['train']['tgt_tokens_per_s']:,.0f}" if report else "")
+        if any(cells):
+            rows.append(f"| training, reference {model.capitalize()}, target tokens/s | " + " | ".join(cells) + " |")
+    return rows
+
+
+def decoding_rows(folder: Path, name: str, label: str) -> list[str]:
+    report = _load(folder, name)
+    if report is None:
+        return []
+    found = {(r["precision"], r["beam"], r["graphs"]): r for r in report["decode"]}
+    rows = []
+    for beam, search in ((1, "greedy"), (5, "beam 5")):
+        cells = []
+        for precision in ("fp32", "bf16"):
+            for graphs in (False, True):
+                r = found.get((precision, beam, graphs))
+                bleu = f" ({r['bleu']:.2f})" if r and r.get("bleu") is not None else ""
+                cells.append(f"{r['sent_per_s']:,.0f}{bleu}" if r else "")
+        with_bleu = " (BLEU)" if any(r.get("bleu") is not None for r in found.values()) else ""
+        rows.append(f"| {label}, {search}, sent/s decoding alone{with_bleu} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def first_line_rows(folder: Path) -> list[str]:
+    report = _load(folder, "decode-test2016.json")
+    if not report or "first_line" not in report:
+        return []
+    worst = max(report["first_line"], key=lambda r: r["beyond_import_s"])
+    imports = [r["import_torch_s"] for r in report["first_line"]]
+    return [f"Start-up: the first translation of one line came at most {worst['beyond_import_s']:.2f} s after "
+            f"`import torch` ({worst['precision']}, beam {worst['beam']}: model loaded in {worst['load_s']:.2f} s, "
+            f"translated in {worst['first_translation_s']:.2f} s); `import torch` itself took "
+            f"{min(imports):.1f}-{max(imports):.1f} s on this host."]
+
+
+def comparison_rows(folder: Path) -> list[str]:
+    rows = []
+    train = (_load(folder, "compare-train.json") or {}).get("train")
+    if train:
+        rows.append(f"| training, target tokens/s ({train['nmt_precision']}) | {train['nmt_median']:,.0f} | "
+                    f"{train['onmt_median']:,.0f} | **{train['ratio']:.2f}x** | 3x |")
+    decode = _load(folder, "compare-decode.json")
+    for search, goals in (("beam5", ("5x", "3x")), ("greedy", ("", ""))):
+        entry = (decode or {}).get("decode", {}).get(search)
+        if not entry:
+            continue
+        label = "beam 5" if search == "beam5" else "greedy"
+        rows.append(f"| {label}, decoding alone, sent/s | {entry['nmt_median_decode_only_sent_per_s']:,.0f} | "
+                    f"{entry['onmt_median_decode_only_sent_per_s']:,.0f} | "
+                    f"**{entry['ratio_decode_only_sent_per_s']:.2f}x** | {goals[0]} |")
+        rows.append(f"| {label}, whole process, sent/s | {entry['nmt_median_sent_per_s']:,.0f} | "
+                    f"{entry['onmt_median_sent_per_s']:,.0f} | **{entry['ratio_sent_per_s']:.2f}x** | {goals[1]} |")
+    return rows
+
+
+def recipe_rows(folder: Path) -> list[str]:
+    recipe = _load(folder, "recipe.json")
+    if not recipe:
+        return []
+    return [f"| {recipe['config']} | {recipe['updates']:,} | {recipe['train_minutes']:.2f} | "
+            f"{recipe['best_dev_bleu']:.2f} | {recipe['choice']} | **{recipe['test_bleu']:.2f}** |"]
+
+
+def table(folder: Path) -> str:
+    out = [f"Measured on: {_machine(folder)} (`{folder.as_posix()}`).", ""]
+    rows = training_rows(folder) + decoding_rows(folder, "decode-test2016.json", "test_2016_flickr") \
+        + decoding_rows(folder, "decode-100k.json", "100,000 sentences")
+    if rows:
+        out += ["| | fp32 eager | fp32 graphs | bf16 eager | bf16 graphs |", "|---|---|---|---|---|", *rows, ""]
+    out += first_line_rows(folder)
+    rows = comparison_rows(folder)
+    if rows:
+        out += ["", "| side by side, median of 3 alternating runs | nmt | OpenNMT-py 3.5.1 | ratio | goal |",
+                "|---|---|---|---|---|", *rows]
+    rows = recipe_rows(folder)
+    if rows:
+        out += ["", "| GPU recipe | updates | training minutes (validation included) | best dev BLEU | "
+                    "chosen on dev | test_2016_flickr BLEU |", "|---|---|---|---|---|---|", *rows]
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        sys.exit("usage: python scripts/gpu_table.py RESULTS_FOLDER")
+    sys.stdout.write(table(Path(sys.argv[1])))
