@@ -76,3 +76,19 @@ def test_the_python_excerpts_are_the_code_as_it_is():
     assert blocks
     missing = [line for block in blocks for line in map(_code, block.splitlines()) if line and line not in source]
     assert missing == []
+
+
+def test_the_gpu_tables_are_built_from_their_results(monkeypatch):
+    """docs/benchmarks.md's GPU tables are scripts/gpu_table.py's output for the folder the page names."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_table import table
+
+    page = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"<!-- gpu-table: (\S+) -->\n(.*?)<!-- /gpu-table -->", page, re.S)
+    assert blocks, "no gpu-table block in docs/benchmarks.md"
+    monkeypatch.chdir(REPO)                                   # the page names the folder from the repository
+    for folder, text in blocks:
+        assert (REPO / folder).is_dir(), folder
+        assert text == table(Path(folder)), f"the table of {folder} differs from scripts/gpu_table.py's output"
