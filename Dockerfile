@@ -1,29 +1,38 @@
-# nmt on a GPU box. The base image brings CUDA, cuDNN and PyTorch; the package is installed
-# without its torch requirement, so the image never downloads a second torch.
+# nmt on a GPU box. BASE brings Python, CUDA, cuDNN and PyTorch (a torch version the test suite has run
+# on); nmt and its other dependencies go in at the versions of constraints.txt, leaving torch alone.
 #
 #   docker build -t nmt .
-#   docker run --gpus all -v $PWD/data:/data -v $PWD/runs:/runs nmt train --config /data/C.yaml
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+#   docker build --network host --build-arg BASE=nmt-base:local -t nmt .   # a local base: scripts/docker_base.sh
+#
+# Any --user may run it, also with --read-only: nothing is written outside /data, /runs and /tmp (give it
+# a tmpfs: --tmpfs /tmp), where HOME and the caches point. `nmt serve` listens on every interface of the
+# container (NMT_SERVE_HOST), so that `-p 8000:8000` reaches it.
+ARG BASE=pytorch/pytorch:2.11.0-cuda13.0-cudnn9-runtime
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    MPLCONFIGDIR=/tmp/.matplotlib \
+    NMT_SERVE_HOST=0.0.0.0
 
 WORKDIR /opt/nmt
-COPY pyproject.toml README.md ./
+COPY constraints.txt pyproject.toml README.md ./
 COPY nmt ./nmt
 COPY configs ./configs
 COPY scripts ./scripts
-# Dependencies other than torch (already in the base image), the serve extra (nmt serve), then the
-# package itself with --no-deps.
-RUN pip install "sentencepiece>=0.2.0" "sacrebleu>=2.3" "typer>=0.9" "pyyaml>=6.0" "tqdm>=4.60" "numpy>=1.22" \
-        "fastapi>=0.110" "uvicorn>=0.29" \
+# Dependencies other than torch (the base's), with the serve and plot extras, then nmt with --no-deps.
+RUN python -c "import torch" \
+    && pip install -c constraints.txt sentencepiece sacrebleu typer pyyaml tqdm numpy fastapi uvicorn matplotlib \
     && pip install --no-deps . \
-    && python -c "import torch, nmt; print('nmt', nmt.__version__, 'torch', torch.__version__)"
+    && python -c "import torch, nmt, fastapi, matplotlib; print('nmt', nmt.__version__, 'torch', torch.__version__)"
 
-RUN useradd --create-home --uid 1000 nmt && mkdir -p /data /runs && chown nmt:nmt /data /runs
-USER nmt
+RUN mkdir -p /data /runs && chmod 1777 /data /runs
+USER 1000:1000
 VOLUME ["/data", "/runs"]
 WORKDIR /runs
+EXPOSE 8000
 ENTRYPOINT ["nmt"]
 CMD ["--help"]

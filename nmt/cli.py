@@ -560,7 +560,8 @@ def info(
 @app.command()
 def serve(
     model: Path = typer.Option(..., "--model", "--checkpoint", "-m", help=MODEL_HELP),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    host: str = typer.Option("127.0.0.1", "--host", envvar="NMT_SERVE_HOST",
+                             help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port; 0 = any free port (logged)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),

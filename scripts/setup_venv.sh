@@ -10,7 +10,7 @@ if [[ "${NMT_SKIP_VENV:-}" != 1 ]]; then
   source .venv/bin/activate
   python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
   # The `nmt` command, not `import nmt`: from the repository root the package imports without being installed.
-  [[ -x .venv/bin/nmt ]] || pip install -q -e .
+  [[ -x .venv/bin/nmt ]] || pip install -q -c constraints.txt -e .
 fi
 
 if [[ -z "${MULTI30K_MIRROR:-}" && -d ../shared/data/multi30k ]]; then

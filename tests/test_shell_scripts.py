@@ -57,7 +57,7 @@ def _source(root: Path) -> list[str]:
 def test_installs_nmt_when_its_command_is_missing_even_though_the_package_imports_from_the_root(tmp_path):
     # From the repository root `import nmt` works without an install; quickstart.sh then found no `nmt` command.
     calls = _source(_fake_checkout(tmp_path))
-    assert "pip install -q -e ." in calls
+    assert "pip install -q -c constraints.txt -e ." in calls
 
 
 def test_leaves_an_installed_nmt_alone(tmp_path):
@@ -97,6 +97,8 @@ def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
     ("get_multi30k.sh", ["--help"], "MULTI30K_MIRROR=/path"),
     ("get_iwslt14.sh", ["-h"], "IWSLT14_MIRROR=/path"),
     ("gpu_benchmarks.sh", ["--help"], "bash scripts/gpu_benchmarks.sh OUT [MODEL]"),
+    ("docker_base.sh", ["--help"], "bash scripts/docker_base.sh [TAG]"),
+    ("docker_check.sh", ["-h"], "bash scripts/docker_check.sh BASE"),
 ])
 def test_the_download_and_gpu_scripts_answer_help_with_their_header(tmp_path, script, args, expected):
     result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
@@ -112,6 +114,9 @@ def test_the_download_and_gpu_scripts_answer_help_with_their_header(tmp_path, sc
     ("get_iwslt14.sh", ["--force"], "takes [--mirror FOLDER] [DEST], got '--force'"),
     ("gpu_benchmarks.sh", [], "takes OUT [MODEL], got ''"),
     ("gpu_benchmarks.sh", ["--stages", "train"], "takes OUT [MODEL], got '--stages train'"),
+    ("docker_base.sh", ["a", "b"], "takes [TAG], got 'a b'"),
+    ("docker_check.sh", [], "takes BASE, got ''"),
+    ("docker_check.sh", ["--no-cache"], "takes BASE, got '--no-cache'"),
 ])
 def test_the_download_and_gpu_scripts_refuse_what_they_do_not_take(tmp_path, script, args, message):
     result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
