@@ -104,3 +104,19 @@ def test_checkpoints_store_plain_learning_rates():
     assert portable["param_groups"][0]["lr"] == pytest.approx(2e-3)
     assert isinstance(portable["param_groups"][0]["lr"], float)
     assert isinstance(state["param_groups"][0]["lr"], torch.Tensor)      # the optimiser's own state untouched
+
+
+def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
+    """A long-running server meets many batch shapes: only MAX_GRAPHS of them are kept."""
+    from nmt.decode import graphed
+
+    monkeypatch.setattr(graphed, "MAX_GRAPHS", 2)
+    model = random_model("bahdanau")
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model, capture=False)
+    graphs.greedy(src, lengths)                                   # rows 8, length 16
+    graphs.greedy(src[:, :7][2:], lengths[2:])                    # length 8
+    graphs.greedy(src, lengths)                                   # used again: now the most recent
+    graphs.beam(src, lengths, 2)                                  # a third shape: drops the length-8 one
+    assert [key[:3] for key in graphs.graphs] == [("greedy", 8, 16), ("beam", 8, 16)]
+    assert_same(greedy_search(model, src[:, :7][2:], lengths[2:]), graphs.greedy(src[:, :7][2:], lengths[2:]))

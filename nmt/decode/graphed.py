@@ -24,6 +24,7 @@ output, shortlists and ensembles take the eager path (`graphable`).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, fields
@@ -41,6 +42,7 @@ from nmt.model.decoder import DecoderState
 from nmt.model.seq2seq import Seq2Seq
 
 STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
+MAX_GRAPHS = 48            # shapes kept (least recently used dropped): a server's GPU memory stays bounded
 
 
 def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
@@ -134,13 +136,17 @@ class SearchGraphs:
         self._frozen = ExitStack()
         self._frozen.enter_context(model.decoder.frozen_weights())
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.graphs: dict[tuple, tuple[Callable[[], None], _Static]] = {}
+        self.graphs: OrderedDict[tuple, tuple[Callable[[], None], _Static]] = OrderedDict()   # oldest use first
 
     def _graph(self, key: tuple, build: Callable[[], _Static], chunk: Callable[[_Static], None]
                ) -> tuple[Callable[[], None], _Static]:
         """The replay function and static tensors of the chunk for `key`, captured on first use."""
         key = (*key, active_autocast_dtype(self.model.decoder.output.weight.device.type))
-        if key not in self.graphs:
+        if key in self.graphs:
+            self.graphs.move_to_end(key)
+        else:
+            while len(self.graphs) >= MAX_GRAPHS:
+                self.graphs.popitem(last=False)
             static = build()
             if not self.capture:
                 self.graphs[key] = (lambda: chunk(static), static)

@@ -24,6 +24,7 @@ update takes the eager path.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ from nmt.data.batching import Batch, bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.loss import output_cross_entropy
+
+MAX_GRAPHS = 64            # batch shapes kept (a Multi30k epoch has 27); least recently used dropped
 
 
 def applies(model: Seq2Seq, device: torch.device, world_size: int, amp_dtype: torch.dtype | None,
@@ -89,8 +92,7 @@ class GraphedUpdates:
         self.clip_grad_norm, self.label_smoothing = clip_grad_norm, label_smoothing
         self.device = next(model.parameters()).device
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, _Static]] = {}
-        self.statics: dict[tuple[int, int, int], _Static] = {}
+        self.graphs: OrderedDict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, _Static]] = OrderedDict()
 
     @staticmethod
     def shape(batch: Batch) -> tuple[int, int, int]:
@@ -102,11 +104,14 @@ class GraphedUpdates:
         """One optimiser update on `batch`; returns its summed loss, on the GPU."""
         key = self.shape(batch)
         if key in self.graphs:
+            self.graphs.move_to_end(key)
             graph, static = self.graphs[key]
             static.load(batch)
             graph.replay()
             return static.loss
-        static = self.statics.get(key) or self._static(key)
+        while len(self.graphs) >= MAX_GRAPHS:          # least recently used first: memory stays bounded
+            self.graphs.popitem(last=False)
+        static = self._static(key)
         static.load(batch)
         side = torch.cuda.Stream()                     # warm-up on a side stream, as torch.cuda.graphs asks
         side.wait_stream(torch.cuda.current_stream())
@@ -124,10 +129,8 @@ class GraphedUpdates:
     def _static(self, key: tuple[int, int, int]) -> _Static:
         rows, src_len, tgt_len = key
         new = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
-        static = _Static(new(rows, src_len), new(rows), new(rows, tgt_len), new(rows, tgt_len),
-                         torch.ones((), device=self.device), torch.zeros((), device=self.device))
-        self.statics[key] = static
-        return static
+        return _Static(new(rows, src_len), new(rows), new(rows, tgt_len), new(rows, tgt_len),
+                       torch.ones((), device=self.device), torch.zeros((), device=self.device))
 
     def _run(self, s: _Static) -> None:
         """Forward, loss, backward, clipping and the optimiser step; static shapes, no host sync."""
