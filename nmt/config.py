@@ -114,7 +114,7 @@ class TrainingConfig:
     clip_grad_norm: float = _bounded(1.0, ge=0.0)       # 0 disables
     accumulate: int = _bounded(1, ge=1)
     label_smoothing: float = _bounded(0.0, ge=0.0, le=1.0)
-    lr_schedule: Literal["constant", "plateau", "inverse_sqrt"] = "constant"
+    lr_schedule: Literal["constant", "plateau", "inverse_sqrt", "budget"] = "constant"
     warmup_updates: int = _bounded(0, ge=0)
     plateau_factor: float = _bounded(0.5, gt=0.0, le=1.0)
     plateau_patience: int = _bounded(2, ge=0)

@@ -189,6 +189,33 @@ def test_plateau_schedule_and_teacher_forcing_decay():
     assert teacher_forcing_ratio(linear, 1000) == 0.5
 
 
+def test_budget_schedule_decays_over_whichever_budget_is_further_spent():
+    from nmt.config import ConfigError, TrainingConfig
+    from nmt.train.schedules import LrSchedule
+
+    optimizer = torch.optim.Adam(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    by_updates = LrSchedule(optimizer, TrainingConfig(lr=1.0, lr_schedule="budget", max_updates=100, min_lr=0.0))
+    assert by_updates.lr_at(1) == pytest.approx(1.0, abs=1e-3)
+    assert by_updates.lr_at(50) == pytest.approx(0.5) and by_updates.lr_at(100) == pytest.approx(0.0)
+    both = LrSchedule(optimizer, TrainingConfig(lr=1.0, lr_schedule="budget", max_updates=100, max_minutes=30,
+                                                min_lr=0.1, warmup_updates=10))
+    assert both.lr_at(5, minutes=0.1) == pytest.approx(0.5, abs=0.01)          # the warm-up ramp first
+    assert both.lr_at(20, minutes=15) == pytest.approx(0.55)                  # half the time: halfway to min_lr
+    assert both.lr_at(20, minutes=45) == pytest.approx(0.1)                   # past the budget: min_lr
+    assert both.step(20, minutes=15) == optimizer.param_groups[0]["lr"] == pytest.approx(0.55)
+    with pytest.raises(ConfigError, match="training.max_minutes or training.max_updates"):
+        LrSchedule(optimizer, TrainingConfig(lr=1.0, lr_schedule="budget"))
+
+
+def test_a_budgeted_run_ends_at_min_lr(prepared, tmp_path):
+    trainer = Trainer(config_for(prepared, tmp_path / "run", lr_schedule="budget", lr=0.003, min_lr=0.0001,
+                                 max_updates=8, log_every=2, validate_every=100))
+    trainer.train()
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [e["lr"] for e in events if e["event"] == "train"]
+    assert len(lrs) == 4 and lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.0001)
+
+
 def test_early_stopping_after_patience(prepared, tmp_path):
     # With a vanishing learning rate the dev BLEU cannot improve, so patience 1 stops at the 2nd validation.
     trainer = Trainer(config_for(prepared, tmp_path / "run", lr=1e-12, max_updates=50, validate_every=2,

@@ -8,23 +8,30 @@ from typing import Any
 from torch import Tensor
 from torch.optim import Optimizer
 
-from nmt.config import TrainingConfig
+from nmt.config import ConfigError, TrainingConfig
 
 
 class LrSchedule:
     """constant | plateau (multiply by `plateau_factor` after `plateau_patience` validations
     without improvement; once that takes the lr below `min_lr`, training is over) |
-    inverse_sqrt (linear warmup, then lr * sqrt(warmup / step)).
+    inverse_sqrt (linear warmup, then lr * sqrt(warmup / step)) |
+    budget (cosine decay from lr to `min_lr` over the training budget: the larger of the fractions of
+    `max_updates` and of `max_minutes` spent, wall time and validation included, so a run that stops when
+    its time is up stops at the bottom of the curve; a resumed run continues it).
     A positive `warmup_updates` ramps the lr up linearly under every schedule."""
 
     def __init__(self, optimizer: Optimizer, config: TrainingConfig) -> None:
+        if config.lr_schedule == "budget" and not (config.max_updates or config.max_minutes):
+            raise ConfigError("`training.lr_schedule: budget` decays over the training budget; set "
+                              "training.max_minutes or training.max_updates")
         self.optimizer, self.config = optimizer, config
         self.base_lr = config.lr
         self.plateau_scale = 1.0
         self.bad_validations = 0
         self.best: float | None = None
 
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int, minutes: float = 0.0) -> float:
+        """The lr of update `step` (1-based), `minutes` of training into the run."""
         c = self.config
         warmup = c.warmup_updates
         if c.lr_schedule == "inverse_sqrt":
@@ -32,6 +39,10 @@ class LrSchedule:
             lr = self.base_lr * ramp
         else:
             lr = self.base_lr * (min(1.0, step / warmup) if warmup else 1.0)
+        if c.lr_schedule == "budget":
+            spent = min(1.0, max(step / c.max_updates if c.max_updates else 0.0,
+                                 minutes / c.max_minutes if c.max_minutes else 0.0))
+            return c.min_lr + (lr - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * spent))
         return max(lr * self.plateau_scale, c.min_lr) if c.lr_schedule == "plateau" else lr
 
     @property
@@ -40,9 +51,9 @@ class LrSchedule:
         c = self.config
         return c.lr_schedule == "plateau" and self.base_lr * self.plateau_scale < c.min_lr
 
-    def step(self, step: int) -> float:
-        """Set the lr for update number `step` (1-based); returns it."""
-        lr = self.lr_at(step)
+    def step(self, step: int, minutes: float = 0.0) -> float:
+        """Set the lr for update number `step` (1-based), `minutes` into the run; returns it."""
+        lr = self.lr_at(step, minutes)
         for group in self.optimizer.param_groups:
             if isinstance(group["lr"], Tensor):           # a capturable optimiser: a captured step reads it there
                 group["lr"].fill_(lr)

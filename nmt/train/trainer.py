@@ -518,7 +518,7 @@ class Trainer:
                 while p.cursor.batch < len(batches):
                     group = batches[p.cursor.batch : p.cursor.batch + t.accumulate]
                     tf_ratio = teacher_forcing_ratio(t, p.step)
-                    lr = self.schedule.step(p.step + 1)
+                    lr = self.schedule.step(p.step + 1, (p.elapsed + self._session_time()) / 60)
                     loss, tokens = self._update([self.train_ids.collate(rows) for rows in group], tf_ratio)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
