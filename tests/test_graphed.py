@@ -120,3 +120,18 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     graphs.beam(src, lengths, 2)                                  # a third shape: drops the length-8 one
     assert [key[:3] for key in graphs.graphs] == [("greedy", 8, 16), ("beam", 8, 16)]
     assert_same(greedy_search(model, src[:, :7][2:], lengths[2:]), graphs.greedy(src[:, :7][2:], lengths[2:]))
+
+
+def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
+    from nmt.decode.graphed import graphable
+
+    model, cuda = random_model("bahdanau"), torch.device("cuda")
+    plain = dict(sampling=False, prefix=None, no_repeat_ngram=0, coverage=0.0, return_attention=False)
+    assert graphable(model, cuda, **plain)
+    assert not graphable(model, torch.device("cpu"), **plain)
+    assert not graphable(object(), cuda, **plain)                               # an ensemble, say
+    for option, value in (("sampling", True), ("prefix", torch.zeros(1)), ("no_repeat_ngram", 2),
+                          ("coverage", 0.2), ("return_attention", True)):
+        assert not graphable(model, cuda, **{**plain, option: value}), option
+    with model.decoder.output_subset(torch.arange(10)):
+        assert not graphable(model, cuda, **plain)

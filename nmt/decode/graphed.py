@@ -46,10 +46,10 @@ MAX_GRAPHS = 48            # shapes kept (least recently used dropped): a server
 
 
 def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
-              coverage: float, return_attention: bool, shortlist: bool) -> bool:
-    """Whether a search with these options can run as captured graphs."""
-    return (device.type == "cuda" and isinstance(model, Seq2Seq) and not sampling and prefix is None
-            and not no_repeat_ngram and not coverage and not return_attention and not shortlist)
+              coverage: float, return_attention: bool) -> bool:
+    """Whether a search with these options can run as captured graphs (one model, no shortlist in use)."""
+    return (device.type == "cuda" and isinstance(model, Seq2Seq) and not model.decoder.in_subset and not sampling
+            and prefix is None and not no_repeat_ngram and not coverage and not return_attention)
 
 
 @dataclass

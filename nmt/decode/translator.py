@@ -404,7 +404,7 @@ class Translator:
         greedy = d.beam_size == 1 and n_best == 1 and not d.coverage_penalty
         if d.cuda_graphs and graphable(self.model, self.device, sampling=False, prefix=prefix,
                                        no_repeat_ngram=d.no_repeat_ngram, coverage=d.coverage_penalty,
-                                       return_attention=return_attention, shortlist=self.model.decoder.in_subset):
+                                       return_attention=return_attention):
             if self._graphs is None:
                 self._graphs = SearchGraphs(self.model)
             if greedy:
