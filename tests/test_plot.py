@@ -143,3 +143,18 @@ def test_other_commands_do_not_import_matplotlib():
     code = ("import sys; import nmt.cli, nmt.decode.translator, nmt.train.trainer, nmt.evaluate; "
             "print('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_an_attention_folder_whose_marker_is_a_link_is_refused(trained_run, tmp_path):
+    out = tmp_path / "attention"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (out / ".nmt-folder.json").symlink_to(victim)
+    for args in (["plot", "attention", "--src", "Ein Hund.", "-o", str(out)],
+                 ["translate", "--plot-attention", str(out)]):
+        result = run_cli(*args[:1 if args[0] == "translate" else 2], "--checkpoint", str(trained_run / "best.pt"),
+                         *args[1 if args[0] == "translate" else 2:])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "is a symbolic link" in lines[0], result.stderr
+    assert victim.read_text() == "mine" and [p.name for p in out.iterdir()] == [".nmt-folder.json"]

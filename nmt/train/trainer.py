@@ -48,21 +48,22 @@ from nmt.device import (
 from nmt.folders import (
     LOCK,
     MARKER,
+    append_text,
     atomic_write,
     check_overlap,
     copy_atomically,
-    lock_folder,
     open_work_folder,
     read_marker,
+    refuse_links,
     register_file,
-    release_folder,
     remove_leftovers,
     remove_nmt_files,
     write_marker,
 )
+from nmt.locks import lock_folder, release_folder
 from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
-from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.train.checkpoint import CheckpointError, best_k_files, load_checkpoint, save_checkpoint
 from nmt.train.loss import output_cross_entropy
 from nmt.train.schedules import LrSchedule, teacher_forcing_ratio
 
@@ -208,6 +209,7 @@ class Trainer:
                 raise RunDirError(f"cannot resume: {self.run_dir} is an nmt {marker.get('kind')} folder")
             self._adopting, self._lock_created = marker is None, not (self.run_dir / LOCK).exists()
             lock_folder(self.run_dir, "train")
+            refuse_links(self.run_dir, "training.run_dir")     # its files are rewritten, never through a link
             remove_leftovers(self.run_dir)
             return
         ours = {MARKER, LOCK}
@@ -334,6 +336,7 @@ class Trainer:
         if saved.model != self.config.model:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} was trained with a different `model` section")
         changed = self._check_resume_config(saved)
+        best_k_files(self.run_dir / "last.pt", state.get("progress"))   # names checked before any is deleted
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as exc:
@@ -371,7 +374,7 @@ class Trainer:
         prog = state["progress"]
         self.progress = Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
                                  bad_validations=prog["bad_validations"],
-                                 best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"],
+                                 best_k=best_k_files(self.run_dir / "last.pt", prog), elapsed=prog["elapsed"],
                                  validation_due=bool(prog.get("validation_due", False)),   # older checkpoints:
                                  validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
                                  window_loss=float(prog.get("window_loss", 0.0)),          # window empty
@@ -397,8 +400,7 @@ class Trainer:
         if not self.is_main:
             return
         line = json.dumps({"time": round(time.time(), 3), **event}) + "\n"
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(line)
+        append_text(self.run_dir / "metrics.jsonl", line)
 
     # ------------------------------------------------------------------ training
 
