@@ -117,6 +117,17 @@ class Trainer:
 
     def __init__(self, config: Config, resume: bool = False, overwrite: bool = False,
                  config_path: str | Path | None = None) -> None:
+        # A shared lock on the data folder for the whole run: `nmt preprocess` cannot rewrite it meanwhile.
+        self._data_dir = Path(config.data.out_dir) if config.data.out_dir else None
+        self._data_lock = bool(self._data_dir and (self._data_dir / "manifest.json").is_file()
+                               and lock_folder(self._data_dir, "train", shared=True))
+        try:
+            self._setup(config, resume, overwrite, config_path)
+        except BaseException:
+            self._release_data()
+            raise
+
+    def _setup(self, config: Config, resume: bool, overwrite: bool, config_path: str | Path | None) -> None:
         self.config = config
         t = config.training
         if t.run_dir is None:
@@ -182,9 +193,15 @@ class Trainer:
                 self._trim_metrics()
 
     def close(self) -> None:
-        """Let go of the run folder's lock (a process that ends lets go anyway)."""
+        """Let go of the run folder's and data folder's locks (a process that ends lets go anyway)."""
         if self.is_main:
             release_folder(self.run_dir)
+        self._release_data()
+
+    def _release_data(self) -> None:
+        if self._data_lock:
+            release_folder(self._data_dir)
+            self._data_lock = False
 
     # ------------------------------------------------------------------ run folder
 
