@@ -597,7 +597,9 @@ def plot_attention_command(
     except (PlotUnavailable, ModelFileError, ConfigError, FolderError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
-    typer.echo(f"wrote {len(src)} heatmap(s) to {out}", err=True)
+    skipped = len(src) - len(plotter.written)          # an empty sentence has no attention to draw
+    typer.echo(f"wrote {len(plotter.written)} heatmap(s) to {out}"
+               + (f"; {skipped} empty sentence(s) have none" if skipped else ""), err=True)
 
 
 @plot_app.command("curves")

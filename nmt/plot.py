@@ -85,6 +85,7 @@ class AttentionPlotter:
     def __init__(self, out_dir: str | Path, option: str = "--plot-attention") -> None:
         self.plt = _pyplot()
         self.out_dir = output_target(out_dir, option)      # the folder the user named may be a link
+        self.written: list[Path] = []                       # the heatmaps drawn so far
         if refuse_foreign(self.out_dir, "attention", option, "empty it") is None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_marker(self.out_dir, "attention")
@@ -96,6 +97,7 @@ class AttentionPlotter:
             atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=DPI))
         finally:
             self.plt.close(fig)
+        self.written.append(path)
         return path
 
 

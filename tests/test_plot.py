@@ -145,6 +145,15 @@ def test_other_commands_do_not_import_matplotlib():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
+def test_plot_attention_counts_only_the_heatmaps_it_wrote(trained_run, tmp_path):
+    out = tmp_path / "attention"
+    result = run_cli("plot", "attention", "--checkpoint", str(trained_run / "best.pt"), "--device", "cpu",
+                     "--src", "", "--src", "Ein Hund.", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == ["attention-00001.png"]
+    assert f"wrote 1 heatmap(s) to {out}; 1 empty sentence(s) have none" in result.stderr
+
+
 def test_an_attention_folder_whose_marker_is_a_link_is_refused(trained_run, tmp_path):
     out = tmp_path / "attention"
     out.mkdir()
