@@ -217,7 +217,7 @@ def _temp_owner(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -243,7 +243,7 @@ def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]
         owner = _temp_owner(entry.name)
         if owner is None or (target is not None and not entry.name.startswith(f".{target}.")):
             continue
-        if owner == os.getpid() or not _alive(owner):
+        if owner == os.getpid() or not process_alive(owner):
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

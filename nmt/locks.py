@@ -16,7 +16,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from nmt.folders import LOCK, FolderError, new_file_mode
+from nmt.folders import LOCK, FolderError, new_file_mode, process_alive
 
 _held_locks: dict[Path, int] = {}      # folder -> fd of its lock file, held until released or the process ends
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
@@ -100,7 +100,7 @@ def _holders(fd: int) -> str:
             records[int(fields[0])] = " ".join(fields[1:])
     pids = _kernel_holders(key)
     if pids is None:              # no /proc/locks: the records of living processes are the best guess
-        pids = [pid for pid in records if _alive(pid)]
+        pids = [pid for pid in records if process_alive(pid)]
     if not pids:
         return "another process"
     return " and ".join(f"process {pid} ({records.get(pid) or _command(pid)})" for pid in pids)
@@ -121,16 +121,6 @@ def _kernel_holders(key: str) -> list[int] | None:
             if pid > 0 and pid not in pids:
                 pids.append(pid)
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _command(pid: int) -> str:

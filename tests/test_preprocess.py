@@ -11,7 +11,7 @@ from nmt.data.corpus import DataError, read_lines
 from nmt.data.preprocess import DataFolder, preprocess
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 
-from .conftest import make_config, nmt_server, write_slice
+from .conftest import link_marker, make_config, nmt_server, write_slice
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -329,14 +329,11 @@ def test_a_marker_that_is_a_link_is_never_written_through(tmp_path, corpus_dir):
     from nmt.folders import MARKER
 
     config = make_config(tmp_path, corpus_dir)
-    victim = tmp_path / "victim.txt"
-    victim.write_text("mine")
     data = tmp_path / "data"
-    data.mkdir()
-    (data / MARKER).symlink_to(victim)
+    victim = link_marker(data)
     result = run_cli("preprocess", "--config", str(config))
     assert result.returncode == 2 and "is a symbolic link" in result.stderr.strip().splitlines()[-1]
-    assert victim.read_text() == "mine" and [p.name for p in data.iterdir()] == [MARKER]
+    assert victim.read_text() == "mine\n" and [p.name for p in data.iterdir()] == [MARKER]
 
 
 def test_a_vocabulary_named_outside_the_data_folder_is_refused(tmp_path):

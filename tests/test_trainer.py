@@ -13,7 +13,7 @@ from nmt.device import autocast_dtype
 from nmt.train.checkpoint import CheckpointError, load_checkpoint
 from nmt.train.trainer import RunDirError, Trainer
 
-from .conftest import nmt_server
+from .conftest import link_marker, nmt_server
 
 
 def config_for(prepared, run_dir, **training):
@@ -294,10 +294,7 @@ def test_resume_never_rewrites_a_linked_metrics_file(prepared, tmp_path):
 
 def test_a_run_folder_whose_marker_is_a_link_is_refused(prepared, tmp_path):
     run = tmp_path / "run"
-    run.mkdir()
-    victim = tmp_path / "victim.txt"
-    victim.write_text("mine\n")
-    (run / ".nmt-folder.json").symlink_to(victim)
+    victim = link_marker(run)
     result = nmt_server().run("train", "--config", str(prepared), "--set", f"training.run_dir={run}",
                               "--set", "training.max_updates=2", "--overwrite", text=True)
     assert result.returncode == 2 and "is a symbolic link" in result.stderr.strip().splitlines()[-1]
