@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -76,10 +77,12 @@ def test_preprocess_waits_for_no_training_and_training_for_no_preprocess(prepare
     from nmt.config import load_config
     from nmt.train.trainer import Trainer
 
-    data = Path(load_config(prepared).data.out_dir)
+    data = tmp_path / "data"           # a copy: other tests' trainers in this process may read the shared one
+    shutil.copytree(load_config(prepared).data.out_dir, data)
+    here = [f"data.out_dir={data}"]
     reader = nmt_holder(data, "train", shared=True)
     try:
-        result = nmt_server().run("preprocess", "--config", str(prepared), "--force", text=True)
+        result = nmt_server().run("preprocess", "--config", str(prepared), "--set", here[0], "--force", text=True)
     finally:
         stop(reader)
     lines = result.stderr.strip().splitlines()
@@ -89,11 +92,11 @@ def test_preprocess_waits_for_no_training_and_training_for_no_preprocess(prepare
     writer = nmt_holder(data, "preprocess", shared=False)
     try:
         with pytest.raises(FolderError, match=rf"in use by process {writer.pid} \(nmt preprocess\)"):
-            Trainer(load_config(prepared, [f"training.run_dir={run}", "training.max_updates=1"]))
+            Trainer(load_config(prepared, [*here, f"training.run_dir={run}", "training.max_updates=1"]))
     finally:
         stop(writer)
     assert not run.exists() and not holds_lock(data)
-    trainer = Trainer(load_config(prepared, [f"training.run_dir={run}", "training.max_updates=1",
+    trainer = Trainer(load_config(prepared, [*here, f"training.run_dir={run}", "training.max_updates=1",
                                              "training.validate_every=1", "training.val_max_sentences=2"]))
     assert holds_lock(data)
     trainer.train()

@@ -147,14 +147,21 @@ def test_translate_and_evaluate_refuse_a_planted_link_and_write_nothing(trained_
 @needs_root
 def test_plot_outputs_refuse_a_planted_link_through_the_cli_and_the_api(trained_run, tmp_path, victim):
     pytest.importorskip("matplotlib")
-    from nmt.plot import plot_curves
+    from nmt.plot import AttentionPlotter, plot_curves
 
-    link = plant(sticky(tmp_path) / "curves.png", victim)
+    shared = sticky(tmp_path)
+    link = plant(shared / "curves.png", victim)
     line = one_error(run_cli("plot", "curves", str(trained_run), "--out", str(link)))
     assert str(link) in line and "owned by" in line
     with pytest.raises(FolderError, match="owned by"):
         plot_curves([trained_run], link)
-    assert victim.read_text() == "export PATH\n"
+    folder = plant(shared / "attention", victim.parent)         # a heatmap folder someone else points home
+    line = one_error(run_cli("plot", "attention", "-m", str(trained_run / "best.pt"), "--src", "Ein Hund.",
+                             "-o", str(folder)))
+    assert str(folder) in line and "owned by" in line
+    with pytest.raises(FolderError, match="owned by"):
+        AttentionPlotter(folder)
+    assert victim.read_text() == "export PATH\n" and sorted(p.name for p in victim.parent.iterdir()) == [".profile"]
 
 
 def test_translate_refuses_to_replace_its_input(trained_run, tmp_path):
