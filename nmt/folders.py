@@ -281,6 +281,15 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
     return marker
 
 
+def own_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's marker, or None also when the marker is not nmt's (a link, names outside the folder):
+    for a user's output written into a folder, which such a marker must not block."""
+    try:
+        return read_marker(folder)
+    except FolderError:
+        return None
+
+
 def write_marker(folder: str | Path, kind: str, files: Iterable[str] | None = None) -> None:
     from nmt import __version__
 
@@ -293,7 +302,7 @@ def write_marker(folder: str | Path, kind: str, files: Iterable[str] | None = No
 def register_file(path: str | Path) -> None:
     """Record in a run folder's marker that nmt wrote `path` there (e.g. `nmt average -o RUN/avg.pt`)."""
     path = Path(path)
-    marker = read_marker(path.parent)
+    marker = own_marker(path.parent)
     if marker is not None and marker.get("kind") == "run" and not is_nmt_file(path.name, marker):
         write_marker(path.parent, "run", [*marker.get("files", []), path.name])
 

@@ -195,3 +195,13 @@ def test_the_api_never_writes_through_a_link_it_was_not_told_to_follow(model_fil
     with pytest.raises(FolderError, match="is a symbolic link"):
         export_model(model_file, link)
     assert victim.read_text() == "export PATH\n"
+
+
+def test_a_marker_planted_in_a_shared_folder_does_not_block_outputs_there(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / ".nmt-folder.json").symlink_to(tmp_path / "elsewhere.json")
+    assert check_outputs({"--output": shared / "out.txt"}, []) == {"--output": shared / "out.txt"}
+    (shared / ".nmt-folder.json").unlink()
+    (shared / ".nmt-folder.json").write_text('{"kind": "run", "files": ["../x"]}')
+    assert check_outputs({"--output": shared / "out.txt"}, []) == {"--output": shared / "out.txt"}
