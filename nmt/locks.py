@@ -99,20 +99,20 @@ def _holders(fd: int) -> str:
         if len(fields) >= 2 and fields[0].isdigit():
             records[int(fields[0])] = " ".join(fields[1:])
     pids = _kernel_holders(key)
-    if pids is None:              # no /proc/locks: the records of living processes are the best guess
+    if not pids:                  # no /proc/locks (or it names no one): the records of living processes
         pids = [pid for pid in records if process_alive(pid)]
     if not pids:
         return "another process"
     return " and ".join(f"process {pid} ({records.get(pid) or _command(pid)})" for pid in pids)
 
 
-def _kernel_holders(key: str) -> list[int] | None:
-    """PIDs holding flock locks on the file `key` (MAJOR:MINOR:INODE as /proc/locks writes it); None without it."""
+def _kernel_holders(key: str) -> list[int]:
+    """PIDs holding flock locks on the file `key` (MAJOR:MINOR:INODE as /proc/locks writes it)."""
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as table:
             lines = table.read().splitlines()
     except OSError:
-        return None
+        return []
     pids = []
     for line in lines:
         fields = line.split()     # "1: FLOCK  ADVISORY  WRITE 4884 fe:00:2146451 0 EOF"; waiters have "->"

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from nmt.folders import MARKER, FolderError, is_nmt_file, own_marker
+from nmt.folders import FolderError, is_nmt_file, own_marker
 
 MAX_LINKS = 40          # the kernel's limit on links followed in one path (ELOOP beyond it)
 _STICKY_WORLD_WRITABLE = stat.S_ISVTX | stat.S_IWOTH
@@ -37,7 +37,7 @@ def _owner(uid: int) -> str:
 def _may_follow(link: Path, info: os.stat_result, where: str) -> None:
     """The kernel's rule for following `link` (fs.protected_symlinks), and never a link in an nmt folder."""
     folder = link.parent
-    if os.path.lexists(folder / MARKER):
+    if own_marker(folder) is not None:
         raise FolderError(f"{where} is a symbolic link inside the nmt folder {folder}; nmt never writes through "
                           "a link in its own folders")
     try:
