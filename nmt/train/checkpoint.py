@@ -69,7 +69,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
     """The checkpoint's kept best checkpoints as (score, file name); --resume deletes the ones that drop
     out, so each must be a best-step*.pt file inside the run folder, or the checkpoint is refused."""
-    entries = progress.get("best_k", []) if isinstance(progress, dict) else None
+    entries = progress.get("best_k", []) if isinstance(progress, dict) else []   # no progress: refused elsewhere
     if not isinstance(entries, list) or not all(isinstance(e, list | tuple) and len(e) == 2 for e in entries):
         raise CheckpointError(f"{path}: progress.best_k is not a list of (score, file) pairs; the checkpoint is "
                               "damaged or not nmt's")
