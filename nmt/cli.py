@@ -20,15 +20,8 @@ import typer
 from nmt import __version__
 from nmt.config import MAX_BEAM, ConfigError, load_config
 from nmt.data.corpus import DataError
-from nmt.folders import (
-    FolderError,
-    PendingFile,
-    check_output_path,
-    is_nmt_file,
-    read_marker,
-    register_file,
-    remove_leftovers,
-)
+from nmt.folders import FolderError, PendingFile, register_file, remove_leftovers
+from nmt.output_files import check_outputs, output_target
 from nmt.textio import TextInputError, iter_lines, open_text
 
 app = typer.Typer(
@@ -157,31 +150,20 @@ def train(
 
 
 def _check_outputs(inputs: dict[str, Path | None], outputs: dict[str, Path | None],
-                   models: Sequence[Path] = ()) -> None:
-    """Every output file's folder exists, no output is a folder, and none is an input (a model too), another
-    output, or a file of an nmt run or data folder (a checkpoint, say)."""
-    seen: dict[Path, str] = {}
-    for option, path in outputs.items():
-        if path is None:
-            continue
-        check_output_path(path, option)
-        marker = read_marker(path.parent)
-        if marker is not None and path.exists() and is_nmt_file(path.name, marker):
-            fail(f"{option} {path} is a file of the nmt {marker['kind']} folder {path.parent}; "
-                 "write the output to another file")
-        for other, earlier in [*inputs.items(), *(("--model", model) for model in models),
-                               *((o, p) for p, o in seen.items())]:
-            if earlier is not None and (Path(earlier).resolve() == path.resolve()
-                                        or (Path(earlier).exists() and path.exists()
-                                            and Path(earlier).samefile(path))):
-                fail(f"{option} {path} is also {other}; write the output to another file")
-        seen[path.resolve()] = option
+                   models: Sequence[Path] = (), stdin: bool = False) -> dict[str, Path]:
+    """`check_outputs` (nmt.output_files) with the models as inputs; a problem is one `error:` line."""
+    try:
+        return check_outputs(outputs, [*inputs.items(), *(("--model", model) for model in models)], stdin=stdin)
+    except FolderError as exc:
+        fail(str(exc))
+        return {}
 
 
 def _pending(path: Path | None, stack: ExitStack) -> PendingFile | None:
     """A temporary file beside `path` (leftovers of killed runs removed first), discarded unless committed."""
     if path is None:
         return None
+    path = output_target(path)               # checked by _check_outputs; a link changed since is refused
     remove_leftovers(path.parent, path.name)
     pending = PendingFile(path, "w")
     stack.callback(pending.discard)
@@ -274,7 +256,7 @@ def translate(
         n_best = num_samples
     outputs = {"--output": output, "--alignments": alignments, "--attention-out": attention_out, "--scores": scores}
     _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
-                   outputs, checkpoint)
+                   outputs, checkpoint, stdin=input is None)
     if plot_attention is not None:
         if plot_attention.exists() and not plot_attention.is_dir():
             fail(f"--plot-attention: {plot_attention} is a file, not a folder")
@@ -476,8 +458,9 @@ def evaluate(
     if json_out is not None:
         from nmt.folders import atomic_write
 
-        remove_leftovers(json_out.parent, json_out.name)
-        atomic_write(json_out, lambda handle: handle.write(payload + "\n"), mode="w")
+        target = output_target(json_out, "--json")     # checked above; a link changed since is refused
+        remove_leftovers(target.parent, target.name)
+        atomic_write(target, lambda handle: handle.write(payload + "\n"), mode="w")
 
 
 @app.command()
@@ -490,16 +473,13 @@ def average(
 
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
-    try:
-        check_output_path(output, "--output")
-    except FolderError as exc:
-        fail(str(exc))
+    target = _check_outputs({}, {"--output": output}, checkpoints)["--output"]
     try:
         state = average_checkpoints(checkpoints)
     except CheckpointError as exc:
         fail(str(exc))
-    save_checkpoint(output, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
-    register_file(output)                   # `train --overwrite` may delete it with the rest of the run
+    save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
+    register_file(target)                   # `train --overwrite` may delete it with the rest of the run
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
 
 
@@ -521,22 +501,23 @@ def export(
         fail(f"--output {output} is a folder; give a file name such as {output / 'model.nmt'}")
     if not output.parent.is_dir():
         fail(f"--output {output}: folder {output.parent} does not exist")
-    if output.exists():
+    target = _check_outputs({}, {"--output": output}, [checkpoint])["--output"]
+    if target.exists():
         if not force:
             fail(f"{output} exists; choose a new name, or pass --force to replace an nmt model file")
         try:
-            if load_model(output).kind != "model":
+            if load_model(target).kind != "model":
                 raise ModelFileError("a checkpoint")
         except (ModelFileError, ConfigError):
             fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
     try:
-        export_model(checkpoint, output, dtype, quantize)
-        info = describe(load_model(output))
+        export_model(checkpoint, target, dtype, quantize)
+        info = describe(load_model(target))
     except (ModelFileError, ConfigError) as exc:
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
-    size = output.stat().st_size / 2**20
+    size = target.stat().st_size / 2**20
     typer.echo(f"wrote {output} ({size:.1f} MB)\n\n{format_card(info)}", err=True)
 
 
@@ -620,7 +601,9 @@ def plot_attention_command(
     except (PlotUnavailable, ModelFileError, ConfigError, FolderError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
-    typer.echo(f"wrote {len(src)} heatmap(s) to {out}", err=True)
+    skipped = len(src) - len(plotter.written)          # an empty sentence has no attention to draw
+    typer.echo(f"wrote {len(plotter.written)} heatmap(s) to {out}"
+               + (f"; {skipped} empty sentence(s) have none" if skipped else ""), err=True)
 
 
 @plot_app.command("curves")
@@ -631,8 +614,9 @@ def plot_curves_command(
     """Draw train loss, dev perplexity and dev BLEU of one or more runs."""
     from nmt.plot import PlotError, PlotUnavailable, plot_curves
 
+    inputs = [(str(run / name), run / name) for run in run_dirs for name in ("metrics.jsonl", "config.yaml")]
     try:
-        check_output_path(out, "--out")
+        check_outputs({"--out": out}, inputs)
         plot_curves(run_dirs, out)
     except (PlotUnavailable, PlotError, FileNotFoundError, FolderError) as exc:
         fail(str(exc))

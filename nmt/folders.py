@@ -2,24 +2,29 @@
 
 A run folder or data folder carries a marker file, `.nmt-folder.json`, that nmt writes when it
 creates or adopts the folder. Only a marked folder is ever cleared, and only of the files nmt
-writes there; anything else in it is foreign and makes nmt refuse. One process works in a
-folder at a time: it holds an exclusive `flock` on the folder's `.nmt.lock` for its whole
-life (the kernel lets go when it dies). Every file is written atomically: to an unpredictable
+writes there; anything else in it is foreign and makes nmt refuse. One process writes in a
+folder at a time: it holds an exclusive `flock` on the folder's `.nmt.lock` (see nmt.locks;
+the kernel lets go when it dies). Every file is written atomically: to an unpredictable
 temporary name beside it (`.NAME.PID-RANDOM.nmt-tmp`, created with O_EXCL), fsynced, then
 renamed into place with the mode the umask gives a new file; temporaries of dead processes are
 removed the next time a command opens the folder.
+
+Nothing in a folder of nmt's is ever written through a symbolic link, and every name a marker
+lists is a plain file name inside its folder: a link there, a marker that is a link, or a marker
+naming `../x` or `/x` makes the folder foreign. (An output the user names may be a link: see
+nmt.output_files, which decides where such a write lands before it reaches `PendingFile`.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import fnmatch
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,11 +42,22 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.p
              "tgt.model", "tgt.pieces", "data_manifest.json")
 NMT_FILES = {"run": RUN_FILES, "attention": ("attention-*.png",)}
 
-_held_locks: dict[Path, int] = {}      # folder -> fd of its lock file, held until the process ends
-
 
 class FolderError(ValueError):
     """A folder nmt may not use as asked: foreign files, locked by another process, overlapping inputs."""
+
+
+def plain_name(name: object) -> bool:
+    """A file name inside a folder: a non-empty string with no separator that is not `.` or `..`
+    (so no absolute path either). Every name read from a marker, manifest or checkpoint must be one."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -99,8 +115,9 @@ class PendingFile:
 
     def __init__(self, path: str | Path, mode: str = "wb") -> None:
         self.path = Path(path)
-        if self.path.is_symlink():    # write through the link: replace the file it points to, keep the link
-            self.path = Path(os.path.realpath(self.path))
+        if _is_link(self.path):      # a user's output is resolved first (nmt.output_files.output_target)
+            raise FolderError(f"{self.path} is a symbolic link; nmt never writes through a link here "
+                              "(remove the link, or name the file it points to)")
         if self.path.exists() and not self.path.is_file() and not self.path.is_dir():   # the rename would replace it
             raise OSError(errno.EINVAL, "not a regular file (a pipe or a device); give a file name", str(self.path))
         try:
@@ -163,6 +180,13 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb"
         raise
 
 
+def append_text(path: str | Path, text: str) -> None:
+    """Append `text` to a file of nmt's (metrics.jsonl), created if missing; never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, new_file_mode())
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 def copy_atomically(source: str | Path, target: str | Path) -> None:
     """Copy a file's bytes to `target` the way atomic_write writes (the umask's mode, not the source's).
     A read error names `source` (reads report no file name; atomic_write would name `target`)."""
@@ -188,26 +212,12 @@ def fsync_folder(folder: Path) -> None:
         os.close(dir_fd)
 
 
-def check_output_path(path: str | Path, option: str) -> None:
-    """A file nmt is about to write: its folder must exist and it must not be a folder itself."""
-    path = Path(path)
-    if path.is_dir():
-        raise FolderError(f"{option}: {path} is a folder; give a file name")
-    if path.exists() and not path.is_file():      # a pipe or a device: the rename would replace it
-        raise FolderError(f"{option}: {path} is not a regular file (a pipe or a device); nmt writes an output "
-                          "whole and renames it into place, so give a file name (or leave the option out for stdout)")
-    if not path.parent.is_dir():
-        raise FolderError(f"{option}: folder {path.parent} does not exist; create it first")
-    if not os.access(path.parent, os.W_OK):
-        raise FolderError(f"{option}: folder {path.parent} is not writable")
-
-
 def _temp_owner(name: str) -> int | None:
     match = _TEMP_NAME.match(name) or _OLD_TEMP_NAME.match(name)
     return int(match.group(1)) if match else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -233,7 +243,7 @@ def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]
         owner = _temp_owner(entry.name)
         if owner is None or (target is not None and not entry.name.startswith(f".{target}.")):
             continue
-        if owner == os.getpid() or not _alive(owner):
+        if owner == os.getpid() or not process_alive(owner):
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -246,12 +256,38 @@ def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]
 
 
 def read_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's marker; None when it has none (or none nmt can read). A marker that is a symbolic
+    link, or that lists a name which is not a plain file name in the folder, is a `FolderError`."""
     path = Path(folder) / MARKER
+    try:             # never through a link; never waiting on a pipe
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FolderError(f"{path} is a symbolic link, which nmt's marker never is: {folder} is not a folder "
+                              "nmt may use; remove the link yourself or choose another folder") from None
+        return None
     try:
-        marker = json.loads(path.read_text(encoding="utf-8"))
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            marker = json.loads(handle.read())
     except (OSError, ValueError):
         return None
-    return marker if isinstance(marker, dict) and "kind" in marker else None
+    if not isinstance(marker, dict) or "kind" not in marker:
+        return None
+    files = marker.get("files", [])
+    bad = [files] if not isinstance(files, list) else [name for name in files if not plain_name(name)]
+    if bad:
+        raise FolderError(f"{path} lists {bad[0]!r}, which is not a plain file name inside {folder}: the folder is "
+                          "not one nmt may use; remove the marker yourself or choose another folder")
+    return marker
+
+
+def own_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's marker, or None also when the marker is not nmt's (a link, names outside the folder):
+    for a user's output written into a folder, which such a marker must not block."""
+    try:
+        return read_marker(folder)
+    except FolderError:
+        return None
 
 
 def write_marker(folder: str | Path, kind: str, files: Iterable[str] | None = None) -> None:
@@ -266,7 +302,7 @@ def write_marker(folder: str | Path, kind: str, files: Iterable[str] | None = No
 def register_file(path: str | Path) -> None:
     """Record in a run folder's marker that nmt wrote `path` there (e.g. `nmt average -o RUN/avg.pt`)."""
     path = Path(path)
-    marker = read_marker(path.parent)
+    marker = own_marker(path.parent)
     if marker is not None and marker.get("kind") == "run" and not is_nmt_file(path.name, marker):
         write_marker(path.parent, "run", [*marker.get("files", []), path.name])
 
@@ -284,8 +320,18 @@ def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    names = sorted(entry.name for entry in folder.iterdir())
-    return [name for name in names if not is_nmt_file(name, marker or {"kind": None, "files": []})]
+    entries = sorted(folder.iterdir())
+    return [entry.name for entry in entries
+            if entry.is_symlink() or not is_nmt_file(entry.name, marker or {"kind": None, "files": []})]
+
+
+def refuse_links(folder: Path, key: str) -> None:
+    """A `FolderError` when `folder` holds a symbolic link: nmt never writes through one in its folders."""
+    links = sorted(entry.name for entry in folder.iterdir() if entry.is_symlink()) if folder.is_dir() else []
+    if links:
+        shown = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
+        raise FolderError(f"{folder} holds symbolic links ({shown}); nmt never writes through a link in its "
+                          f"folders: choose another {key} or remove them yourself")
 
 
 def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, Any] | None:
@@ -296,6 +342,7 @@ def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, An
     if marker is not None and marker.get("kind") != kind:
         raise FolderError(f"`{key}`: {folder} is an nmt {marker.get('kind')} folder, not a {kind} folder; "
                           f"choose another {key}")
+    refuse_links(folder, key)
     foreign = foreign_files(folder, marker)
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
@@ -316,41 +363,7 @@ def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
             entry.unlink()
 
 
-# ---------------------------------------------------------------------------------------------- locks
-
-
-def lock_folder(folder: str | Path, command: str) -> None:
-    """Hold an exclusive lock on `folder` until this process ends; `FolderError` names the holder's PID.
-
-    Locking a folder this process already holds is a no-op.
-    """
-    folder = Path(folder).resolve()
-    if folder in _held_locks:
-        return
-    path = folder / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, new_file_mode())
-    except OSError as exc:
-        raise FolderError(f"cannot lock {folder}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
-        os.close(fd)
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise FolderError(f"cannot lock {folder}: {exc.strerror}") from None
-        who = f"process {holder[0]} ({' '.join(holder[1:])})" if holder else "another process"
-        raise FolderError(f"{folder} is in use by {who}; wait for it or stop it first") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} nmt {command}\n".encode(), 0)
-    _held_locks[folder] = fd
-
-
-def release_folder(folder: str | Path) -> None:
-    """Let go of a lock taken by `lock_folder` (tests; a process otherwise holds it until it ends)."""
-    fd = _held_locks.pop(Path(folder).resolve(), None)
-    if fd is not None:
-        os.close(fd)
+# ---------------------------------------------------------------------------------------------- work folders
 
 
 def open_work_folder(folder: str | Path, kind: str, key: str, command: str, what: str) -> tuple[bool, dict | None]:
@@ -358,6 +371,8 @@ def open_work_folder(folder: str | Path, kind: str, key: str, command: str, what
 
     Returns (created, marker before this call). The marker is written for new and empty folders.
     """
+    from nmt.locks import lock_folder  # nmt.locks builds on this module
+
     folder = Path(folder)
     refuse_foreign(folder, kind, key, what)
     created = not folder.exists()

@@ -15,6 +15,7 @@ import yaml
 from torch import Tensor
 
 from nmt.folders import atomic_write, refuse_foreign, write_marker
+from nmt.output_files import output_target
 
 DPI = 100
 
@@ -83,7 +84,8 @@ class AttentionPlotter:
 
     def __init__(self, out_dir: str | Path, option: str = "--plot-attention") -> None:
         self.plt = _pyplot()
-        self.out_dir = Path(out_dir)
+        self.out_dir = output_target(out_dir, option)      # the folder the user named may be a link
+        self.written: list[Path] = []                       # the heatmaps drawn so far
         if refuse_foreign(self.out_dir, "attention", option, "empty it") is None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_marker(self.out_dir, "attention")
@@ -95,6 +97,7 @@ class AttentionPlotter:
             atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=DPI))
         finally:
             self.plt.close(fig)
+        self.written.append(path)
         return path
 
 
@@ -171,7 +174,8 @@ def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
         if kind not in kinds:
             raise PlotError(f"--out {out}: cannot write {out.suffix or 'a file without a suffix'}; "
                             f"name a .{' / .'.join(sorted(kinds))} file")
-        atomic_write(out, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
+        target = output_target(out, "--out")
+        atomic_write(target, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
     finally:
         plt.close(fig)
     return out

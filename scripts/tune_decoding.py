@@ -28,7 +28,8 @@ import torch
 from nmt.cli import one_line
 from nmt.decode.translator import Translator
 from nmt.evaluate import check_lengths, read_text, score
-from nmt.folders import atomic_write, check_output_path
+from nmt.folders import atomic_write
+from nmt.output_files import check_outputs
 
 
 def parse_list(text: str, option: str, kind: type, minimum: float) -> list:
@@ -83,16 +84,16 @@ def main() -> None:
             raise ValueError(f"--threads: must be 0 or more, got {args.threads}")
         beam_sizes = parse_list(args.beam_sizes, "--beam-sizes", int, 1)
         length_penalties = parse_list(args.length_penalties, "--length-penalties", float, 0.0)
-        if args.json:
-            check_output_path(args.json, "--json")
+        inputs = [("--src", args.src), ("--ref", args.ref), *(("--models", model) for model in args.models)]
+        target = check_outputs({"--json": args.json}, inputs).get("--json")     # not a dev file, no planted link
         if args.threads:
             torch.set_num_threads(args.threads)
         sources, refs = read_text(args.src), read_text(args.ref)
         check_lengths(sources, refs, str(args.src), str(args.ref))
         rows = tune(args.models, sources, refs, beam_sizes, length_penalties, args.device)
-        if args.json:
+        if target is not None:
             report = json.dumps({"src": str(args.src), "ref": str(args.ref), "rows": rows}, indent=1) + "\n"
-            atomic_write(args.json, lambda handle: handle.write(report), mode="w")
+            atomic_write(target, lambda handle: handle.write(report), mode="w")
     except (ValueError, OSError) as exc:      # EvaluationError, ModelFileError, ConfigError, FolderError
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)

@@ -170,3 +170,12 @@ def _stop_nmt_server() -> Iterator[None]:
     yield
     if _server is not None:
         _server.close()
+
+
+def link_marker(folder: Path) -> Path:
+    """Make `folder` with its marker a symbolic link to a user's file beside it (returned, holding "mine\n")."""
+    folder.mkdir()
+    victim = folder.parent / "victim.txt"
+    victim.write_text("mine\n")
+    (folder / ".nmt-folder.json").symlink_to(victim)
+    return victim

@@ -389,7 +389,7 @@ def test_a_locked_run_folder_names_the_holder(world, tmp_path):
     shutil.copytree(world["run"], run, ignore=shutil.ignore_patterns("mismatch.pt"))
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from nmt.folders import lock_folder
+        from nmt.locks import lock_folder
         lock_folder({str(run)!r}, "train")
         print("locked", flush=True)
         time.sleep(120)

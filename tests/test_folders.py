@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -18,18 +19,17 @@ from nmt.folders import (
     FolderError,
     PendingFile,
     atomic_write,
-    check_output_path,
     check_overlap,
     copy_atomically,
     foreign_files,
-    lock_folder,
     open_work_folder,
     read_marker,
-    release_folder,
     remove_leftovers,
     remove_nmt_files,
     write_marker,
 )
+from nmt.locks import lock_folder, release_folder
+from nmt.output_files import check_output_path, output_target
 
 
 def mode_of(path: Path) -> int:
@@ -160,7 +160,7 @@ def test_lock_is_exclusive_across_processes_and_names_the_holder(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from nmt.folders import lock_folder
+            from nmt.locks import lock_folder
             lock_folder({str(folder)!r}, "train")
             print("locked", flush=True)
             time.sleep(60)
@@ -234,7 +234,10 @@ def test_outputs_are_written_through_symlinks_and_pipes_are_refused(tmp_path):
     target.write_text("old")
     link = tmp_path / "link.txt"
     link.symlink_to(target.name)
-    atomic_write(link, lambda h: h.write("new"), mode="w")
+    with pytest.raises(FolderError, match="is a symbolic link"):   # an atomic write never follows a link itself
+        atomic_write(link, lambda h: h.write("new"), mode="w")
+    assert target.read_text() == "old"
+    atomic_write(output_target(link, "--output"), lambda h: h.write("new"), mode="w")   # a user's output may
     assert link.is_symlink() and os.readlink(link) == "real.txt" and target.read_text() == "new"
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
@@ -246,3 +249,41 @@ def test_outputs_are_written_through_symlinks_and_pipes_are_refused(tmp_path):
     (tmp_path / "to_pipe").symlink_to(pipe)
     with pytest.raises(FolderError, match="not a regular file"):
         check_output_path(tmp_path / "to_pipe", "--output")
+
+
+def test_a_marker_that_is_a_link_or_names_outside_its_folder_makes_the_folder_foreign(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    data = tmp_path / "data"
+    data.mkdir()
+    for names in (["../victim.txt"], [str(victim)], ["sub/x"], [".."], "train.ids", [7]):
+        (data / MARKER).write_text(json.dumps({"kind": "data", "files": names}))
+        with pytest.raises(FolderError, match="not a plain file name inside"):
+            open_work_folder(data, "data", "data.out_dir", "preprocess", "remove them yourself")
+    real = tmp_path / "marker.json"
+    real.write_text(json.dumps({"kind": "data", "files": []}))
+    (data / MARKER).unlink()
+    (data / MARKER).symlink_to(real)
+    with pytest.raises(FolderError, match="is a symbolic link"):
+        open_work_folder(data, "data", "data.out_dir", "preprocess", "remove them yourself")
+    assert sorted(p.name for p in data.iterdir()) == [MARKER] and victim.read_text() == "mine"
+    assert real.read_text() == json.dumps({"kind": "data", "files": []})
+
+
+def test_a_link_in_an_nmt_folder_makes_it_foreign_and_is_never_written_through(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_marker(run, "run")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (run / "metrics.jsonl").symlink_to(victim)
+    assert foreign_files(run, read_marker(run)) == ["metrics.jsonl"]
+    with pytest.raises(FolderError, match=r"holds symbolic links \(metrics.jsonl\)"):
+        open_work_folder(run, "run", "training.run_dir", "train", "remove them yourself")
+    with pytest.raises(FolderError, match="is a symbolic link"):
+        atomic_write(run / "metrics.jsonl", lambda h: h.write("x"), mode="w")
+    with pytest.raises(OSError):
+        folders.append_text(run / "metrics.jsonl", "x\n")
+    assert victim.read_text() == "mine"
+    assert folders.plain_name("best-step4.pt") and not any(
+        folders.plain_name(n) for n in ("", ".", "..", "../x", "/x", "a/b", None, 3))

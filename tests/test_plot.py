@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 
 from nmt.plot import CURVES_SIZE, DPI, attention_figure, curves_figure, heatmap_size, read_metrics
 
-from .conftest import nmt_server
+from .conftest import link_marker, nmt_server
 
 
 def png_size(path) -> tuple[int, int]:
@@ -143,3 +143,24 @@ def test_other_commands_do_not_import_matplotlib():
     code = ("import sys; import nmt.cli, nmt.decode.translator, nmt.train.trainer, nmt.evaluate; "
             "print('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_plot_attention_counts_only_the_heatmaps_it_wrote(trained_run, tmp_path):
+    out = tmp_path / "attention"
+    result = run_cli("plot", "attention", "--checkpoint", str(trained_run / "best.pt"), "--device", "cpu",
+                     "--src", "", "--src", "Ein Hund.", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == ["attention-00001.png"]
+    assert f"wrote 1 heatmap(s) to {out}; 1 empty sentence(s) have none" in result.stderr
+
+
+def test_an_attention_folder_whose_marker_is_a_link_is_refused(trained_run, tmp_path):
+    out = tmp_path / "attention"
+    victim = link_marker(out)
+    for args in (["plot", "attention", "--src", "Ein Hund.", "-o", str(out)],
+                 ["translate", "--plot-attention", str(out)]):
+        result = run_cli(*args[:1 if args[0] == "translate" else 2], "--checkpoint", str(trained_run / "best.pt"),
+                         *args[1 if args[0] == "translate" else 2:])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "is a symbolic link" in lines[0], result.stderr
+    assert victim.read_text() == "mine\n" and [p.name for p in out.iterdir()] == [".nmt-folder.json"]

@@ -11,7 +11,7 @@ from nmt.data.corpus import DataError, read_lines
 from nmt.data.preprocess import DataFolder, preprocess
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 
-from .conftest import make_config, nmt_server, write_slice
+from .conftest import link_marker, make_config, nmt_server, write_slice
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -305,3 +305,40 @@ def test_a_data_folder_matches_the_settings_it_was_built_with(prepared):
                                                                                           "weight": 2.0}]))
     with pytest.raises(DataError, match="preprocessed with `data.max_len` 50, this config has `data.max_len` 20"):
         folder.check_settings(dataclasses.replace(config.data, max_len=20))
+
+
+@pytest.mark.parametrize("name", ["../victim.txt", "ABSOLUTE"])
+def test_a_marker_naming_files_outside_the_data_folder_deletes_nothing(tmp_path, corpus_dir, name):
+    from nmt.folders import MARKER
+
+    config = make_config(tmp_path, corpus_dir)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    data = tmp_path / "data"
+    data.mkdir()
+    listed = str(victim) if name == "ABSOLUTE" else name
+    (data / MARKER).write_text(json.dumps({"kind": "data", "files": [listed]}))
+    result = run_cli("preprocess", "--config", str(config))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert repr(listed) in lines[0] and "not a plain file name" in lines[0]
+    assert victim.read_text() == "mine" and sorted(p.name for p in data.iterdir()) == [MARKER]
+
+
+def test_a_marker_that_is_a_link_is_never_written_through(tmp_path, corpus_dir):
+    from nmt.folders import MARKER
+
+    config = make_config(tmp_path, corpus_dir)
+    data = tmp_path / "data"
+    victim = link_marker(data)
+    result = run_cli("preprocess", "--config", str(config))
+    assert result.returncode == 2 and "is a symbolic link" in result.stderr.strip().splitlines()[-1]
+    assert victim.read_text() == "mine\n" and [p.name for p in data.iterdir()] == [MARKER]
+
+
+def test_a_vocabulary_named_outside_the_data_folder_is_refused(tmp_path):
+    from nmt.data.tokenizer import Vocab
+
+    for entry in ({"model": "../spm.model"}, {"model": "/etc/passwd"}, {"model": "spm.model", "pieces": "../p"}):
+        with pytest.raises(FileNotFoundError, match="not a file inside"):
+            Vocab.from_entry(tmp_path, entry)

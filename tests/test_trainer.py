@@ -13,7 +13,7 @@ from nmt.device import autocast_dtype
 from nmt.train.checkpoint import CheckpointError, load_checkpoint
 from nmt.train.trainer import RunDirError, Trainer
 
-from .conftest import nmt_server
+from .conftest import link_marker, nmt_server
 
 
 def config_for(prepared, run_dir, **training):
@@ -304,3 +304,42 @@ def test_the_end_of_the_last_epoch_is_validated_like_any_budget_end(prepared, tm
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last_step = trainer.progress.step
     assert [e["step"] for e in events if e["event"] == "validation"] == [last_step] and (run / "best.pt").exists()
+
+
+def test_resume_never_rewrites_a_linked_metrics_file(prepared, tmp_path):
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=2, validate_every=2, val_max_sentences=5)).train()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(victim)
+    result = nmt_server().run("train", "--config", str(prepared), "--set", f"training.run_dir={run}",
+                              "--set", "training.max_updates=4", "--resume", text=True)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[-1].startswith("error: ") and "symbolic links (metrics.jsonl)" in lines[-1]
+    assert victim.read_text() == "mine\n" and (run / "metrics.jsonl").is_symlink()
+
+
+def test_a_run_folder_whose_marker_is_a_link_is_refused(prepared, tmp_path):
+    run = tmp_path / "run"
+    victim = link_marker(run)
+    result = nmt_server().run("train", "--config", str(prepared), "--set", f"training.run_dir={run}",
+                              "--set", "training.max_updates=2", "--overwrite", text=True)
+    assert result.returncode == 2 and "is a symbolic link" in result.stderr.strip().splitlines()[-1]
+    assert victim.read_text() == "mine\n" and [p.name for p in run.iterdir()] == [".nmt-folder.json"]
+
+
+def test_resume_deletes_no_file_a_checkpoint_names_outside_its_run_folder(prepared, tmp_path):
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=2, validate_every=2, val_max_sentences=5)).train()
+    victims = [tmp_path / "victim.txt", tmp_path / "absolute.txt"]
+    for victim in victims:
+        victim.write_text("mine\n")
+    state = torch.load(run / "last.pt", weights_only=True)
+    for name in ("../victim.txt", str(victims[1]), "config.yaml"):
+        state["progress"]["best_k"] = [[9.0, name]] * 3         # each would drop out at the next validation
+        torch.save(state, run / "last.pt")
+        with pytest.raises(CheckpointError, match="progress.best_k names"):
+            Trainer(config_for(prepared, run, max_updates=4, validate_every=1, val_max_sentences=5,
+                               keep_best=1), resume=True).train()
+    assert all(victim.read_text() == "mine\n" for victim in victims) and (run / "config.yaml").is_file()

@@ -69,7 +69,7 @@ def test_every_setting_reaches_the_decoder_and_ties_go_to_the_smaller_beam(model
                                                                      (4, 0.8), (4, 1.3)]
 
 
-@pytest.mark.parametrize("case", ["misaligned", "beam_zero", "json_folder_missing"])
+@pytest.mark.parametrize("case", ["misaligned", "beam_zero", "json_folder_missing", "json_is_the_ref"])
 def test_bad_input_is_one_error_line(model_file, corpus_dir, tmp_path, case):
     src = tmp_path / "dev.de"
     src.write_text("".join(f"{line}\n" for line in (corpus_dir / "val.de").read_text().splitlines()[:3]))
@@ -77,10 +77,12 @@ def test_bad_input_is_one_error_line(model_file, corpus_dir, tmp_path, case):
     ref.write_text("".join(f"{line}\n" for line in (corpus_dir / "val.en").read_text().splitlines()[:3]))
     args = {"misaligned": ["--ref", str(corpus_dir / "val.en")],
             "beam_zero": ["--ref", str(ref), "--beam-sizes", "0,5"],
-            "json_folder_missing": ["--ref", str(ref), "--json", str(tmp_path / "no" / "t.json")]}[case]
+            "json_folder_missing": ["--ref", str(ref), "--json", str(tmp_path / "no" / "t.json")],
+            "json_is_the_ref": ["--ref", str(ref), "--json", str(ref)]}[case]
     result = subprocess.run([sys.executable, str(SCRIPT), "--models", str(model_file), "--src", str(src), *args],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert {"misaligned": "has 3 lines but", "beam_zero": "--beam-sizes", "json_folder_missing": "--json"}[case] \
-        in result.stderr
+    assert {"misaligned": "has 3 lines but", "beam_zero": "--beam-sizes", "json_folder_missing": "--json",
+            "json_is_the_ref": "is also --ref"}[case] in result.stderr
+    assert ref.read_text().count("\n") == 3

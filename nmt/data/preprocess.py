@@ -55,6 +55,7 @@ from nmt.folders import (
     read_marker,
     write_marker,
 )
+from nmt.locks import holds_lock, release_folder
 
 FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")
@@ -336,6 +337,7 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     inputs = [path for pair in files.values() for path in pair]
     inputs += [Path(p) for p in (data.src_spm_model, data.tgt_spm_model) if p]
     check_overlap(out_dir, "data.out_dir", inputs, config_path)
+    held = holds_lock(out_dir)
     created, _ = open_work_folder(out_dir, "data", "data.out_dir", "preprocess", "remove them yourself")
     try:
         return _preprocess_locked(config, files, out_dir, force)
@@ -343,6 +345,9 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
         if created:                     # holds only our marker, lock and temporary folder
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
+    finally:
+        if not held:                    # done: training may read the folder now
+            release_folder(out_dir)
 
 
 def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_dir: Path, force: bool) -> Path:

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from nmt.folders import plain_name
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
 
@@ -132,7 +134,12 @@ class Vocab:
 
     @classmethod
     def from_entry(cls, folder: Path, entry: dict) -> Vocab:
-        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`."""
+        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`.
+        Each must be a plain file name inside `folder` (a missing file otherwise)."""
+        for name in (entry["model"], entry.get("pieces") or "pieces"):
+            if not plain_name(name):
+                raise FileNotFoundError(f"{folder}: the vocabulary names {name!r}, which is not a file inside "
+                                        f"{folder}")
         model_path = folder / entry["model"]
         if not model_path.is_file():
             raise FileNotFoundError(f"{model_path} is missing: the SentencePiece model of {folder}")

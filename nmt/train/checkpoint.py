@@ -10,6 +10,7 @@ folder still translates; `nmt export` drops the training state.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from nmt import __version__
 from nmt.config import stored_config
 from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
-from nmt.folders import atomic_write
+from nmt.folders import atomic_write, plain_name
 from nmt.model.modelfile import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_KEYS,
@@ -35,7 +36,9 @@ from nmt.model.modelfile import (
 
 FORMAT_VERSION = CHECKPOINT_FORMAT
 REQUIRED_KEYS = CHECKPOINT_KEYS
-__all__ = ["CheckpointError", "atomic_write", "average_checkpoints", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "atomic_write", "average_checkpoints", "best_k_files", "load_checkpoint",
+           "save_checkpoint"]
+BEST_K_FILES = "best-step*.pt"
 
 
 class CheckpointError(ModelFileError):
@@ -61,6 +64,20 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path} ({exc.strerror or exc}); "
                               "the previous one is unchanged") from None
+
+
+def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
+    """The checkpoint's kept best checkpoints as (score, file name); --resume deletes the ones that drop
+    out, so each must be a best-step*.pt file inside the run folder, or the checkpoint is refused."""
+    entries = progress.get("best_k", []) if isinstance(progress, dict) else []   # no progress: refused elsewhere
+    if not isinstance(entries, list) or not all(isinstance(e, list | tuple) and len(e) == 2 for e in entries):
+        raise CheckpointError(f"{path}: progress.best_k is not a list of (score, file) pairs; the checkpoint is "
+                              "damaged or not nmt's")
+    for _, name in entries:
+        if not plain_name(name) or not fnmatch.fnmatchcase(name, BEST_K_FILES):
+            raise CheckpointError(f"{path}: progress.best_k names {name!r}, not a {BEST_K_FILES} file of its "
+                                  "run folder; the checkpoint is damaged or not nmt's (nothing was deleted)")
+    return [(float(score), name) for score, name in entries]
 
 
 def embedded_tokenizer(run_dir: Path, vocab_entries: dict[str, Any]) -> dict[str, Any]:

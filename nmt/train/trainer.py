@@ -48,21 +48,22 @@ from nmt.device import (
 from nmt.folders import (
     LOCK,
     MARKER,
+    append_text,
     atomic_write,
     check_overlap,
     copy_atomically,
-    lock_folder,
     open_work_folder,
     read_marker,
+    refuse_links,
     register_file,
-    release_folder,
     remove_leftovers,
     remove_nmt_files,
     write_marker,
 )
+from nmt.locks import lock_folder, release_folder
 from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
-from nmt.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.train.checkpoint import CheckpointError, best_k_files, load_checkpoint, save_checkpoint
 from nmt.train.graphed import GraphedUpdates, capturable_optimizer
 from nmt.train.graphed import applies as graphs_apply
 from nmt.train.loss import output_cross_entropy
@@ -118,6 +119,17 @@ class Trainer:
 
     def __init__(self, config: Config, resume: bool = False, overwrite: bool = False,
                  config_path: str | Path | None = None) -> None:
+        # A shared lock on the data folder for the whole run: `nmt preprocess` cannot rewrite it meanwhile.
+        self._data_dir = Path(config.data.out_dir) if config.data.out_dir else None
+        self._data_lock = bool(self._data_dir and (self._data_dir / "manifest.json").is_file()
+                               and lock_folder(self._data_dir, "train", shared=True))
+        try:
+            self._setup(config, resume, overwrite, config_path)
+        except BaseException:
+            self._release_data()
+            raise
+
+    def _setup(self, config: Config, resume: bool, overwrite: bool, config_path: str | Path | None) -> None:
         self.config = config
         t = config.training
         if t.run_dir is None:
@@ -193,9 +205,15 @@ class Trainer:
                 self._trim_metrics()
 
     def close(self) -> None:
-        """Let go of the run folder's lock (a process that ends lets go anyway)."""
+        """Let go of the run folder's and data folder's locks (a process that ends lets go anyway)."""
         if self.is_main:
             release_folder(self.run_dir)
+        self._release_data()
+
+    def _release_data(self) -> None:
+        if self._data_lock:
+            release_folder(self._data_dir)
+            self._data_lock = False
 
     # ------------------------------------------------------------------ run folder
 
@@ -220,6 +238,7 @@ class Trainer:
                 raise RunDirError(f"cannot resume: {self.run_dir} is an nmt {marker.get('kind')} folder")
             self._adopting, self._lock_created = marker is None, not (self.run_dir / LOCK).exists()
             lock_folder(self.run_dir, "train")
+            refuse_links(self.run_dir, "training.run_dir")     # its files are rewritten, never through a link
             remove_leftovers(self.run_dir)
             return
         ours = {MARKER, LOCK}
@@ -346,6 +365,7 @@ class Trainer:
         if saved.model != self.config.model:
             raise CheckpointError(f"{self.run_dir / 'last.pt'} was trained with a different `model` section")
         changed = self._check_resume_config(saved)
+        best_k_files(self.run_dir / "last.pt", state.get("progress"))   # names checked before any is deleted
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as exc:
@@ -386,7 +406,7 @@ class Trainer:
         prog = state["progress"]
         self.progress = Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
                                  bad_validations=prog["bad_validations"],
-                                 best_k=[(float(s), str(n)) for s, n in prog["best_k"]], elapsed=prog["elapsed"],
+                                 best_k=best_k_files(self.run_dir / "last.pt", prog), elapsed=prog["elapsed"],
                                  validation_due=bool(prog.get("validation_due", False)),   # older checkpoints:
                                  validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
                                  window_loss=float(prog.get("window_loss", 0.0)),          # window empty
@@ -412,8 +432,7 @@ class Trainer:
         if not self.is_main:
             return
         line = json.dumps({"time": round(time.time(), 3), **event}) + "\n"
-        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(line)
+        append_text(self.run_dir / "metrics.jsonl", line)
 
     # ------------------------------------------------------------------ training
 

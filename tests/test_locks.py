@@ -1,0 +1,103 @@
+"""Folder locks (nmt/locks.py): exclusive writers, shared readers, the holder named as the kernel sees it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nmt.folders import LOCK, FolderError
+from nmt.locks import holds_lock, lock_folder, release_folder
+
+from .conftest import nmt_server
+
+
+def hold(folder: Path, code: str) -> subprocess.Popen:
+    """A process that runs `code` (which locks `folder`), says "locked", and waits."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code) + "\nprint('locked', flush=True)\n"
+                               "import time; time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def nmt_holder(folder: Path, command: str, shared: bool) -> subprocess.Popen:
+    return hold(folder, f"from nmt.locks import lock_folder; lock_folder({str(folder)!r}, {command!r}, {shared})")
+
+
+def stop(holder: subprocess.Popen) -> None:
+    holder.kill()
+    holder.wait()
+
+
+def test_a_holder_that_is_not_nmt_is_named_not_the_stale_pid_in_the_file(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / LOCK).write_text("999999 nmt train\n")            # left by a dead process
+    holder = hold(folder, f"""
+        import fcntl, os
+        fd = os.open({str(folder / LOCK)!r}, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)""")
+    try:
+        with pytest.raises(FolderError) as refused:
+            lock_folder(folder, "preprocess")
+    finally:
+        stop(holder)
+    message = str(refused.value)
+    assert f"in use by process {holder.pid} (python" in message and "999999" not in message
+    assert lock_folder(folder, "preprocess") and (folder / LOCK).read_text() == f"{os.getpid()} nmt preprocess\n"
+    release_folder(folder)
+
+
+def test_readers_share_a_folder_and_a_writer_is_told_who_reads(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    reader = nmt_holder(folder, "train", shared=True)
+    try:
+        assert lock_folder(folder, "train", shared=True)           # a second training on the same data
+        release_folder(folder)
+        with pytest.raises(FolderError, match=rf"in use by process {reader.pid} \(nmt train\); wait for it"):
+            lock_folder(folder, "preprocess")
+    finally:
+        stop(reader)
+    writer = nmt_holder(folder, "preprocess", shared=False)
+    try:
+        with pytest.raises(FolderError, match=rf"in use by process {writer.pid} \(nmt preprocess\)"):
+            lock_folder(folder, "train", shared=True)
+    finally:
+        stop(writer)
+    assert not holds_lock(folder)
+
+
+def test_preprocess_waits_for_no_training_and_training_for_no_preprocess(prepared, tmp_path):
+    from nmt.config import load_config
+    from nmt.train.trainer import Trainer
+
+    data = tmp_path / "data"           # a copy: other tests' trainers in this process may read the shared one
+    shutil.copytree(load_config(prepared).data.out_dir, data)
+    here = [f"data.out_dir={data}"]
+    reader = nmt_holder(data, "train", shared=True)
+    try:
+        result = nmt_server().run("preprocess", "--config", str(prepared), "--set", here[0], "--force", text=True)
+    finally:
+        stop(reader)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[-1] == (f"error: {data.resolve()} is in use by process {reader.pid} "
+                                                    "(nmt train); wait for it or stop it first")
+    run = tmp_path / "run"
+    writer = nmt_holder(data, "preprocess", shared=False)
+    try:
+        with pytest.raises(FolderError, match=rf"in use by process {writer.pid} \(nmt preprocess\)"):
+            Trainer(load_config(prepared, [*here, f"training.run_dir={run}", "training.max_updates=1"]))
+    finally:
+        stop(writer)
+    assert not run.exists() and not holds_lock(data)
+    trainer = Trainer(load_config(prepared, [*here, f"training.run_dir={run}", "training.max_updates=1",
+                                             "training.validate_every=1", "training.val_max_sentences=2"]))
+    assert holds_lock(data)
+    trainer.train()
+    assert not holds_lock(data)                                  # let go when training ends
