@@ -426,7 +426,7 @@ def evaluate(
     json_out: Path | None = typer.Option(None, "--json", help="Write the scores as JSON here ('-' = stdout)."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
     device: str = typer.Option("auto", "--device"),
-    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10),
+    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10, max=100_000),
 ) -> None:
     """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF.
 
@@ -541,14 +541,15 @@ def export(
 def info(
     model: Path = typer.Argument(..., help=MODEL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the card as JSON instead of Markdown."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Show a model with NaN/inf weights."),
 ) -> None:
-    """Show the model card: languages, vocabulary, parameters, data, scores."""
+    """Show the model card: languages, vocabulary, parameters, data, scores (after checking the file)."""
     import json
 
     from nmt.model.modelfile import ModelFileError, describe, format_card, load_model
 
     try:
-        card = describe(load_model(model))
+        card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
     except (ModelFileError, ConfigError) as exc:
         fail(str(exc))
     typer.echo(json.dumps(card, indent=2, ensure_ascii=False) if json_out else format_card(card))

@@ -97,6 +97,8 @@ class Vocab:
         if pieces is None:
             pieces = range(n)
         self.pieces = np.asarray(pieces, dtype=np.int64)               # side id -> spm id
+        if self.pieces.ndim != 1 or (len(self.pieces) and not (self.pieces.min() >= 0 and self.pieces.max() < n)):
+            raise ValueError(f"{self.model_path}: vocabulary piece ids must lie in 0..{n - 1}")
         if list(self.pieces[:4]) != [PAD, UNK, BOS, EOS]:
             raise ValueError(f"{self.model_path}: vocabulary must start with the special ids 0-3")
         self.to_side = np.full(n, UNK, dtype=np.int64)                 # spm id -> side id
@@ -132,7 +134,15 @@ class Vocab:
 
     @classmethod
     def from_entry(cls, folder: Path, entry: dict) -> Vocab:
-        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`."""
+        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`.
+
+        The names must be plain file names: an entry from a shared checkpoint never opens a file elsewhere
+        (ValueError)."""
+        for key in ("model", "pieces"):
+            name = entry.get(key)
+            if name is not None and (not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name
+                                     or "\\" in name):
+                raise ValueError(f"vocabulary entry {key} {name!r} is not a plain file name inside {folder}")
         model_path = folder / entry["model"]
         if not model_path.is_file():
             raise FileNotFoundError(f"{model_path} is missing: the SentencePiece model of {folder}")
