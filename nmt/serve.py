@@ -67,6 +67,17 @@ class ServeSettings:
     retry_after: int = 1               # seconds, in the Retry-After header of a 503
     shutdown_timeout: float = 10.0     # seconds after SIGTERM in which queued requests may still start
 
+    def check(self) -> None:
+        """Every limit within what one machine can hold (ConfigError naming the option otherwise)."""
+        for key, (option, unit, high) in SETTING_BOUNDS.items():
+            value = getattr(self, key)
+            if not 1 <= value <= high * unit:
+                raise ConfigError(f"{option} must be in 1..{high}, got {value / unit:g}")
+
+
+SETTING_BOUNDS = {"max_batch_sentences": ("--max-batch-sentences", 1, 10_000), "max_queue": ("--max-queue", 1, 100_000),
+                  "max_sentences": ("--max-sentences", 1, 10_000), "max_body_bytes": ("--max-body-kb", 1024, 65_536)}
+
 
 class RequestError(Exception):
     """A request the server refuses; `status` is the HTTP status, the message goes to the client."""
@@ -371,6 +382,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 def create_app(translator: Translator, settings: ServeSettings, languages: dict[str, str] | None = None) -> FastAPI:
     """The ASGI app; its model thread starts and stops with the app's lifespan. Raises ConfigError for a
     `max_beam` below the model's beam size, which every request without beam_size would be refused."""
+    settings.check()
     if translator.decoding.beam_size > settings.max_beam:
         raise ConfigError(f"--max-beam {settings.max_beam} is below the model's beam size "
                           f"{translator.decoding.beam_size} (decoding.beam_size), which requests without "
@@ -450,6 +462,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     from nmt.device import reuse_freed_memory
     from nmt.model.modelfile import load_model
 
+    settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if threads:
         torch.set_num_threads(threads)
