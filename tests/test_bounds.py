@@ -120,7 +120,8 @@ def test_serve_refuses_an_unbounded_limit_before_loading_the_model(model_file):
 
 
 class EndlessLine(io.RawIOBase):
-    """A stream of 'x' without end and without a newline; counts what was read."""
+    """A stream of 'x' without a newline, 64 MiB of it (endless for a reader with a bound; a reader without
+    one would hold it all); counts what was read."""
 
     def __init__(self) -> None:
         self.read_bytes = 0
@@ -129,6 +130,8 @@ class EndlessLine(io.RawIOBase):
         return True
 
     def read1(self, size: int = -1) -> bytes:
+        if self.read_bytes >= 64 << 20:
+            return b""
         self.read_bytes += 65536
         return b"x" * 65536
 
