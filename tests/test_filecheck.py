@@ -111,6 +111,8 @@ def test_info_can_show_a_model_with_nonfinite_weights(model_file, tmp_path):
     path = rewrite(model_file, tmp_path, CASES["all weights NaN"][0])
     result = run("info", str(path), "--allow-nonfinite")
     assert result.returncode == 0 and "# nmt model" in result.stdout, result.stderr
+    assert "- BROKEN: non-finite values (NaN or inf) in encoder.embed.weight, " in result.stdout
+    assert "BROKEN" not in run("info", str(model_file)).stdout
 
 
 def test_an_intact_model_file_passes_every_check(model_file):

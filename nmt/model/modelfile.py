@@ -309,6 +309,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
                                                           "encoder_layers", "bidirectional", "decoder_hidden",
                                                           "decoder_layers", "input_feeding")},
         "parameters": n_params,
+        "nonfinite_weights": [name for name, t in loaded.weights.items() if not bool(torch.isfinite(t).all())],
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision", "quantize")},
@@ -345,6 +346,8 @@ def format_card(info: dict[str, Any]) -> str:
         f"decoder {arch['decoder_layers']}x{arch['decoder_hidden']}, "
         f"{arch['attention']} attention, embeddings {arch['embedding_dim']}",
         f"- parameters: {info['parameters']:,}",
+        *([f"- BROKEN: non-finite values (NaN or inf) in {', '.join(info['nonfinite_weights'])}"]
+          if info.get("nonfinite_weights") else []),
         "- decoding defaults: " + ", ".join(f"{k} {v}" for k, v in info["decoding"].items()),
     ]
     shortlist = info.get("shortlist")
