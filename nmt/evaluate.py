@@ -38,6 +38,12 @@ def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypothe
         )
 
 
+def bleu(hyps: list[str], refs: list[str]) -> float:
+    """Corpus BLEU with sacreBLEU's defaults (unrounded), for scripts; refuses counts that differ."""
+    check_lengths(hyps, refs)
+    return BLEU().corpus_score(hyps, [refs]).score
+
+
 def make_metrics(ter: bool = False) -> dict[str, Any]:
     metrics: dict[str, Any] = {"bleu": BLEU(), "chrf": CHRF()}
     if ter:

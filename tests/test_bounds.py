@@ -68,6 +68,9 @@ def test_a_bootstrap_draw_larger_than_memory_is_refused(monkeypatch):
 def test_every_score_refuses_hypothesis_and_reference_counts_that_differ():
     with pytest.raises(ev.EvaluationError, match="has 2 lines but the references has 3"):
         ev.score(["a", "b"], ["a", "b", "c"])
+    with pytest.raises(ev.EvaluationError, match="has 3 lines but the references has 2"):
+        ev.bleu(["a", "b", "c"], ["a", "b"])                       # what scripts/ score with
+    assert ev.bleu(["a cat sat on the mat"], ["a cat sat on the mat"]) == pytest.approx(100.0)
     with pytest.raises(ev.EvaluationError, match="the other system has 1 lines"):
         ev.compare(["a", "b"], ["a"], ["a", "b"], samples=10)
     with pytest.raises(ev.EvaluationError, match="the baseline has 3 lines"):
