@@ -350,6 +350,7 @@ def score(
     length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
     batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source+target tokens per batch."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
     threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
 ) -> None:
     """The model's log-probability of given translations (forced decoding), for filtering and reranking.
@@ -371,7 +372,8 @@ def score(
 
         torch.set_num_threads(threads)
     try:
-        scorer = Translator.load(checkpoint, device, length_penalty=length_penalty, batch_tokens=batch_tokens)
+        scorer = Translator.load(checkpoint, device, length_penalty=length_penalty, batch_tokens=batch_tokens,
+                                 precision=precision)
     except (ConfigError, ModelFileError) as exc:
         fail(as_options(str(exc)))
     with ExitStack() as stack:
@@ -411,7 +413,7 @@ def evaluate(
     json_out: Path | None = typer.Option(None, "--json", help="Write the scores as JSON here ('-' = stdout)."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
     device: str = typer.Option("auto", "--device"),
-    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10),
+    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10, max=100_000),
 ) -> None:
     """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF.
 
@@ -525,14 +527,15 @@ def export(
 def info(
     model: Path = typer.Argument(..., help=MODEL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the card as JSON instead of Markdown."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Show a model with NaN/inf weights."),
 ) -> None:
-    """Show the model card: languages, vocabulary, parameters, data, scores."""
+    """Show the model card: languages, vocabulary, parameters, data, scores (after checking the file)."""
     import json
 
     from nmt.model.modelfile import ModelFileError, describe, format_card, load_model
 
     try:
-        card = describe(load_model(model))
+        card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
     except (ModelFileError, ConfigError) as exc:
         fail(str(exc))
     typer.echo(json.dumps(card, indent=2, ensure_ascii=False) if json_out else format_card(card))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -37,6 +38,22 @@ def _path(default: str | None = None) -> Any:
 
 
 MAX_BEAM = 1000      # beam sizes and n-best lists beyond this are typos (and would exhaust memory)
+# Bounds that fit a machine's memory and time; far beyond any real use, so a value over one is a typo or a
+# damaged file. They hold for stored configs too (a shared model file is checked before it is built).
+MAX_VOCAB = 1_000_000   # SentencePiece pieces, shortlist sizes, top-k
+MAX_DIM = 16_384        # embedding, hidden and attention sizes
+MAX_LAYERS = 64         # RNN layers per side
+MAX_LEN = 10_000        # pieces in one sentence (training filter, decoding input and output)
+MAX_TOKENS = 1_000_000  # tokens or sentences in one batch
+MAX_PENALTY = 10.0      # GNMT alpha and beta: ((5 + len) / 6) ** alpha stays finite in fp32
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory, for bounds that depend on it (model size, bootstrap samples)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):     # not POSIX: assume a large machine
+        return 1 << 40
 
 
 @dataclass
@@ -58,20 +75,21 @@ class DataConfig:
     test: str | None = _path()
     out_dir: str | None = _path()       # where `nmt preprocess` writes ids, SentencePiece models, manifest
     joint_vocab: bool = True            # one SentencePiece model for both sides
-    vocab_size: int = _bounded(8000, ge=16)
+    vocab_size: int = _bounded(8000, ge=16, le=MAX_VOCAB)
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = _bounded(1.0, ge=0.98, le=1.0, since_saved=True)  # SentencePiece's own range
-    spm_sample_sentences: int = _bounded(500_000, ge=1)  # SentencePiece trains on a seeded uniform sample this big
+    # SentencePiece trains on a seeded uniform sample this big
+    spm_sample_sentences: int = _bounded(500_000, ge=1, le=50_000_000)
     spm_sample_seed: int = _bounded(42, ge=0, since_saved=True)
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
     tgt_spm_model: str | None = _path()
     target_vocab_from_train: bool = True  # target vocabulary = pieces seen on the target side
-    min_len: int = _bounded(1, ge=0)     # in subword pieces, applied to training pairs only
-    max_len: int = _bounded(50, ge=1)
-    max_len_ratio: float = _bounded(3.0, gt=0.0)  # drop pairs whose length ratio exceeds this
+    min_len: int = _bounded(1, ge=0, le=MAX_LEN)     # in subword pieces, applied to training pairs only
+    max_len: int = _bounded(50, ge=1, le=MAX_LEN)
+    max_len_ratio: float = _bounded(3.0, gt=0.0, le=1e6)  # drop pairs whose length ratio exceeds this
     # vocabulary shortlist for decoding (nmt.data.shortlist): target pieces kept per source piece, 0 = none
-    shortlist_k: int = _bounded(100, ge=0)
-    shortlist_frequent: int = _bounded(300, ge=0)  # the most frequent target pieces, always kept
+    shortlist_k: int = _bounded(100, ge=0, le=MAX_VOCAB)
+    shortlist_frequent: int = _bounded(300, ge=0, le=MAX_VOCAB)  # the most frequent target pieces, always kept
     shortlist_score: Literal["dice", "prob"] = "prob"  # p(t|s) = c(s,t)/c(s), or dice 2c(s,t)/(c(s)+c(t))
     shortlist_pairs: int = _bounded(1_000_000, ge=1)   # co-occurrences are counted on the first N training pairs
 
@@ -79,20 +97,20 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     rnn_type: Literal["gru", "lstm"] = "gru"
-    embedding_dim: int = _bounded(256, ge=1)
-    encoder_hidden: int = _bounded(256, ge=1)   # per direction
-    encoder_layers: int = _bounded(1, ge=1)
+    embedding_dim: int = _bounded(256, ge=1, le=MAX_DIM)
+    encoder_hidden: int = _bounded(256, ge=1, le=MAX_DIM)   # per direction
+    encoder_layers: int = _bounded(1, ge=1, le=MAX_LAYERS)
     bidirectional: bool = True
-    decoder_hidden: int = _bounded(512, ge=1)
-    decoder_layers: int = _bounded(1, ge=1)
+    decoder_hidden: int = _bounded(512, ge=1, le=MAX_DIM)
+    decoder_layers: int = _bounded(1, ge=1, le=MAX_LAYERS)
     attention: Literal["bahdanau", "luong_dot", "luong_general", "luong_concat"] = "bahdanau"
-    attention_dim: int = _bounded(512, ge=1)    # additive attention's hidden size (bahdanau, luong_concat)
+    attention_dim: int = _bounded(512, ge=1, le=MAX_DIM)    # additive attention's hidden size (bahdanau, luong_concat)
     input_feeding: bool = True                  # Luong: feed h~_{i-1} into the decoder RNN
     bridge: Literal["bridge", "zero"] = "bridge"
     dropout: float = _bounded(0.3, ge=0.0, le=1.0)
     tie_embeddings: bool = False
     init: Literal["default", "uniform"] = "uniform"   # uniform: every parameter from U(-init_scale, init_scale)
-    init_scale: float = _bounded(0.1, gt=0.0)
+    init_scale: float = _bounded(0.1, gt=0.0, le=10.0)
 
 
 @dataclass
@@ -104,15 +122,15 @@ class TrainingConfig:
     threads: int = _bounded(0, ge=0, le=1024)            # torch CPU threads; 0 = torch's default
     deterministic: bool = False                          # deterministic kernels (process-wide): exact CUDA resume
     cuda_graphs: bool = True                             # CUDA: each update replayed as a captured graph
-    batch_tokens: int = _bounded(2000, ge=0)             # padded tokens per batch; 0 = use batch_size
-    batch_size: int = _bounded(0, ge=0)                  # sentences per batch when batch_tokens is 0
-    bucket_pool: int = _bounded(100, ge=1)               # batches' worth of sentences sorted together
+    batch_tokens: int = _bounded(2000, ge=0, le=MAX_TOKENS)             # padded tokens per batch; 0 = use batch_size
+    batch_size: int = _bounded(0, ge=0, le=MAX_TOKENS)                  # sentences per batch when batch_tokens is 0
+    bucket_pool: int = _bounded(100, ge=1, le=10_000)               # batches' worth of sentences sorted together
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: float = _bounded(1e-3, gt=0.0)
     weight_decay: float = _bounded(0.0, ge=0.0)
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     clip_grad_norm: float = _bounded(1.0, ge=0.0)       # 0 disables
-    accumulate: int = _bounded(1, ge=1)
+    accumulate: int = _bounded(1, ge=1, le=1000)
     label_smoothing: float = _bounded(0.0, ge=0.0, le=1.0)
     lr_schedule: Literal["constant", "plateau", "inverse_sqrt", "budget"] = "constant"
     warmup_updates: int = _bounded(0, ge=0)
@@ -133,34 +151,34 @@ class TrainingConfig:
     save_every_minutes: float = _bounded(10.0, ge=0.0)   # also save last.pt after this much training; 0 = never
     early_stopping_metric: Literal["bleu", "loss", "ppl"] = "bleu"
     patience: int = _bounded(0, ge=0)                    # validations without improvement; 0 = never stop
-    keep_best: int = _bounded(3, ge=0)
-    val_batch_tokens: int = _bounded(4000, ge=1)
+    keep_best: int = _bounded(3, ge=0, le=1000)
+    val_batch_tokens: int = _bounded(4000, ge=1, le=MAX_TOKENS)
     val_max_sentences: int = _bounded(0, ge=0)           # 0 = whole dev set
-    log_examples: int = _bounded(3, ge=0)
+    log_examples: int = _bounded(3, ge=0, le=1000)
 
 
 @dataclass
 class DecodingConfig:
     beam_size: int = _bounded(5, ge=1, le=MAX_BEAM)
-    length_penalty: float = _bounded(1.0, ge=0.0)  # GNMT alpha; 0 disables
-    max_len_ratio: float = _bounded(2.0, gt=0.0)  # max output length = ratio * source length + 10
+    length_penalty: float = _bounded(1.0, ge=0.0, le=MAX_PENALTY)  # GNMT alpha; 0 disables
+    max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0)  # max output length = ratio * source length + 10
     min_len: int = _bounded(0, ge=0, le=1000)  # pieces before EOS may come; below max_len
-    no_repeat_ngram: int = _bounded(0, ge=0)       # 0 disables
-    batch_tokens: int = _bounded(8000, ge=1)      # source tokens x beam per batch (4000: 5% slower beam search)
-    max_input_len: int = _bounded(250, ge=1)       # longer inputs are truncated with a warning
+    no_repeat_ngram: int = _bounded(0, ge=0, le=100)       # 0 disables
+    batch_tokens: int = _bounded(8000, ge=1, le=MAX_TOKENS)  # source tokens x beam per batch (4000: 5% slower)
+    max_input_len: int = _bounded(250, ge=1, le=MAX_LEN)       # longer inputs are truncated with a warning
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # as training.precision
-    max_len: int = _bounded(0, ge=0)               # cap on output pieces, EOS included; 0 = only max_len_ratio
-    coverage_penalty: float = _bounded(0.0, ge=0.0)   # GNMT beta (beam search); 0 disables
+    max_len: int = _bounded(0, ge=0, le=MAX_LEN)  # cap on output pieces, EOS included; 0 = only max_len_ratio
+    coverage_penalty: float = _bounded(0.0, ge=0.0, le=MAX_PENALTY)   # GNMT beta (beam search); 0 disables
     early_stop: bool = False                       # beam: stop when the best candidate ends (OpenNMT-py; inexact)
     replace_unk: bool = False                      # copy the most attended source piece for every <unk>
     sampling: bool = False                         # sample instead of searching (back-translation)
-    temperature: float = _bounded(1.0, gt=0.0)     # sampling: logits / temperature
-    top_k: int = _bounded(0, ge=0)                 # sampling: only the k most probable pieces; 0 = all
-    top_p: float = _bounded(1.0, gt=0.0, le=1.0)   # sampling: the smallest set with this much probability
+    temperature: float = _bounded(1.0, ge=0.01, le=100.0)     # sampling: logits / temperature
+    top_k: int = _bounded(0, ge=0, le=MAX_VOCAB)                 # sampling: only the k most probable pieces; 0 = all
+    top_p: float = _bounded(1.0, ge=1e-6, le=1.0)   # sampling: the smallest set with this much probability
     seed: int = _bounded(0, ge=0, since_saved=True)                # sampling: same seed and batch size, same samples
     quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
     shortlist: bool = False                        # score only the batch's shortlisted target pieces (greedy/beam)
-    shortlist_k: int = _bounded(0, ge=0)           # shortlist: the first k of each source piece's list; 0 = all
+    shortlist_k: int = _bounded(0, ge=0, le=MAX_VOCAB)  # shortlist: the first k of each source piece's list; 0 = all
     cuda_graphs: bool = True                       # CUDA: greedy/beam steps replayed as captured graphs
 
 
@@ -257,6 +275,7 @@ def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
 
 
 INT_LIMIT = 2**31 - 1     # every integer key: counts, sizes and seeds far beyond any real use are typos
+STORED_INT_LIMIT = 2**63 - 1    # in stored configs (earlier nmt versions had no INT_LIMIT): what torch can take
 
 
 def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
@@ -282,8 +301,9 @@ def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool
         meta = fields[name].metadata
         if not (stored and meta.get("since_saved")):
             _check_range(value, meta, key)
-        if not stored and isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
-            raise ConfigError(f"`{key}` must be at most {INT_LIMIT}, got {value}")
+        limit = STORED_INT_LIMIT if stored else INT_LIMIT
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+            raise ConfigError(f"`{key}` must be at most {limit}, got {value}")
         if meta.get("path") and value is not None and base_dir is not None:
             value = _resolve_paths(value, base_dir)
         values[name] = value

@@ -8,7 +8,10 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
 
+from nmt.config import memory_bytes
 from nmt.textio import TextInputError, read_lines
+
+MAX_BOOTSTRAP = 100_000     # bootstrap samples: each is a Python-level BLEU computation (~0.1 ms)
 
 
 class EvaluationError(ValueError):
@@ -23,13 +26,22 @@ def read_text(path: str | Path) -> list[str]:
         raise EvaluationError(str(exc)) from None
 
 
-def check_lengths(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> None:
+def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypotheses",
+                  ref_name: str = "the references") -> None:
+    """sacreBLEU pairs hypotheses with references by position and silently drops what one list has more of:
+    every score nmt computes is refused unless the counts agree."""
     if not refs:
         raise EvaluationError(f"{ref_name} is empty; there is nothing to score")
     if len(hyps) != len(refs):
         raise EvaluationError(
             f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(refs)}; hypotheses and references must align"
         )
+
+
+def bleu(hyps: list[str], refs: list[str]) -> float:
+    """Corpus BLEU with sacreBLEU's defaults (unrounded), for scripts; refuses counts that differ."""
+    check_lengths(hyps, refs)
+    return BLEU().corpus_score(hyps, [refs]).score
 
 
 def make_metrics(ter: bool = False) -> dict[str, Any]:
@@ -41,6 +53,7 @@ def make_metrics(ter: bool = False) -> dict[str, Any]:
 
 def score(hyps: list[str], refs: list[str], ter: bool = False) -> dict[str, Any]:
     """Corpus scores with sacreBLEU's default settings; each with its signature."""
+    check_lengths(hyps, refs)
     results: dict[str, Any] = {"sentences": len(hyps)}
     for name, metric in make_metrics(ter).items():
         result = metric.corpus_score(hyps, [refs])
@@ -54,7 +67,18 @@ def score(hyps: list[str], refs: list[str], ter: bool = False) -> dict[str, Any]
 
 def compare(hyps: list[str], other: list[str], refs: list[str], ter: bool = False,
             samples: int = 1000) -> dict[str, Any]:
-    """Paired bootstrap resampling (Koehn 2004) of `other` against the baseline `hyps`."""
+    """Paired bootstrap resampling (Koehn 2004) of `other` against the baseline `hyps`.
+
+    sacreBLEU draws all `samples` x sentences indices at once (8 bytes each): a count whose draw would
+    not fit in a quarter of this machine's memory is refused before it starts."""
+    check_lengths(hyps, refs, "the baseline")
+    check_lengths(other, refs, "the other system")
+    if not 1 <= samples <= MAX_BOOTSTRAP:
+        raise EvaluationError(f"--bootstrap-samples must be in 1..{MAX_BOOTSTRAP}, got {samples}")
+    need = samples * len(hyps) * 8
+    if need > memory_bytes() // 4:
+        raise EvaluationError(f"--bootstrap-samples {samples} over {len(hyps)} sentences needs "
+                              f"{need / 2**30:.1f} GiB for its draws; use fewer samples (1000 is the usual)")
     metrics = {m.__class__.__name__: m for m in make_metrics(ter).values()}
     test = PairedTest([("baseline", hyps), ("other", other)], metrics, [refs], test_type="bs", n_samples=samples)
     signatures, scores = test()

@@ -49,23 +49,9 @@ from starlette.requests import ClientDisconnect
 
 from nmt.config import ConfigError
 from nmt.decode.translator import Translation, Translator
+from nmt.serve_settings import ServeSettings
 
 log = logging.getLogger("nmt.serve")
-
-
-@dataclass
-class ServeSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch_sentences: int = 128     # sentences translated together (a larger single request is not split)
-    max_wait: float = 0.005            # seconds a batch waits for more requests once the model is free
-    max_queue: int = 256               # requests waiting for the model; more are refused with 503
-    max_sentences: int = 100           # sentences per request; more are refused with 413
-    max_body_bytes: int = 256 * 1024   # request body; larger is refused with 413
-    body_timeout: float = 30.0         # seconds for a request body to arrive; slower is refused with 408
-    max_beam: int = 16                 # largest beam_size a request may ask for
-    retry_after: int = 1               # seconds, in the Retry-After header of a 503
-    shutdown_timeout: float = 10.0     # seconds after SIGTERM in which queued requests may still start
 
 
 class RequestError(Exception):
@@ -371,6 +357,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 def create_app(translator: Translator, settings: ServeSettings, languages: dict[str, str] | None = None) -> FastAPI:
     """The ASGI app; its model thread starts and stops with the app's lifespan. Raises ConfigError for a
     `max_beam` below the model's beam size, which every request without beam_size would be refused."""
+    settings.check()
     if translator.decoding.beam_size > settings.max_beam:
         raise ConfigError(f"--max-beam {settings.max_beam} is below the model's beam size "
                           f"{translator.decoding.beam_size} (decoding.beam_size), which requests without "
@@ -450,6 +437,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     from nmt.device import reuse_freed_memory
     from nmt.model.modelfile import load_model
 
+    settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if threads:
         torch.set_num_threads(threads)

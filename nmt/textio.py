@@ -1,8 +1,10 @@
 """The one reader of text lines: only b"\\n" ends a line, UTF-8 is decoded strictly.
 
 A `\\r` right before the `\\n` is part of a CRLF ending and is dropped; any other `\\r`, and
-U+2028, NEL, VT or FF, are content. A last line without `\\n` is still a line. Errors name the
-source and the 1-based line number.
+U+2028, NEL, VT or FF, are content. A last line without `\\n` is still a line. A line longer
+than `MAX_LINE_BYTES` is an error (a binary file, or text without newlines), found while
+streaming: a reader never holds more than that bound plus one block. Errors name the source and
+the 1-based line number.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+MAX_LINE_BYTES = 1 << 20    # 1 MiB, ~1000x a long sentence: one 50 MB "line" made translate peak at 1.4 GB
 
 
 class TextInputError(ValueError):
@@ -28,44 +32,65 @@ def decode_line(raw: bytes, name: str, number: int) -> str:
         ) from None
 
 
-def iter_lines(stream: BinaryIO, name: str, block_size: int = 1 << 20) -> Iterator[str]:
+def iter_lines(stream: BinaryIO, name: str, block_size: int = 1 << 20,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
     """Split on b"\\n" only, strip one b"\\r" right before it, decode UTF-8 strictly.
 
     Reads blocks with `read1` where the stream has it, so a pipe's lines come out as soon as they
     arrive, and a file's in large blocks (the splitting and decoding run in C, not per line).
     Raises `TextInputError` naming `name` and the 1-based line number, after yielding every line
-    before the bad one. A final line without "\\n" is still a line.
+    before the bad one: invalid UTF-8, or a line over `max_line_bytes` (refused as soon as that
+    many bytes arrived without a newline). A final line without "\\n" is still a line.
     """
     read = getattr(stream, "read1", stream.read)
-    number, pending = 0, []            # pending: the bytes of an unfinished line
+    number, pending, waiting = 0, [], 0    # pending: the bytes of an unfinished line, `waiting` in all
     try:
         while block := read(block_size):
             cut = block.rfind(b"\n")
             if cut < 0:
                 pending.append(block)
+                waiting += len(block)
+                if waiting > max_line_bytes:
+                    raise _too_long(name, number + 1, max_line_bytes)
                 continue
             head = b"".join([*pending, block[:cut]]) if pending else block[:cut]
             pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
-            for line in _decode_lines(head, name, number):
+            waiting = len(block) - cut - 1
+            for line in _decode_lines(head, name, number, max_line_bytes):
                 number += 1
                 yield line[:-1] if line.endswith("\r") else line
+            if waiting > max_line_bytes:
+                raise _too_long(name, number + 1, max_line_bytes)
         if pending:
-            yield from _decode_lines(b"".join(pending), name, number)
+            yield from _decode_lines(b"".join(pending), name, number, max_line_bytes)
     except (OSError, EOFError, zlib.error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         raise TextInputError(f"{name}: cannot be read after line {number} ({reason})") from None
 
 
-def _decode_lines(raw: bytes, name: str, lines_before: int) -> Iterator[str]:
-    """The lines of `raw` (lines joined by b"\\n", no final one), decoded; on invalid UTF-8 the
-    lines before the bad one, then a `TextInputError` naming it."""
+def _too_long(name: str, number: int, max_line_bytes: int) -> TextInputError:
+    return TextInputError(f"{name} line {number}: longer than {max_line_bytes} bytes, the limit for one line "
+                          "(is it a text file with \\n line endings?)")
+
+
+def _decode_lines(raw: bytes, name: str, lines_before: int, max_line_bytes: int) -> Iterator[str]:
+    """The lines of `raw` (lines joined by b"\\n", no final one), decoded; on invalid UTF-8 or a line
+    over `max_line_bytes`, the lines before the bad one, then a `TextInputError` naming it."""
     try:
-        text = raw.decode("utf-8")
+        lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError:
         for number, line in enumerate(raw.split(b"\n"), start=lines_before + 1):
+            if len(line) > max_line_bytes:
+                raise _too_long(name, number, max_line_bytes) from None
             yield decode_line(line, name, number)
         return
-    yield from text.split("\n")
+    if len(raw) > max_line_bytes and max(map(len, lines)) * 4 > max_line_bytes:   # a character is <= 4 bytes
+        for number, line in enumerate(lines, start=lines_before + 1):
+            if len(line) * 4 > max_line_bytes and len(line.encode("utf-8")) > max_line_bytes:
+                raise _too_long(name, number, max_line_bytes)
+            yield line
+        return
+    yield from lines
 
 
 def open_text(path: str | Path) -> BinaryIO:

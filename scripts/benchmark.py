@@ -132,7 +132,7 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
 
 def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str], pin: list[str] = ()) -> dict:
     """Wall time of `nmt translate < test > hyp`, start-up and model loading included."""
-    import sacrebleu
+    from nmt.evaluate import bleu as corpus_bleu
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "hyp.txt"
@@ -145,7 +145,7 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
         subprocess.run(cmd, check=True, env=env)
         seconds = time.perf_counter() - start
         hyps = out.read_text(encoding="utf-8").splitlines()
-    bleu = sacrebleu.corpus_bleu(hyps, [refs]).score if refs else None
+    bleu = corpus_bleu(hyps, refs) if refs else None
     return {"sent_per_s": len(hyps) / seconds, "seconds": seconds, "bleu": bleu}
 
 

@@ -120,9 +120,8 @@ ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
 
 def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
     """Whole-process wall time of onmt_translate on the test pieces, its own decoding time, and BLEU."""
-    import sacrebleu
-
     from nmt.data.preprocess import DataFolder
+    from nmt.evaluate import bleu
 
     out = args.work / f"onmt_hyp.b{beam}.sp"
     cmd = [*pin, str(args.onmt_venv / "bin" / "onmt_translate"), "-model", str(args.onmt_checkpoint),
@@ -138,7 +137,7 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     sp = DataFolder.open(args.data_dir).vocab("tgt").sp
     hyps = [sp.decode_pieces(line.split()) for line in out.read_text(encoding="utf-8").splitlines()]
     return {"sent_per_s": len(hyps) / seconds, "decode_only_sent_per_s": len(hyps) / decode_seconds,
-            "seconds": seconds, "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score}
+            "seconds": seconds, "bleu": bleu(hyps, refs)}
 
 
 def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:

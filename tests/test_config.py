@@ -73,7 +73,7 @@ def test_unknown_section(tmp_path):
         ({"data": {"spm_sample_seed": -1}}, r"`data.spm_sample_seed` must be >= 0"),
         ({"decoding": {"seed": -3}}, r"`decoding.seed` must be >= 0"),
         ({"training": {"seed": 2**64}}, r"`training.seed` must be at most 2147483647, got 18446744073709551616"),
-        ({"data": {"shortlist_k": 10**20}}, r"`data.shortlist_k` must be at most 2147483647"),
+        ({"data": {"shortlist_k": 10**20}}, r"`data.shortlist_k` must be <= 1000000, got 10+"),
         ({"training": {"threads": 100000}}, r"`training.threads` must be <= 1024, got 100000"),
         ({"training": {"batch_tokens": 0}}, r"`training.batch_size` must be >= 1 when `training.batch_tokens` is 0"),
         ({"data": {"character_coverage": 0.5}}, r"`data.character_coverage` must be >= 0.98, got 0.5"),

@@ -342,7 +342,8 @@ def test_messages_name_the_thing_to_fix(world):
         "stdin invalid UTF-8 to file": "stdin line 2: invalid UTF-8",
         "resume changes seed": "--resume cannot change `training.seed` (1 -> 7)",
         "device tpu": "unknown device 'tpu'",
-        "weights do not fit config": f"{run}/mismatch.pt: the weights do not fit its model config",
+        "weights do not fit config": f"{run}/mismatch.pt: weight bridge.hidden.weight has shape (64, 64), "
+                                     "but its config describes (7, 64)",
         "n-best above beam": "--n-best 4 is larger than the beam size 2",
         "threads negative": "--threads",
         "beam size huge": "`--beam-size` must be <= 1000, got 100000000",

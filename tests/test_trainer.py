@@ -297,6 +297,19 @@ def test_validation_bleu_reads_references_as_nmt_evaluate_does(prepared, tmp_pat
     trainer.close()
 
 
+def test_validation_refuses_a_reference_file_shorter_than_the_dev_set(prepared, tmp_path, monkeypatch):
+    """sacreBLEU would score the common prefix; a damaged data folder is an error naming the file."""
+    from nmt.data.corpus import DataError
+
+    trainer = Trainer(config_for(prepared, tmp_path / "run", val_max_sentences=6, max_updates=1))
+    ref_file = tmp_path / "dev.ref"
+    ref_file.write_text("only\nfour\nlines\nhere\n")
+    monkeypatch.setattr(trainer.data, "reference_path", lambda split: ref_file)
+    with pytest.raises(DataError, match=f"{ref_file} has 4 lines for 6 dev pairs"):
+        trainer.validate()
+    trainer.close()
+
+
 def test_the_end_of_the_last_epoch_is_validated_like_any_budget_end(prepared, tmp_path):
     run = tmp_path / "run"
     trainer = Trainer(config_for(prepared, run, max_epochs=1, validate_every=100000, val_max_sentences=5))

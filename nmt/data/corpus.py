@@ -9,13 +9,15 @@ entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are written by append
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -155,6 +157,18 @@ def select_rows(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tupl
     return flat[np.repeat(keep, lengths)], lengths[keep]
 
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_error(path: str | Path, exc: OSError) -> DataError:
+    """A failed write as one line naming the file, saying so when the disk is full. numpy reports a short
+    write ("745191 requested and 126976 written") with no errno: on a regular file that is a full disk."""
+    if exc.errno in FULL_DISK or exc.errno is None:
+        detail = exc.strerror if exc.errno is not None else str(exc)
+        return DataError(f"cannot write {path}: the disk is full ({detail}); free some space and run it again")
+    return DataError(f"cannot write {path}: {exc.strerror or exc}")
+
+
 class IdWriter:
     """Appends chunks of sentences to `stem.ids` and `stem.offsets`, keeping nothing in memory."""
 
@@ -163,19 +177,33 @@ class IdWriter:
         self.ids = open(f"{stem}.ids", "wb")            # noqa: SIM115 (closed by close / the with block)
         self.offsets = open(f"{stem}.offsets", "wb")    # noqa: SIM115
         self.tokens = self.sentences = 0
-        np.zeros(1, dtype=np.int64).tofile(self.offsets)
+        self._write(np.zeros(1, dtype=np.int64), self.offsets)
 
     def append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """flat: (tokens,) ids of the sentences back to back; lengths: (sentences,)."""
-        flat.astype(self.dtype, copy=False).tofile(self.ids)
-        (self.tokens + np.cumsum(lengths, dtype=np.int64)).tofile(self.offsets)
+        self._write(flat.astype(self.dtype, copy=False), self.ids)
+        self._write(self.tokens + np.cumsum(lengths, dtype=np.int64), self.offsets)
         self.tokens += len(flat)
         self.sentences += len(lengths)
 
+    @staticmethod
+    def _write(array: np.ndarray, handle: Any) -> None:
+        try:
+            array.tofile(handle)
+        except OSError as exc:
+            raise write_error(handle.name, exc) from None
+
     def close(self) -> None:
+        error = None
         for handle in (self.ids, self.offsets):
-            handle.flush()
-            handle.close()
+            try:
+                handle.flush()
+            except OSError as exc:
+                error = error or write_error(handle.name, exc)
+            with suppress(OSError):          # a failed flush fails again on close: already reported
+                handle.close()
+        if error is not None:
+            raise error
 
     def __enter__(self) -> IdWriter:
         return self

@@ -43,6 +43,7 @@ from nmt.data.corpus import (
     parallel_chunks,
     resolve_text_file,
     select_rows,
+    write_error,
 )
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
@@ -132,7 +133,7 @@ class DataFolder:
     def vocab(self, side: str) -> Vocab:
         try:
             return Vocab.from_entry(self.root, self.manifest["vocab"][side])
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, ValueError) as exc:          # missing, or named outside the folder
             raise DataError(f"{exc}; rerun `nmt preprocess`") from None
 
     def ids(self, split: str, side: str) -> IdFile:
@@ -373,6 +374,8 @@ def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_
     try:
         manifest = _write_folder(config, files, digests, fingerprint, tmp)
         _replace_folder(tmp, out_dir)
+    except OSError as exc:              # a full disk: Python and numpy name no file
+        raise write_error(exc.filename or out_dir, exc) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _print_summary(manifest, out_dir)

@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from nmt.folders import plain_name
-
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
 
@@ -99,6 +97,8 @@ class Vocab:
         if pieces is None:
             pieces = range(n)
         self.pieces = np.asarray(pieces, dtype=np.int64)               # side id -> spm id
+        if self.pieces.ndim != 1 or (len(self.pieces) and not (self.pieces.min() >= 0 and self.pieces.max() < n)):
+            raise ValueError(f"{self.model_path}: vocabulary piece ids must lie in 0..{n - 1}")
         if list(self.pieces[:4]) != [PAD, UNK, BOS, EOS]:
             raise ValueError(f"{self.model_path}: vocabulary must start with the special ids 0-3")
         self.to_side = np.full(n, UNK, dtype=np.int64)                 # spm id -> side id
@@ -135,11 +135,14 @@ class Vocab:
     @classmethod
     def from_entry(cls, folder: Path, entry: dict) -> Vocab:
         """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`.
-        Each must be a plain file name inside `folder` (a missing file otherwise)."""
-        for name in (entry["model"], entry.get("pieces") or "pieces"):
-            if not plain_name(name):
-                raise FileNotFoundError(f"{folder}: the vocabulary names {name!r}, which is not a file inside "
-                                        f"{folder}")
+
+        The names must be plain file names: an entry from a shared checkpoint never opens a file elsewhere
+        (ValueError)."""
+        for key in ("model", "pieces"):
+            name = entry.get(key)
+            if name is not None and (not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name
+                                     or "\\" in name):
+                raise ValueError(f"vocabulary entry {key} {name!r} is not a plain file name inside {folder}")
         model_path = folder / entry["model"]
         if not model_path.is_file():
             raise FileNotFoundError(f"{model_path} is missing: the SentencePiece model of {folder}")

@@ -37,9 +37,10 @@ import torch
 from torch import Tensor
 
 from nmt import __version__
-from nmt.config import Config, check_decoding, check_decoding_overrides, stored_config
+from nmt.config import Config, check_decoding, check_decoding_overrides
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write
+from nmt.model.filecheck import ModelFileError, check_config, check_sections, check_weights, expected_weights
 from nmt.model.seq2seq import Seq2Seq
 
 MODEL_KIND = "nmt-model"
@@ -48,10 +49,6 @@ CHECKPOINT_FORMAT = 1           # the model part of a training checkpoint (nmt.t
 CHECKPOINT_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
 MODEL_KEYS = ("kind", "format", "nmt_version", "config", "model", "dtype", "tokenizer", "card")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-class ModelFileError(ValueError):
-    """A model file or checkpoint that cannot be used: missing, truncated, corrupt or of another format."""
 
 
 @dataclass
@@ -97,48 +94,54 @@ def read_file(path: str | Path, what: str, mmap: bool = False) -> dict[str, Any]
     return state
 
 
-def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = None) -> LoadedModel:
+def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = None,
+               allow_nonfinite: bool = False) -> LoadedModel:
     """Read a model file or a training checkpoint; `decoding_overrides` are checked like the YAML file.
 
-    Raises `ModelFileError` (or `ConfigError` for a bad override) with a one-line message.
+    The file is checked before anything is built from it (nmt.model.filecheck): checksums, the types
+    of its sections, its config's bounds, every weight's name, shape and dtype, finite values (unless
+    `allow_nonfinite`, for inspecting a broken file). Raises `ModelFileError` (or `ConfigError` for a
+    bad override) with a one-line message.
     """
     path = Path(path)
     state = read_file(path, "checkpoint" if path.suffix == ".pt" else "model file", mmap=True)
     if state.get("kind") == MODEL_KIND:
         kind, keys, expected = "model", MODEL_KEYS, MODEL_FORMAT
-        check_checksums(path)
     else:
         kind, keys, expected = "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT
     check_keys(path, state, kind, keys, expected)
-    raw = state["config"]
+    check_checksums(path, "model file" if kind == "model" else "checkpoint")
+    check_sections(path, state, kind)
     overrides = {k: v for k, v in (decoding_overrides or {}).items() if v is not None}
     check_decoding_overrides(overrides)
-    raw["decoding"].update(overrides)
-    config = stored_config(raw)
+    config = check_config(path, state["config"], overrides)
     if overrides.keys() & {"min_len", "max_len"}:     # a stored conflict alone: the cap wins (nmt.decode.search)
         check_decoding(config.decoding)
     if "tokenizer" in state:
         src_vocab, tgt_vocab = vocabs_from_tokenizer(path, state["tokenizer"])
     else:                                     # a checkpoint from before tokenizers were embedded
         src_vocab, tgt_vocab = (_vocab_from_run_folder(path, state["vocab"], side) for side in ("src", "tgt"))
+    dtype = state.get("dtype", "fp32")
+    weights = expected_weights(config.model, len(src_vocab), len(tgt_vocab), str(path))
+    check_weights(path, state["model"], weights, DTYPES[dtype], allow_nonfinite)
     card = dict(state.get("card") or {})
     if kind == "checkpoint" and not card:         # an older checkpoint: its run folder may still tell
         card = run_folder_card(path.parent, state["step"], config.training.val_max_sentences)
-    return LoadedModel(path, kind, config, state["model"], src_vocab, tgt_vocab, card, state.get("dtype", "fp32"),
-                       state.get("shortlist"))
+    return LoadedModel(path, kind, config, state["model"], src_vocab, tgt_vocab, card, dtype, state.get("shortlist"))
 
 
-def check_checksums(path: Path) -> None:
-    """Refuse a model file whose bytes changed since it was written (a bad copy, a failing disk):
-    torch.load does not check the CRC-32 that torch.save stores for every record, so damaged
-    weights would translate into garbage. Reading the whole file costs ~25 ms per 40 MB."""
+def check_checksums(path: Path, what: str = "model file") -> None:
+    """Refuse a model file or checkpoint whose bytes changed since it was written (a bad copy, a failing
+    disk): torch.load does not check the CRC-32 that torch.save stores for every record, so damaged
+    weights would translate into garbage (or be exported into a file with valid checksums). Reading the
+    whole file costs ~25 ms per 40 MB."""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error) as exc:
-        raise ModelFileError(f"model file {path} is truncated or corrupt ({exc})") from None
+        raise ModelFileError(f"{what} {path} is truncated or corrupt ({exc})") from None
     if damaged is not None:
-        raise ModelFileError(f"model file {path} is damaged: its record {damaged} fails its checksum; "
+        raise ModelFileError(f"{what} {path} is damaged: its record {damaged} fails its checksum; "
                              "copy or export it again")
 
 
@@ -178,7 +181,7 @@ def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab,
             entry = tokenizer[side]
             proto = entry["spm"] if entry["spm"] is not None else tokenizer["src"]["spm"]
             vocabs.append(Vocab(bytes(proto), entry["pieces"]))
-        except (KeyError, TypeError, ValueError, RuntimeError, OSError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError, RuntimeError, OSError) as exc:
             raise ModelFileError(f"{path}: the embedded {side} tokenizer is unusable ({str(exc)[:200]})") from None
     return vocabs[0], vocabs[1]
 
@@ -186,6 +189,8 @@ def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab,
 def _vocab_from_run_folder(path: Path, vocab_entries: dict[str, Any], side: str) -> Vocab:
     try:
         return Vocab.from_entry(path.parent, vocab_entries[side])
+    except ValueError as exc:             # a vocabulary entry that is not a plain file name in the folder
+        raise ModelFileError(f"{path}: {exc}") from None
     except FileNotFoundError as exc:
         raise ModelFileError(f"{exc}; {path} is an older checkpoint without an embedded tokenizer: use it inside "
                              f"its run folder, or export it there (nmt export {path} -o model.nmt)") from None
@@ -304,6 +309,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
                                                           "encoder_layers", "bidirectional", "decoder_hidden",
                                                           "decoder_layers", "input_feeding")},
         "parameters": n_params,
+        "nonfinite_weights": [name for name, t in loaded.weights.items() if not bool(torch.isfinite(t).all())],
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision", "quantize")},
@@ -340,6 +346,8 @@ def format_card(info: dict[str, Any]) -> str:
         f"decoder {arch['decoder_layers']}x{arch['decoder_hidden']}, "
         f"{arch['attention']} attention, embeddings {arch['embedding_dim']}",
         f"- parameters: {info['parameters']:,}",
+        *([f"- BROKEN: non-finite values (NaN or inf) in {', '.join(info['nonfinite_weights'])}"]
+          if info.get("nonfinite_weights") else []),
         "- decoding defaults: " + ", ".join(f"{k} {v}" for k, v in info["decoding"].items()),
     ]
     shortlist = info.get("shortlist")

@@ -27,9 +27,11 @@ from nmt.model.modelfile import (
     CHECKPOINT_KEYS,
     MODEL_KIND,
     ModelFileError,
+    check_checksums,
     check_keys,
     embed_shortlist,
     embed_tokenizer,
+    load_model,
     read_file,
     run_folder_card,
 )
@@ -86,16 +88,20 @@ def embedded_tokenizer(run_dir: Path, vocab_entries: dict[str, Any]) -> dict[str
         return embed_tokenizer(*(Vocab.from_entry(run_dir, vocab_entries[side]) for side in ("src", "tgt")))
     except FileNotFoundError as exc:
         raise CheckpointError(f"{exc}; a checkpoint embeds the tokenizer of its run folder") from None
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Load and check a checkpoint; any problem is a `CheckpointError` naming the file."""
+    """Load and check a checkpoint (its records' checksums too: a damaged one is never resumed from or
+    averaged); any problem is a `CheckpointError` naming the file."""
     path = Path(path)
     try:
         state = read_file(path, "checkpoint", mmap=mmap)
         if state.get("kind") == MODEL_KIND:
             raise ModelFileError(f"{path} is a model file (nmt export), not a training checkpoint")
         check_keys(path, state, "checkpoint", REQUIRED_KEYS, FORMAT_VERSION)
+        check_checksums(path, "checkpoint")
     except ModelFileError as exc:
         raise CheckpointError(str(exc)) from None
     return state
@@ -106,6 +112,11 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
+    for path in paths:                  # each one's weights fit its config and are finite (nmt.model.filecheck)
+        try:
+            load_model(path)
+        except ModelFileError as exc:
+            raise CheckpointError(str(exc)) from None
     first = states[0]
     keys, model_section = first["model"].keys(), stored_config(first["config"]).model
     for path, state in zip(paths, states, strict=True):

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from nmt.config import Config, ConfigError, dump_config, stored_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
+from nmt.data.corpus import DataError
 from nmt.data.preprocess import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
 from nmt.decode.search import greedy_search
@@ -61,6 +62,7 @@ from nmt.folders import (
     write_marker,
 )
 from nmt.locks import lock_folder, release_folder
+from nmt.model.filecheck import expected_weights
 from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
 from nmt.train.checkpoint import CheckpointError, best_k_files, load_checkpoint, save_checkpoint
@@ -150,6 +152,8 @@ class Trainer:
         self._adopting = False                          # resuming a run folder from before markers
         self._lock_created = False                      # ... whose lock file this process made
 
+        expected_weights(config.model, len(self.src_vocab), len(self.tgt_vocab), "the config", copies=4,
+                         error=ConfigError)             # a model this machine cannot train: before allocating
         torch.manual_seed(t.seed)
         random.seed(t.seed)
         self.model = Seq2Seq.from_config(config.model, len(self.src_vocab), len(self.tgt_vocab)).to(self.device)
@@ -713,6 +717,9 @@ class Trainer:
         ordered = [hyps[i] for i in rows.tolist()]
         hypotheses = self.tgt_vocab.decode(ordered)
         references = read_lines(self.data.reference_path("dev"))[: len(rows)]   # only "\n" ends a line
+        if len(references) != len(hypotheses):      # sacreBLEU would score the common prefix without a word
+            raise DataError(f"{self.data.reference_path('dev')} has {len(references)} lines for {len(hypotheses)} "
+                            "dev pairs; preprocess the data folder again")
         bleu = sacrebleu.corpus_bleu(hypotheses, [references])
         loss = loss_sum / max(tokens, 1)
         examples = []
