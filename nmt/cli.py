@@ -28,6 +28,7 @@ app = typer.Typer(
     help="RNN-attention neural machine translation: preprocess, train, translate, evaluate.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,           # plain help: rich tables cut option names at 80 columns
     pretty_exceptions_enable=False,
 )
 
@@ -581,6 +582,7 @@ def serve(
 
 
 plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs the plot extra: matplotlib).",
+                       rich_markup_mode=None,
                        no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
 

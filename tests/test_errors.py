@@ -534,3 +534,22 @@ def test_a_closed_stderr_loses_only_the_messages(world, tmp_path):
     assert result.returncode == 0
     expected = run_cli("translate", "-m", str(world["ckpt"]), "-q", "--beam-size", "1", stdin=b"ein Hund\n").stdout
     assert out.read_bytes() == expected
+
+
+def test_help_at_80_columns_names_every_option_in_full():
+    """Every option of every command appears whole in its --help on an 80-column terminal."""
+    import typer.main
+
+    from nmt.cli import app
+
+    group = typer.main.get_command(app)
+    commands = [(name, cmd) for name, cmd in group.commands.items() if not hasattr(cmd, "commands")]
+    commands += [(f"plot {name}", cmd) for name, cmd in group.commands["plot"].commands.items()]
+    for name, command in commands:
+        result = subprocess.run([sys.executable, "-m", "nmt", *name.split(), "--help"], capture_output=True,
+                                text=True, env={**os.environ, "COLUMNS": "80"}, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert max(map(len, result.stdout.splitlines())) <= 80, name
+        for option in (o for param in command.params for o in param.opts + param.secondary_opts):
+            if option.startswith("-"):
+                assert option in result.stdout, f"nmt {name} --help lacks {option}"
