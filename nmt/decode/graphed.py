@@ -83,30 +83,55 @@ class _Static:
         if self.feed is not None:
             self.feed.copy_(state.feed)
 
+    @classmethod
+    def allocate(cls, memory: Memory, state: DecoderState, sentences: int, src_len: int, beam: int = 0) -> _Static:
+        """Zeros for `sentences` padded to `src_len`, with `beam` rows each (0: greedy search, one row)."""
+        rows, device = sentences * max(beam, 1), memory.mask.device
+        padded = {f.name: None if (t := getattr(memory, f.name)) is None
+                  else t.new_zeros(sentences, src_len, *t.shape[2:]) for f in fields(Memory)}
+        padded["mask"][:, 0] = True                # a padded sentence attends to one zero position: a finite softmax
+        layers, _, hidden = state.hidden.shape
+        zeros = lambda t, *shape: None if t is None else t.new_zeros(shape)  # noqa: E731
+        whole = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        static = cls(Memory(**padded), zeros(state.hidden, layers, rows, hidden),
+                     zeros(state.cell, layers, rows, hidden), zeros(state.feed, rows, hidden),
+                     prev=whole(rows), limits=whole(sentences), step=whole(),
+                     scores=whole(rows, dtype=torch.float32), out_tokens=whole(rows, STEPS_PER_GRAPH),
+                     going=whole(sentences, dtype=torch.bool))
+        if beam:
+            static.out_parents, static.top_ended = whole(rows, STEPS_PER_GRAPH), whole(sentences, dtype=torch.bool)
+            static.fin_scores = whole(sentences, beam, dtype=torch.float32)
+            static.fin_step, static.fin_row = whole(sentences, beam), whole(sentences, beam)
+        else:
+            static.lengths = whole(rows)
+        return static
 
-def _padded(tensor: Tensor | None, shape: tuple[int, ...], fill: float | bool = 0) -> Tensor | None:
-    """A zero (or `fill`) tensor of `shape` with `tensor` in its leading corner."""
-    if tensor is None:
-        return None
-    out = tensor.new_full(shape, fill)
-    out[tuple(slice(0, n) for n in tensor.shape)] = tensor
-    return out
-
-
-def _padded_memory(memory: Memory, sentences: int, src_len: int) -> Memory:
-    """The memory padded to (sentences, src_len); a padded sentence attends to one zero position, so
-    that its softmax stays finite."""
-    pad = lambda t: _padded(t, (sentences, src_len, t.size(2))) if t is not None else None  # noqa: E731
-    mask = _padded(memory.mask, (sentences, src_len), False)
-    mask[memory.mask.size(0):, 0] = True
-    return Memory(pad(memory.values), pad(memory.keys), mask, pad(memory.values_in), pad(memory.values_out))
-
-
-def _padded_state(state: DecoderState, rows: int) -> DecoderState:
-    layers, _, hidden = state.hidden.shape
-    return DecoderState(_padded(state.hidden, (layers, rows, hidden)),
-                        _padded(state.cell, (layers, rows, hidden)) if state.cell is not None else None,
-                        _padded(state.feed, (rows, hidden)) if state.feed is not None else None)
+    def load(self, memory: Memory, state: DecoderState, limits: Tensor) -> None:
+        """A batch in: its memory and start state (the padding zeroed) and output limits; the counters reset,
+        the padded sentences ended before they start."""
+        batch = limits.size(0)
+        for f in fields(Memory):
+            target, value = getattr(self.memory, f.name), getattr(memory, f.name)
+            if target is not None:
+                target.zero_()
+                target[: value.size(0), : value.size(1)] = value
+        self.memory.mask[batch:, 0] = True
+        for target, value in ((self.hidden, state.hidden), (self.cell, state.cell)):
+            if target is not None:
+                target.zero_()
+                target[:, : value.size(1)] = value
+        if self.feed is not None:
+            self.feed.zero_()
+            self.feed[: state.feed.size(0)] = state.feed
+        for counter in (self.prev, self.step, self.scores, self.going, self.lengths, self.top_ended):
+            if counter is not None:
+                counter.zero_()
+        self.prev.fill_(BOS)
+        self.limits.fill_(1)
+        self.limits[:batch] = limits
+        self.going[:batch] = True
+        if self.fin_scores is not None:
+            self.fin_scores.fill_(NEG_INF)
 
 
 def _constrain_static(logp: Tensor, step: Tensor, min_len: int, limits: Tensor) -> None:
@@ -162,79 +187,51 @@ class SearchGraphs:
             self.graphs[key] = (graph.replay, static)
         return self.graphs[key]
 
-    # ------------------------------------------------------------------ greedy
-
     def close(self) -> None:
         """Drop the graphs and release the derived weights."""
         self.graphs.clear()
         self._frozen.close()
+
+    # ------------------------------------------------------------------ greedy
 
     @torch.no_grad()
     def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = 0,
                max_len: int | None = None) -> list[Hypothesis]:
         """nmt.decode.search.greedy_search, graphed."""
         decoder = self.model.decoder
-        with decoder.frozen_weights():
-            memory, state = self.model.encode(src, src_lengths, fold_context=False)
-            batch, src_len = src.shape
-            rows, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
-            limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
-            steps = int(limits.max())
+        memory, state = self.model.encode(src, src_lengths, fold_context=False)
+        batch, src_len = src.shape
+        rows, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
+        limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
+        steps = int(limits.max())
 
-            def build() -> _Static:
-                st = _padded_state(state, rows)
-                return _Static(_padded_memory(memory, rows, padded_len), st.hidden, st.cell, st.feed,
-                               prev=src.new_full((rows,), BOS), limits=_padded(limits, (rows,), 1),
-                               step=torch.zeros((), dtype=torch.long, device=src.device),
-                               scores=torch.zeros(rows, device=src.device),
-                               out_tokens=src.new_full((rows, STEPS_PER_GRAPH), PAD),
-                               going=torch.zeros(rows, dtype=torch.bool, device=src.device),
-                               lengths=torch.zeros(rows, dtype=torch.long, device=src.device))
+        def chunk(s: _Static) -> None:
+            state, prev = s.state(), s.prev
+            for k in range(STEPS_PER_GRAPH):
+                logits, state, _ = decoder.step(prev, state, s.memory)
+                logp = logits.float().log_softmax(-1)                        # (rows, vocab)
+                _constrain_static(logp, s.step, min_len, s.limits)
+                best, prev = logp.max(-1)                                    # (rows,)
+                prev = prev.masked_fill(~s.going, PAD)                      # ended rows record nothing
+                s.out_tokens[:, k] = prev
+                s.scores.add_(best.masked_fill(~s.going, 0.0))
+                s.lengths.add_(s.going)
+                s.going.logical_and_(prev != EOS)
+                s.step.add_(1)
+            s.store_state(state)
+            s.prev.copy_(prev)
 
-            def chunk(s: _Static) -> None:
-                state, prev = s.state(), s.prev
-                for k in range(STEPS_PER_GRAPH):
-                    logits, state, _ = decoder.step(prev, state, s.memory)
-                    logp = logits.float().log_softmax(-1)                    # (rows, vocab)
-                    _constrain_static(logp, s.step, min_len, s.limits)
-                    best, prev = logp.max(-1)                                # (rows,)
-                    prev = prev.masked_fill(~s.going, PAD)                  # ended rows record nothing
-                    s.out_tokens[:, k] = prev
-                    s.scores.add_(best.masked_fill(~s.going, 0.0))
-                    s.lengths.add_(s.going)
-                    s.going.logical_and_(prev != EOS)
-                    s.step.add_(1)
-                s.store_state(state)
-                s.prev.copy_(prev)
-
-            replay, s = self._graph(("greedy", rows, padded_len, min_len), build, chunk)
-            self._load(s, memory, state, rows)
-            s.prev.fill_(BOS)
-            s.limits.fill_(1)
-            s.limits[:batch] = limits
-            s.step.zero_()
-            s.scores.zero_()
-            s.lengths.zero_()
-            s.going.zero_()
-            s.going[:batch] = True
-            chunks = []
-            for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
-                replay()
-                chunks.append(s.out_tokens[:batch].clone())
-                if not bool(s.going.any()):
-                    break
-            tokens = torch.cat(chunks, 1)[:, :steps]                       # (batch, steps)
-            return _collect(tokens, s.lengths[:batch], s.scores[:batch], None, src_lengths)
-
-    @staticmethod
-    def _load(s: _Static, memory: Memory, state: DecoderState, rows: int) -> None:
-        """Copy a batch's memory and start state into the static tensors (padding zeroed)."""
-        padded = _padded_memory(memory, s.memory.mask.size(0), s.memory.mask.size(1))
-        for f in fields(Memory):
-            target, value = getattr(s.memory, f.name), getattr(padded, f.name)
-            if target is not None:
-                target.copy_(value)
-        s.store_state(_padded_state(state, rows))
+        replay, s = self._graph(("greedy", rows, padded_len, min_len),
+                                lambda: _Static.allocate(memory, state, rows, padded_len), chunk)
+        s.load(memory, state, limits)
+        chunks = []
+        for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
+            replay()
+            chunks.append(s.out_tokens[:batch].clone())
+            if not bool(s.going.any()):
+                break
+        tokens = torch.cat(chunks, 1)[:, :steps]                           # (batch, steps)
+        return _collect(tokens, s.lengths[:batch], s.scores[:batch], None, src_lengths)
 
     # ------------------------------------------------------------------ beam
 
@@ -245,102 +242,77 @@ class SearchGraphs:
         """nmt.decode.search.beam_search, graphed (see the module's docstring for the bookkeeping)."""
         decoder, k = self.model.decoder, beam_size
         n_best = min(n_best, k)
-        with decoder.frozen_weights():
-            memory, state = self.model.encode(src, src_lengths)
-            batch, src_len = src.shape
-            sentences, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
-            rows = sentences * k
-            limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
-            steps = int(limits.max())
-            device = src.device
+        memory, state = self.model.encode(src, src_lengths)
+        batch, src_len = src.shape
+        sentences, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
+        limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
+        steps = int(limits.max())
+        device = src.device
+        state = state.index_select(torch.arange(batch * k, device=device) // k)    # k rows per sentence
 
-            def build() -> _Static:
-                st = _padded_state(state, sentences).index_select(torch.arange(rows, device=device) // k)
-                return _Static(_padded_memory(memory, sentences, padded_len), st.hidden, st.cell, st.feed,
-                               prev=src.new_full((rows,), BOS),
-                               limits=torch.ones(sentences, dtype=torch.long, device=device),
-                               step=torch.zeros((), dtype=torch.long, device=device),
-                               scores=torch.zeros(rows, device=device),
-                               out_tokens=src.new_full((rows, STEPS_PER_GRAPH), PAD),
-                               going=torch.zeros(sentences, dtype=torch.bool, device=device),
-                               out_parents=torch.zeros(rows, STEPS_PER_GRAPH, dtype=torch.long, device=device),
-                               fin_scores=torch.full((sentences, k), NEG_INF, device=device),
-                               fin_step=torch.zeros(sentences, k, dtype=torch.long, device=device),
-                               fin_row=torch.zeros(sentences, k, dtype=torch.long, device=device),
-                               top_ended=torch.zeros(sentences, dtype=torch.bool, device=device))
+        def chunk(s: _Static) -> None:
+            state, prev, alive = s.state(), s.prev, s.scores
+            # made inside the graph: a tensor from outside must outlive it, this call's would not
+            base = (torch.arange(sentences, device=device) * k).unsqueeze(1)  # (sentences, 1)
+            rank = torch.arange(2 * k, device=device).unsqueeze(0)            # (1, 2k)
+            row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
+            lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
+            for j in range(STEPS_PER_GRAPH):
+                logits, state, _ = decoder.step(prev, state, s.memory)
+                logp = logits.float().log_softmax(-1)                         # (rows, vocab)
+                vocab = logp.size(1)
+                _constrain_static(logp, s.step, min_len, row_limits)
+                candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
+                top_scores, top_ids = candidates.topk(2 * k, dim=1)            # (sentences, 2k)
+                top_beam, top_token = top_ids // vocab, top_ids % vocab
+                is_eos = (top_token == EOS) & (top_scores > NEG_INF)
+                source_rows = base + top_beam                                  # (sentences, 2k)
+                # 1. EOS candidates ranked within the top k finish; the pool keeps the best k.
+                norm = top_scores / length_penalty(s.step.float() + 1, alpha)
+                new_fin = norm.masked_fill(~(is_eos & (rank < k)), NEG_INF)
+                fin_best, fin_pick = torch.cat([s.fin_scores, new_fin], 1).topk(k, dim=1)
+                from_new, new_idx, old_idx = fin_pick >= k, (fin_pick - k).clamp(min=0), fin_pick.clamp(max=k - 1)
+                s.fin_step.copy_(torch.where(from_new, s.step, s.fin_step.gather(1, old_idx)))
+                s.fin_row.copy_(torch.where(from_new, source_rows.gather(1, new_idx), s.fin_row.gather(1, old_idx)))
+                s.fin_scores.copy_(fin_best)
+                # 2. The best k candidates that do not end continue.
+                alive_best, alive_pick = top_scores.masked_fill(top_token == EOS, NEG_INF).topk(k, dim=1)
+                parents = source_rows.gather(1, alive_pick).view(-1)          # (rows,)
+                prev = top_token.gather(1, alive_pick).view(-1)
+                state = state.index_select(parents)
+                s.out_tokens[:, j] = prev
+                s.out_parents[:, j] = parents
+                # 3. A sentence is done when no alive beam can beat its n_best-th finished.
+                best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
+                done = ((last_kept > NEG_INF) & (last_kept >= best_alive / lp_limit)) | (best_alive == NEG_INF)
+                if early_stop:
+                    s.top_ended.logical_or_(is_eos[:, 0])
+                    done |= s.top_ended & (last_kept > NEG_INF)
+                s.going.logical_and_(~done)
+                alive = alive_best.masked_fill(~s.going.unsqueeze(1), NEG_INF).view(-1)
+                s.step.add_(1)
+            s.store_state(state)
+            s.prev.copy_(prev)
+            s.scores.copy_(alive)
 
-            def chunk(s: _Static) -> None:
-                state, prev, alive = s.state(), s.prev, s.scores
-                # made inside the graph: a tensor from outside must outlive it, this call's would not
-                base = (torch.arange(sentences, device=device) * k).unsqueeze(1)  # (sentences, 1)
-                rank = torch.arange(2 * k, device=device).unsqueeze(0)            # (1, 2k)
-                row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
-                lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
-                for j in range(STEPS_PER_GRAPH):
-                    logits, state, _ = decoder.step(prev, state, s.memory)
-                    logp = logits.float().log_softmax(-1)                         # (rows, vocab)
-                    vocab = logp.size(1)
-                    _constrain_static(logp, s.step, min_len, row_limits)
-                    candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
-                    top_scores, top_ids = candidates.topk(2 * k, dim=1)            # (sentences, 2k)
-                    top_beam, top_token = top_ids // vocab, top_ids % vocab
-                    is_eos = (top_token == EOS) & (top_scores > NEG_INF)
-                    source_rows = base + top_beam                                  # (sentences, 2k)
-                    # 1. EOS candidates ranked within the top k finish; the pool keeps the best k.
-                    norm = top_scores / length_penalty(s.step.float() + 1, alpha)
-                    new_fin = norm.masked_fill(~(is_eos & (rank < k)), NEG_INF)
-                    fin_best, fin_pick = torch.cat([s.fin_scores, new_fin], 1).topk(k, dim=1)
-                    from_new, new_idx, old_idx = fin_pick >= k, (fin_pick - k).clamp(min=0), fin_pick.clamp(max=k - 1)
-                    s.fin_step.copy_(torch.where(from_new, s.step, s.fin_step.gather(1, old_idx)))
-                    s.fin_row.copy_(torch.where(from_new, source_rows.gather(1, new_idx), s.fin_row.gather(1, old_idx)))
-                    s.fin_scores.copy_(fin_best)
-                    # 2. The best k candidates that do not end continue.
-                    alive_best, alive_pick = top_scores.masked_fill(top_token == EOS, NEG_INF).topk(k, dim=1)
-                    parents = source_rows.gather(1, alive_pick).view(-1)          # (rows,)
-                    prev = top_token.gather(1, alive_pick).view(-1)
-                    state = state.index_select(parents)
-                    s.out_tokens[:, j] = prev
-                    s.out_parents[:, j] = parents
-                    # 3. A sentence is done when no alive beam can beat its n_best-th finished.
-                    best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
-                    done = ((last_kept > NEG_INF) & (last_kept >= best_alive / lp_limit)) | (best_alive == NEG_INF)
-                    if early_stop:
-                        s.top_ended.logical_or_(is_eos[:, 0])
-                        done |= s.top_ended & (last_kept > NEG_INF)
-                    s.going.logical_and_(~done)
-                    alive = alive_best.masked_fill(~s.going.unsqueeze(1), NEG_INF).view(-1)
-                    s.step.add_(1)
-                s.store_state(state)
-                s.prev.copy_(prev)
-                s.scores.copy_(alive)
-
-            replay, s = self._graph(("beam", sentences, padded_len, k, alpha, min_len, n_best, early_stop),
-                                   build, chunk)
-            start = _padded_state(state, sentences).index_select(torch.arange(rows, device=device) // k)
-            self._load(s, memory, start, rows)
-            s.prev.fill_(BOS)
-            s.limits.fill_(1)
-            s.limits[:batch] = limits
-            s.step.zero_()
-            beam_rows = torch.arange(k, device=device).repeat(sentences)        # (rows,) each row's beam
-            s.scores.copy_(torch.where(beam_rows == 0, 0.0, NEG_INF))            # one live beam per sentence
-            s.scores.view(sentences, k)[batch:] = NEG_INF                           # padded sentences: none
-            s.going.zero_()
-            s.going[:batch] = True
-            s.fin_scores.fill_(NEG_INF)
-            s.top_ended.zero_()
-            tokens, parents = [], []
-            for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
-                replay()
-                tokens.append(s.out_tokens.clone())
-                parents.append(s.out_parents.clone())
-                if not bool(s.going.any()):
-                    break
-            fin = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), s.fin_step[:batch], s.fin_row[:batch], steps)
-            fin_lengths = (s.fin_step[:batch] + 1).masked_fill(s.fin_scores[:batch] == NEG_INF, 0)
-            fin_scores = s.fin_scores[:batch]
-            fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
-            return _collect_beams(fin, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
+        replay, s = self._graph(("beam", sentences, padded_len, k, alpha, min_len, n_best, early_stop),
+                                lambda: _Static.allocate(memory, state, sentences, padded_len, beam=k), chunk)
+        s.load(memory, state, limits)
+        alive = s.scores.view(sentences, k)
+        alive[:, 1:] = NEG_INF                                               # one live beam per sentence
+        alive[batch:] = NEG_INF                                              # none for the padded ones
+        tokens, parents = [], []
+        for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
+            replay()
+            tokens.append(s.out_tokens.clone())
+            parents.append(s.out_parents.clone())
+            if not bool(s.going.any()):
+                break
+        fin = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), s.fin_step[:batch], s.fin_row[:batch], steps)
+        fin_lengths = (s.fin_step[:batch] + 1).masked_fill(s.fin_scores[:batch] == NEG_INF, 0)
+        fin_scores = s.fin_scores[:batch]
+        fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
+        return _collect_beams(fin, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
 
 
 def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tensor, steps: int) -> Tensor:
