@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 out="$1"
 model="${2:-}"
-stages="${STAGES:-facts tests train decode profile recipe compare}"
+stages="${STAGES:-facts tests train decode whole profile recipe curve compare}"
 deadline=$((SECONDS + ${BUDGET_S:-1000000}))
 mkdir -p "$out"
 test_src="$(mktemp)" test_ref="$(mktemp)"
@@ -80,6 +80,36 @@ PY
   fi
 fi
 
+# 100,000 sentences as a user runs them: `nmt translate` as a whole process (start-up, model loading and
+# reading/writing text included), greedy and beam 5, at the default precision and CUDA graphs.
+if has whole && [[ -n "$model" && -f data/multi30k/train.de.gz ]]; then
+  python - "$model" "$out/whole-100k.json" <<'PY'
+import gzip, itertools, json, subprocess, sys, tempfile, time
+sys.path.insert(0, "scripts")
+from machine_facts import machine_facts
+model, out = sys.argv[1:]
+with gzip.open("data/multi30k/train.de.gz", "rt", encoding="utf-8") as handle:
+    lines = list(itertools.islice(itertools.cycle(handle.readlines()), 100_000))
+source = tempfile.NamedTemporaryFile("w", suffix=".de", delete=False, encoding="utf-8")
+source.writelines(lines)
+source.close()
+rows = []
+for beam in (1, 5):
+    for run in range(2):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", model, "-i", source.name, "-q",
+                               "--device", "cuda", "--beam-size", str(beam), "--batch-tokens", "64000"],
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        produced = proc.stdout.count("\n")
+        rows.append({"beam": beam, "run": run, "seconds": seconds, "lines_out": produced,
+                     "sent_per_s": produced / seconds, "rc": proc.returncode, "stderr": proc.stderr[-500:]})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "stderr"}), flush=True)
+json.dump({"machine": machine_facts(), "sentences": len(lines), "batch_tokens": 64000,
+           "precision": "auto", "runs": rows}, open(out, "w"), indent=2)
+PY
+fi
+
 # Kernels per training update and per decoded batch, and how busy they keep the GPU.
 if has profile; then
   python scripts/profile_gpu_step.py ${model:+--model "$model" --source "$test_src"} \
@@ -94,6 +124,12 @@ if has recipe; then
   python scripts/recipe_summary.py "$run" configs/multi30k_de_en_bahdanau_gpu.yaml --json-out "$out/recipe.json" \
     || true
   cp "$run/metrics.jsonl" "$out/recipe-metrics.jsonl" 2>/dev/null || true
+fi
+
+# OpenNMT-py's dev BLEU by minute on the same GPU, to plot beside the recipe's curve.
+if has curve && [[ -n "${ONMT:-}" ]]; then
+  python scripts/onmt_curve.py --onmt-venv "$ONMT" --device cuda --steps 6000 --save-every 500 \
+    --json-out "$out/onmt-curve.json" 2>&1 | tee "$out/onmt-curve.log" || true
 fi
 
 # Side by side with OpenNMT-py on the same GPU, alternating runs, median of 3.
