@@ -5,7 +5,10 @@
     POST /translate   ["Ein Hund läuft.", ...]                       -> {"translations": [...]}
                       {"sentences": [...], "beam_size": 5, "n_best": 3} -> {"translations": [...],
                                                                           "n_best": [[{"text", "score"}, ...], ...]}
+                      {"q": ..., "source": "de", "target": "en"}     -> {"translatedText": ...} (LibreTranslate)
+    GET  /languages   [{"code", "name", "targets"}, ...]              (LibreTranslate; nmt.serve_libre)
     GET  /health      {"status": "ok", "languages": {...}, "queued": N}
+    GET  /openapi.json  the OpenAPI schema of these routes
 
 Requests from concurrent clients are translated together: one model thread takes the first
 waiting request, then up to `max_wait` seconds more to collect others with the same search
@@ -47,6 +50,7 @@ from nmt.config import ConfigError
 from nmt.decode.outputs import Translation, nbest_json
 from nmt.decode.translator import Translator
 from nmt.serve_batcher import Batcher, Job, RequestError
+from nmt.serve_libre import TRANSLATE_BODY, is_libre, languages_list, libre_response, parse_libre
 from nmt.serve_settings import ServeSettings
 
 __all__ = ["Batcher", "Job", "RequestError", "ServeSettings", "create_app", "format_response", "run_server"]
@@ -58,13 +62,18 @@ log = logging.getLogger("nmt.serve")
 # Requests
 
 
-def parse_request(body: bytes, settings: ServeSettings, default_beam: int) -> tuple[list[str], int, int]:
-    """A /translate body -> (sentences, beam_size, n_best); raises RequestError(400 or 413)."""
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON; raises RequestError(400)."""
     try:
-        payload = json.loads(body)
+        return json.loads(body)
     except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
+
+
+def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> tuple[list[str], int, int]:
+    """A parsed /translate body of nmt's own shape -> (sentences, beam_size, n_best); raises RequestError(400
+    or 413)."""
     options: dict[str, Any] = {}
     if isinstance(payload, dict):
         unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best"})
@@ -166,7 +175,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         state["accepting"] = False
         await asyncio.to_thread(batcher.stop)          # answer what is queued
 
-    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.batcher = batcher
 
     @app.middleware("http")
@@ -195,24 +204,36 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         return JSONResponse({"status": status, "languages": languages or {}, "queued": batcher.waiting},
                             status_code=200 if status == "ok" else 503)
 
-    @app.post("/translate")
+    @app.get("/languages")
+    async def list_languages() -> JSONResponse:
+        """LibreTranslate's language list (nmt.serve_libre)."""
+        return JSONResponse(languages_list(languages or {}))
+
+    @app.post("/translate", openapi_extra=TRANSLATE_BODY)
     async def translate(request: Request) -> JSONResponse:
         if not state["accepting"]:
             raise RequestError(503, "the server is shutting down")
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-        sentences, beam_size, n_best = parse_request(body, settings, translator.decoding.beam_size)
+        payload = parse_json(await read_body(request, settings.max_body_bytes, settings.body_timeout))
+        libre = is_libre(payload)
+        if libre:
+            sentences, counts, single = parse_libre(payload, languages or {}, settings.max_sentences)
+            beam_size, n_best = translator.decoding.beam_size, 1
+        else:
+            sentences, beam_size, n_best = parse_request(payload, settings, translator.decoding.beam_size)
         request.state.sentences = len(sentences)
-        if not sentences:
-            return JSONResponse(format_response([], n_best))
-        loop = asyncio.get_running_loop()
-        job = Job(sentences, beam_size, n_best, loop, loop.create_future())
-        batcher.submit(job)
-        try:
-            results = await job.future
-        except RequestError:                  # refused after all (the server stopped): its own status
-            raise
-        except Exception as exc:
-            return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
+        results: list[Translation] = []
+        if sentences:
+            loop = asyncio.get_running_loop()
+            job = Job(sentences, beam_size, n_best, loop, loop.create_future())
+            batcher.submit(job)
+            try:
+                results = await job.future
+            except RequestError:              # refused after all (the server stopped): its own status
+                raise
+            except Exception as exc:
+                return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
+        if libre:
+            return JSONResponse(libre_response([r.text for r in results], counts, single))
         return JSONResponse(format_response(results, n_best))
 
     return app
@@ -228,7 +249,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     import torch
 
     from nmt.device import reuse_freed_memory
-    from nmt.model.modelfile import load_model
+    from nmt.model.modelfile import describe, load_model
 
     settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -236,7 +257,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
         torch.set_num_threads(threads)
     reuse_freed_memory()
     translator = Translator.load(model, device, precision=precision, quantize=quantize)
-    languages = dict(load_model(model).card.get("languages") or {})
+    languages = dict(describe(load_model(model))["languages"])        # the card's, else the config's
     app = create_app(translator, settings, languages)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
