@@ -56,3 +56,9 @@ def test_a_range_error_names_the_option(model_file):
     result = CliRunner().invoke(app, ["translate", "-m", str(model_file), "--device", "cpu", "--top-p", "2"],
                                 input="Ein Hund.\n")
     assert result.exit_code == 2 and "`--top-p` must be <= 1.0, got 2.0" in result.stderr
+
+
+def test_fp16_on_the_cpu_is_an_error_not_bf16(model_file):
+    result = CliRunner().invoke(app, ["translate", "-m", str(model_file), "--device", "cpu", "--precision", "fp16"],
+                                input="Ein Hund.\n")
+    assert result.exit_code == 2 and result.stderr.startswith("error: `--precision` fp16 runs on CUDA only")

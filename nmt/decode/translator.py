@@ -115,15 +115,17 @@ class Translator:
         Raises `nmt.model.modelfile.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
         Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
         """
-        if shortlist_file is not None:
-            decoding_overrides["shortlist"] = True
-        if decoding_overrides.get("shortlist_k") is not None and decoding_overrides.get("shortlist") is None:
-            decoding_overrides["shortlist"] = True      # asking for k pieces per source piece asks for the shortlist
         if not isinstance(path, (str, Path)):
             if not isinstance(path, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in path):
                 raise TypeError(f"path must be a model file or checkpoint path (str or Path), or a list of them "
                                 f"for an ensemble; got {type(path).__name__}")
             return cls.load_ensemble(path, device, shortlist_file, **decoding_overrides)
+        decoding_overrides = _checked(device, shortlist_file, decoding_overrides)
+        return cls._load_one(path, device, shortlist_file, decoding_overrides)
+
+    @classmethod
+    def _load_one(cls, path: str | Path, device: str, shortlist_file: str | Path | None,
+                  decoding_overrides: dict[str, Any]) -> Translator:
         limit_kernel_cache()
         loaded = load_model(path, decoding_overrides)
         check_applicable(loaded.config.decoding, decoding_overrides)
@@ -143,8 +145,9 @@ class Translator:
             raise ValueError("an ensemble needs at least one model path")
         if len(paths) == 1:
             return cls.load(paths[0], device, shortlist_file, **decoding_overrides)
-        members = [cls.load(path, "cpu", shortlist_file if i == 0 else None,
-                            **(decoding_overrides if i == 0 else {**decoding_overrides, "shortlist": False}))
+        decoding_overrides = _checked(device, shortlist_file, decoding_overrides)
+        members = [cls._load_one(path, "cpu", shortlist_file if i == 0 else None,   # moved to `device` as one
+                                 decoding_overrides if i == 0 else {**decoding_overrides, "shortlist": False})
                    for i, path in enumerate(paths)]
         first = members[0]
         for path, member in zip(paths[1:], members[1:], strict=True):
@@ -367,6 +370,19 @@ def check_applicable(decoding: DecodingConfig, given: dict[str, Any]) -> None:
     for key in unused:
         if given.get(key) is not None:
             raise ConfigError(f"`decoding.{key}` {reason}")
+
+
+def _checked(device: str, shortlist_file: str | Path | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The decoding overrides with what they imply: a shortlist file or `shortlist_k` asks for the shortlist
+    (unless shortlist=False is given). fp16 asked for on the CPU is an error (it would run as bf16)."""
+    if given.get("precision") == "fp16" and resolve_device(device).type != "cuda":
+        raise ConfigError("`decoding.precision` fp16 runs on CUDA only; on the CPU use bf16 or fp32")
+    given = dict(given)
+    if shortlist_file is not None:
+        given["shortlist"] = True
+    if given.get("shortlist_k") is not None and given.get("shortlist") is None:
+        given["shortlist"] = True
+    return given
 
 
 def _truncate(encoded: list[np.ndarray], limit: int,
