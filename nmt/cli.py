@@ -12,17 +12,17 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
-from itertools import islice, zip_longest
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from nmt import __version__
+from nmt.cli_options import decoding_options, given
 from nmt.config import MAX_BEAM, ConfigError, load_config
 from nmt.data.corpus import DataError
-from nmt.folders import FolderError, PendingFile, register_file, remove_leftovers
+from nmt.folders import FolderError, register_file, remove_leftovers
 from nmt.output_files import check_outputs, output_target
-from nmt.textio import TextInputError, iter_lines, open_text
 
 app = typer.Typer(
     help="RNN-attention neural machine translation: preprocess, train, translate, evaluate.",
@@ -160,186 +160,95 @@ def _check_outputs(inputs: dict[str, Path | None], outputs: dict[str, Path | Non
         return {}
 
 
-def _pending(path: Path | None, stack: ExitStack) -> PendingFile | None:
-    """A temporary file beside `path` (leftovers of killed runs removed first), discarded unless committed."""
-    if path is None:
-        return None
-    path = output_target(path)               # checked by _check_outputs; a link changed since is refused
-    remove_leftovers(path.parent, path.name)
-    pending = PendingFile(path, "w")
-    stack.callback(pending.discard)
-    return pending
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """nmt's own errors (ConfigError, ModelFileError, TextInputError, FolderError, ...) as one `error:` line,
+    decoding keys named as their options; what went to stdout before stays complete."""
+    try:
+        yield
+    except Exception as exc:
+        if not _is_user_error(exc) and type(exc).__name__ != "PlotUnavailable":
+            raise
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        fail(as_options(str(exc)))
+
+
+def _set_threads(threads: int) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 @app.command()
+@decoding_options()
 def translate(
     checkpoint: list[Path] = typer.Option(..., "--checkpoint", "--model", "-m",
                                           help=MODEL_HELP + " Repeat it to decode with an ensemble."),
     input: Path | None = typer.Option(None, "--input", "-i", help="Source text; default stdin."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Translations; default stdout."),
-    beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="1 = greedy; default from config."),
-    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
-    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens x beam per batch."),
     n_best: int = typer.Option(1, "--n-best", min=1, max=MAX_BEAM,
                                help="Write the K best of each input line (K <= beam size) as K lines "
                                     "'N ||| text ||| score' (N = 0-based input line, score = length-normalised "
-                                    "log-probability); an empty input line gives K lines with empty text."),
-    no_repeat_ngram: int | None = typer.Option(None, "--no-repeat-ngram", min=0, help="Block repeated n-grams."),
+                                    "log-probability); missing ones have empty text and score -inf (0 for an "
+                                    "empty input line)."),
+    num_samples: int | None = typer.Option(None, "--num-samples", min=1, max=MAX_BEAM,
+                                           help="Samples per line (= --n-best; with --sampling)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (cuda:N)."),
-    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
-    quantize: str | None = typer.Option(None, "--quantize",
-                                        help="int8: int8 weights for the decoder's step products and the encoder "
-                                             "RNN (CPU; BLEU within 0.3); none; default from config."),
     threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
     alignments: Path | None = typer.Option(None, "--alignments", help="Write Pharaoh word alignments (i-j)."),
     attention_out: Path | None = typer.Option(None, "--attention-out", help="Write attention as JSON lines."),
     plot_attention: Path | None = typer.Option(None, "--plot-attention", help="Write heatmap PNGs into this folder."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    min_len: int | None = typer.Option(None, "--min-len", min=0, help="No EOS before this many pieces."),
-    max_len: int | None = typer.Option(None, "--max-len", min=0, help="At most this many pieces (EOS included)."),
-    max_len_ratio: float | None = typer.Option(None, "--max-len-ratio", min=0.0, help="At most ratio*source+10."),
-    max_input_len: int | None = typer.Option(None, "--max-input-len", min=1, help="Truncate longer inputs."),
-    coverage_penalty: float | None = typer.Option(None, "--coverage-penalty", min=0.0, help="GNMT beta (beam)."),
-    early_stop: bool | None = typer.Option(None, "--early-stop/--no-early-stop",
-                                           help="Beam: a sentence ends when its best candidate ends (OpenNMT-py's "
-                                                "rule): fewer steps, may miss a longer best hypothesis."),
-    replace_unk: bool | None = typer.Option(None, "--replace-unk/--no-replace-unk",
-                                            help="Copy the most attended source piece for each <unk>."),
-    sampling: bool | None = typer.Option(None, "--sampling/--no-sampling", help="Sample instead of searching."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature."),
-    top_k: int | None = typer.Option(None, "--top-k", min=0, help="Sample from the k most probable; 0 = all."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Sample from the top-p probability mass."),
-    seed: int | None = typer.Option(None, "--seed", help="Sampling seed (same seed and batches, same samples)."),
-    num_samples: int | None = typer.Option(None, "--num-samples", min=1, max=MAX_BEAM,
-                                           help="Samples per line (= --n-best)."),
-    prefix_file: Path | None = typer.Option(None, "--prefix-file", help="Target prefixes, one line per input line."),
-    prefix_column: bool = typer.Option(False, "--prefix-column", help="Input lines are 'source<TAB>prefix'."),
     scores: Path | None = typer.Option(None, "--scores", help="Write 'log-prob<TAB>normalised score' per output line."),
     scores_json: bool = typer.Option(False, "--scores-json", help="Write --scores as JSON lines."),
-    shortlist: bool | None = typer.Option(None, "--shortlist/--no-shortlist",
-                                          help="Score only the target pieces likely for each batch's source "
-                                               "pieces (the vocabulary shortlist the model embeds)."),
-    shortlist_k: int | None = typer.Option(None, "--shortlist-k", min=0,
-                                           help="Shortlist: target pieces per source piece; 0 = all stored "
-                                                "(implies --shortlist unless --no-shortlist)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    prefix_file: Path | None = typer.Option(None, "--prefix-file", help="Target prefixes, one line per input line."),
+    prefix_column: bool = typer.Option(False, "--prefix-column", help="Input lines are 'source<TAB>prefix'."),
     shortlist_file: Path | None = typer.Option(None, "--shortlist-file",
                                                help="A data folder's shortlist.npz, for a model without one "
                                                     "(implies --shortlist)."),
-    cuda_graphs: bool | None = typer.Option(None, "--cuda-graphs/--no-cuda-graphs",
-                                            help="On a GPU, replay greedy and beam steps as captured CUDA graphs "
-                                                 "(default on)."),
+    **decoding: Any,
 ) -> None:
     """Translate text, one line out per line in, in input order.
 
     Only "\\n" ends an input line (a "\\r" before it belongs to a CRLF ending); invalid UTF-8 stops
     with an error naming the line: with --output nothing is written, on stdout nothing after it.
+    The decoding options default to the model's `decoding` settings; one that the run would not use
+    (--beam-size with --sampling, --top-k without it) is an error.
     """
     from tqdm import tqdm
 
-    from nmt.decode.translator import OutputFiles, Translator
+    from nmt.decode.outputs import OutputPaths
+    from nmt.decode.streaming import open_source
+    from nmt.decode.translator import Translator
     from nmt.device import reuse_freed_memory
-    from nmt.model.modelfile import ModelFileError
 
-    try:
-        source_file = open_text(input) if input is not None else None
-        prefix_handle = open_text(prefix_file) if prefix_file is not None else None
-    except TextInputError as exc:
-        fail(str(exc))
-    if source_file is None and sys.stdin is None:
-        fail("stdin is closed; give the source text on stdin or with --input")
-    if prefix_file is not None and prefix_column:
-        fail("--prefix-file and --prefix-column exclude each other")
     if num_samples is not None:
-        if not sampling:
+        if not decoding["sampling"]:
             fail("--num-samples needs --sampling (for beam search use --n-best)")
         if n_best != 1 and n_best != num_samples:
             fail(f"--num-samples {num_samples} and --n-best {n_best} disagree; give one of them")
         n_best = num_samples
-    outputs = {"--output": output, "--alignments": alignments, "--attention-out": attention_out, "--scores": scores}
-    _check_outputs({"--input": input, "--prefix-file": prefix_file, "--shortlist-file": shortlist_file},
-                   outputs, checkpoint, stdin=input is None)
-    if plot_attention is not None:
-        if plot_attention.exists() and not plot_attention.is_dir():
-            fail(f"--plot-attention: {plot_attention} is a file, not a folder")
-        for option, path in outputs.items():
-            if path is not None and path.resolve() == plot_attention.resolve():
-                fail(f"--plot-attention {plot_attention} is also {option}; the heatmaps need a folder of their own")
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    reuse_freed_memory()
-    try:
-        translator = Translator.load(
-            checkpoint, device, beam_size=beam_size, length_penalty=length_penalty, batch_tokens=batch_tokens,
-            no_repeat_ngram=no_repeat_ngram, precision=precision, min_len=min_len, max_len=max_len,
-            max_len_ratio=max_len_ratio, max_input_len=max_input_len, coverage_penalty=coverage_penalty,
-            early_stop=early_stop, replace_unk=replace_unk, sampling=sampling, temperature=temperature, top_k=top_k,
-            top_p=top_p, seed=seed, quantize=quantize, shortlist=shortlist, shortlist_k=shortlist_k,
-            shortlist_file=shortlist_file, cuda_graphs=cuda_graphs)
+    outputs = OutputPaths(output, alignments, attention_out, scores, scores_json, plot_attention)
+    with ExitStack() as stack, _user_errors():
+        source = open_source(stack, input, sys.stdin.buffer if sys.stdin is not None else None, prefix_file,
+                             prefix_column)
+        inputs = [("--input", input), ("--prefix-file", prefix_file), ("--shortlist-file", shortlist_file)]
+        outputs.check([*inputs, *(("--model", model) for model in checkpoint)], stdin=input is None)
+        _set_threads(threads)
+        reuse_freed_memory()
+        translator = Translator.load(checkpoint, device, shortlist_file=shortlist_file, **given(decoding))
         translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
-    except (ConfigError, ModelFileError) as exc:
-        fail(as_options(str(exc)))
-    if not translator.decoding.sampling:
-        given = [name for name, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p),
-                                          ("--seed", seed)) if value is not None]
-        if given:
-            fail(f"{given[0]} applies only to sampling; add --sampling (this model does not sample by default)")
-    plotter = None
-    if plot_attention is not None:
-        from nmt.plot import AttentionPlotter, PlotUnavailable
-
-        try:
-            plotter = AttentionPlotter(plot_attention)
-        except (PlotUnavailable, FolderError) as exc:
-            fail(str(exc))
-    with ExitStack() as stack:
-        for handle in (source_file, prefix_handle):
-            if handle is not None:
-                stack.enter_context(handle)
-        source = iter_lines(source_file if source_file is not None else sys.stdin.buffer, str(input or "stdin"))
-        if prefix_handle is not None:
-            source = _paired_lines(source, iter_lines(prefix_handle, str(prefix_file)), str(input or "stdin"),
-                                   str(prefix_file))
-        elif prefix_column:                             # 'source<TAB>prefix'; a line without a tab has none
-            source = (tuple(line.split("\t", 1)) if "\t" in line else line for line in source)
-        pending = {name: _pending(path, stack) for name, path in
-                   (("text", output), ("alignments", alignments), ("attention", attention_out), ("scores", scores))}
-        files = OutputFiles(
-            pending["text"].handle if pending["text"] else sys.stdout,
-            pending["alignments"].handle if pending["alignments"] else None,
-            pending["attention"].handle if pending["attention"] else None,
-            plotter,
-            pending["scores"].handle if pending["scores"] else None,
-            scores_json,
-        )
-        try:
-            with tqdm(desc="translate", unit="sent", file=sys.stderr, disable=quiet) as bar:
-                translator.write_translations(source, files, n_best=n_best, progress=bar)
-        except TextInputError as exc:
-            sys.stdout.flush()
-            fail(str(exc))
+        files = outputs.open(stack, sys.stdout)
+        with tqdm(desc="translate", unit="sent", file=sys.stderr, disable=quiet) as bar:
+            translator.write_translations(source, files, n_best=n_best, progress=bar)
         sys.stdout.flush()
-        for item in pending.values():
-            if item is not None:
-                item.commit()
-
-
-_MISSING = object()
-
-
-def _paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
-                  second_name: str) -> Iterator[tuple[str, str]]:
-    """Line i of both streams as a pair; one stream ending before the other is a `TextInputError`."""
-    for number, (a, b) in enumerate(zip_longest(first, second, fillvalue=_MISSING), start=1):
-        if a is _MISSING or b is _MISSING:
-            short, long = (first_name, second_name) if a is _MISSING else (second_name, first_name)
-            raise TextInputError(f"{short} has {number - 1} lines but {long} has more; "
-                                 "they must align line by line")
-        yield a, b
+        outputs.commit()
 
 
 @app.command()
+@decoding_options("length_penalty", "batch_tokens", "precision")
 def score(
     checkpoint: list[Path] = typer.Option(..., "--checkpoint", "--model", "-m",
                                           help=MODEL_HELP + " Repeat it to score with an ensemble."),
@@ -348,58 +257,27 @@ def score(
     output: Path | None = typer.Option(None, "--output", "-o", help="Scores; default stdout."),
     json_lines: bool = typer.Option(False, "--json", help="JSON lines instead of 'log-prob<TAB>normalised': "
                                     "line (0-based, as translate --n-best), log_prob, score, length."),
-    length_penalty: float | None = typer.Option(None, "--length-penalty", min=0.0, help="GNMT alpha."),
-    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source+target tokens per batch."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
     threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
+    **decoding: Any,
 ) -> None:
     """The model's log-probability of given translations (forced decoding), for filtering and reranking.
 
     One line per pair: 'log-prob<TAB>length-normalised score' (or JSON with --json).
     """
-    import json
-
+    from nmt.decode.outputs import OutputPaths
+    from nmt.decode.streaming import open_pairs, write_scores
     from nmt.decode.translator import Translator
-    from nmt.model.modelfile import ModelFileError
 
-    try:
-        handles = open_text(src), open_text(tgt)
-    except TextInputError as exc:
-        fail(str(exc))
-    _check_outputs({"--src": src, "--tgt": tgt}, {"--output": output}, checkpoint)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    try:
-        scorer = Translator.load(checkpoint, device, length_penalty=length_penalty, batch_tokens=batch_tokens,
-                                 precision=precision)
-    except (ConfigError, ModelFileError) as exc:
-        fail(as_options(str(exc)))
-    with ExitStack() as stack:
-        for handle in handles:
-            stack.enter_context(handle)
-        pending = _pending(output, stack)
-        out = pending.handle if pending else sys.stdout
-        pairs = _paired_lines(iter_lines(handles[0], str(src)), iter_lines(handles[1], str(tgt)), str(src), str(tgt))
-        number = 0
-        try:
-            while chunk := list(islice(pairs, 10000)):
-                sources, targets = zip(*chunk, strict=True)
-                for log_prob, normalised, length in scorer.score(list(sources), list(targets), number + 1):
-                    if json_lines:
-                        out.write(json.dumps({"line": number, "log_prob": round(log_prob, 6),
-                                              "score": round(normalised, 6), "length": length}) + "\n")
-                    else:
-                        out.write(f"{log_prob:.6f}\t{normalised:.6f}\n")
-                    number += 1
-        except TextInputError as exc:
-            sys.stdout.flush()
-            fail(str(exc))
+    outputs = OutputPaths(output)
+    with ExitStack() as stack, _user_errors():
+        pairs = open_pairs(stack, src, tgt)
+        outputs.check([("--src", src), ("--tgt", tgt), *(("--model", model) for model in checkpoint)], stdin=False)
+        _set_threads(threads)
+        scorer = Translator.load(checkpoint, device, **given(decoding))
+        write_scores(scorer, pairs, outputs.open(stack, sys.stdout).text, json_lines)
         sys.stdout.flush()
-        if pending is not None:
-            pending.commit()
+        outputs.commit()
 
 
 @app.command()
@@ -543,14 +421,13 @@ def info(
 
 
 @app.command()
+@decoding_options("precision", "quantize")
 def serve(
     model: Path = typer.Option(..., "--model", "--checkpoint", "-m", help=MODEL_HELP),
     host: str = typer.Option("127.0.0.1", "--host", envvar="NMT_SERVE_HOST",
                              help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port; 0 = any free port (logged)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16; default from config."),
-    quantize: str | None = typer.Option(None, "--quantize", help="int8 or none (CPU); default from the model."),
     threads: int = typer.Option(0, "--threads", min=0, max=1024, help="CPU threads; 0 = torch's default."),
     max_batch_sentences: int = typer.Option(128, "--max-batch-sentences", min=1,
                                             help="Sentences of concurrent requests translated together."),
@@ -563,6 +440,7 @@ def serve(
                                  help="Largest beam_size a request may ask for."),
     body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1, max=3600.0,
                                        help="Seconds for a request body to arrive (else 408)."),
+    **decoding: Any,
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health (needs the serve extra)."""
     from nmt.model.modelfile import ModelFileError
@@ -575,9 +453,9 @@ def serve(
                              max_wait=max_wait_ms / 1000, max_queue=max_queue, max_sentences=max_sentences,
                              max_body_bytes=max_body_kb * 1024, max_beam=max_beam, body_timeout=body_timeout)
     try:
-        code = run_server(model, settings, device=device, precision=precision, threads=threads, quantize=quantize)
+        code = run_server(model, settings, device=device, threads=threads, **given(decoding))
     except (ModelFileError, ConfigError, OSError) as exc:
-        fail(str(exc))
+        fail(as_options(str(exc)))
     raise typer.Exit(code)
 
 

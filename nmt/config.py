@@ -26,10 +26,16 @@ class ConfigError(ValueError):
 
 
 def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-             since_saved: bool = False) -> Any:
+             since_saved: bool = False, help: str | None = None) -> Any:
     """A dataclass field with a range check. `since_saved`: a check newer than files that earlier nmt
-    versions saved, so a config read back from one (`stored_config`) is not held to it."""
-    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "since_saved": since_saved})
+    versions saved, so a config read back from one (`stored_config`) is not held to it. `help`: the
+    key's description, also the help of the command-line option made from it (nmt.cli_options)."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "since_saved": since_saved, "help": help})
+
+
+def _described(default: Any, help: str) -> Any:
+    """A field without a range, with its description (see `_bounded`)."""
+    return field(default=default, metadata={"help": help})
 
 
 def _path(default: str | None = None) -> Any:
@@ -159,27 +165,36 @@ class TrainingConfig:
 
 @dataclass
 class DecodingConfig:
-    beam_size: int = _bounded(5, ge=1, le=MAX_BEAM)
-    length_penalty: float = _bounded(1.0, ge=0.0, le=MAX_PENALTY)  # GNMT alpha; 0 disables
-    max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0)  # max output length = ratio * source length + 10
-    min_len: int = _bounded(0, ge=0, le=1000)  # pieces before EOS may come; below max_len
-    no_repeat_ngram: int = _bounded(0, ge=0, le=100)       # 0 disables
-    batch_tokens: int = _bounded(8000, ge=1, le=MAX_TOKENS)  # source tokens x beam per batch (4000: 5% slower)
-    max_input_len: int = _bounded(250, ge=1, le=MAX_LEN)       # longer inputs are truncated with a warning
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # as training.precision
-    max_len: int = _bounded(0, ge=0, le=MAX_LEN)  # cap on output pieces, EOS included; 0 = only max_len_ratio
-    coverage_penalty: float = _bounded(0.0, ge=0.0, le=MAX_PENALTY)   # GNMT beta (beam search); 0 disables
-    early_stop: bool = False                       # beam: stop when the best candidate ends (OpenNMT-py; inexact)
-    replace_unk: bool = False                      # copy the most attended source piece for every <unk>
-    sampling: bool = False                         # sample instead of searching (back-translation)
-    temperature: float = _bounded(1.0, ge=0.01, le=100.0)     # sampling: logits / temperature
-    top_k: int = _bounded(0, ge=0, le=MAX_VOCAB)                 # sampling: only the k most probable pieces; 0 = all
-    top_p: float = _bounded(1.0, ge=1e-6, le=1.0)   # sampling: the smallest set with this much probability
-    seed: int = _bounded(0, ge=0, since_saved=True)                # sampling: same seed and batch size, same samples
-    quantize: Literal["none", "int8"] = "none"     # int8: dynamic int8 weights for the step products (CPU)
-    shortlist: bool = False                        # score only the batch's shortlisted target pieces (greedy/beam)
-    shortlist_k: int = _bounded(0, ge=0, le=MAX_VOCAB)  # shortlist: the first k of each source piece's list; 0 = all
-    cuda_graphs: bool = True                       # CUDA: greedy/beam steps replayed as captured graphs
+    """How to decode; every key is also an option of `nmt translate` (its help is the key's `help`)."""
+
+    beam_size: int = _bounded(5, ge=1, le=MAX_BEAM, help="Beam size; 1 = greedy.")
+    length_penalty: float = _bounded(1.0, ge=0.0, le=MAX_PENALTY, help="GNMT alpha (beam); 0 disables.")
+    max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0, help="At most ratio * source pieces + 10 pieces.")
+    min_len: int = _bounded(0, ge=0, le=1000, help="No EOS before this many pieces.")
+    no_repeat_ngram: int = _bounded(0, ge=0, le=100, help="Block repeated n-grams of this size; 0 = off.")
+    batch_tokens: int = _bounded(8000, ge=1, le=MAX_TOKENS,    # 4000: 5% slower
+                                 help="Tokens per batch: source x beam (translate), source + target (score).")
+    max_input_len: int = _bounded(250, ge=1, le=MAX_LEN, help="Truncate longer inputs (pieces), with a warning.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _described("auto", "auto, fp32, bf16 or fp16.")
+    max_len: int = _bounded(0, ge=0, le=MAX_LEN,
+                            help="At most this many pieces (EOS included); 0 = only --max-len-ratio.")
+    coverage_penalty: float = _bounded(0.0, ge=0.0, le=MAX_PENALTY, help="GNMT beta (beam); 0 disables.")
+    early_stop: bool = _described(False, "Beam: a sentence ends when its best candidate ends (OpenNMT-py's "
+                                         "rule): fewer steps, may miss a longer best hypothesis.")
+    replace_unk: bool = _described(False, "Copy the most attended source piece for each <unk>.")
+    sampling: bool = _described(False, "Sample instead of searching (back-translation).")
+    temperature: float = _bounded(1.0, ge=0.01, le=100.0, help="Sampling temperature.")
+    top_k: int = _bounded(0, ge=0, le=MAX_VOCAB, help="Sample from the k most probable pieces; 0 = all.")
+    top_p: float = _bounded(1.0, ge=1e-6, le=1.0, help="Sample from the top-p probability mass.")
+    seed: int = _bounded(0, ge=0, since_saved=True, help="Sampling seed (same seed and batches, same samples).")
+    quantize: Literal["none", "int8"] = _described(
+        "none", "int8: int8 weights for the decoder's step products and the encoder RNN (CPU; BLEU within "
+                "0.3); none.")
+    shortlist: bool = _described(False, "Score only the target pieces likely for each batch's source pieces "
+                                         "(the vocabulary shortlist the model embeds; greedy and beam).")
+    shortlist_k: int = _bounded(0, ge=0, le=MAX_VOCAB, help="Shortlist: target pieces per source piece; 0 = all "
+                                "stored (implies --shortlist unless --no-shortlist).")
+    cuda_graphs: bool = _described(True, "On a GPU, replay greedy and beam steps as captured CUDA graphs.")
 
 
 @dataclass

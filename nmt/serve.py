@@ -5,7 +5,10 @@
     POST /translate   ["Ein Hund läuft.", ...]                       -> {"translations": [...]}
                       {"sentences": [...], "beam_size": 5, "n_best": 3} -> {"translations": [...],
                                                                           "n_best": [[{"text", "score"}, ...], ...]}
+                      {"q": ..., "source": "de", "target": "en"}     -> {"translatedText": ...} (LibreTranslate)
+    GET  /languages   [{"code", "name", "targets"}, ...]              (LibreTranslate; nmt.serve_libre)
     GET  /health      {"status": "ok", "languages": {...}, "queued": N}
+    GET  /openapi.json  the OpenAPI schema of these routes
 
 Requests from concurrent clients are translated together: one model thread takes the first
 waiting request, then up to `max_wait` seconds more to collect others with the same search
@@ -29,15 +32,11 @@ import contextlib
 import json
 import logging
 import math
-import queue
 import signal
 import socket
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,230 +47,33 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from nmt.config import ConfigError
-from nmt.decode.translator import Translation, Translator
+from nmt.decode.outputs import Translation, nbest_json
+from nmt.decode.translator import Translator
+from nmt.serve_batcher import Batcher, Job, RequestError
+from nmt.serve_libre import TRANSLATE_BODY, is_libre, languages_list, libre_response, parse_libre
 from nmt.serve_settings import ServeSettings
 
+__all__ = ["Batcher", "Job", "RequestError", "ServeSettings", "create_app", "format_response", "run_server"]
+
 log = logging.getLogger("nmt.serve")
-
-
-class RequestError(Exception):
-    """A request the server refuses; `status` is the HTTP status, the message goes to the client."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class Job:
-    """One request's sentences and search options, and where its results go."""
-
-    sentences: list[str]
-    beam_size: int
-    n_best: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future = field(repr=False)
-
-    @property
-    def options(self) -> tuple[int, int]:
-        return self.beam_size, self.n_best
-
-
-_STOP = object()
-
-
-class Batcher:
-    """The model thread: takes queued jobs, batches those with the same options, translates them together."""
-
-    def __init__(self, translator: Translator, settings: ServeSettings) -> None:
-        self.translator, self.settings = translator, settings
-        self.jobs: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="nmt-model", daemon=True)
-        self.held: deque = deque()            # jobs taken while batching other options: they go next
-        self.failure: str | None = None       # why the model thread stopped, if it did
-        self.closed = False                   # the model thread has ended: jobs are refused
-        self.waiting = 0                      # jobs submitted and not yet in a batch (queued or held)
-        self.drain_deadline: float | None = None   # time.monotonic() after which queued jobs are refused
-        self._submitting = threading.Lock()   # a job is queued before a failure or refused after it
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        """Answer every job already queued (translated, or 503 once a drain's deadline has passed), then end
-        the thread."""
-        if self.thread.is_alive():
-            self.jobs.put(_STOP)
-            self.thread.join()
-
-    def drain(self, seconds: float) -> None:
-        """Shutting down: jobs that have not started within `seconds` from now are answered 503."""
-        self.drain_deadline = time.monotonic() + seconds
-
-    def submit(self, job: Job) -> None:
-        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting or the model thread stopped.
-        Waiting counts the jobs held back for other options too, not only those in the queue."""
-        with self._submitting:
-            if self.failure is not None:
-                raise RequestError(503, f"the model thread stopped ({self.failure}); restart the server")
-            if self.closed:
-                raise RequestError(503, "the server is shutting down; retry shortly")
-            if self.waiting >= self.settings.max_queue:
-                raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued); "
-                                        "retry shortly")
-            self.waiting += 1
-            self.jobs.put_nowait(job)
-
-    def _run(self) -> None:
-        """Serve jobs until stopped; should anything end the thread, every waiting request gets the error."""
-        try:
-            self._serve_jobs()
-        except BaseException as exc:
-            log.exception("the model thread stopped")
-            self._close(exc, f"{type(exc).__name__}: {exc}"[:200])
-        else:                                 # stopped: a job that slipped in after the last one is refused
-            self._close(RequestError(503, "the server is shutting down; retry shortly"))
-
-    def _close(self, answer: BaseException, failure: str | None = None) -> None:
-        """Refuse new jobs from now on and answer every waiting one with `answer`."""
-        with self._submitting:
-            self.closed = True
-            self.failure = failure
-            waiting = list(self.held)
-            self.held.clear()
-            while not self.jobs.empty():
-                waiting.append(self.jobs.get_nowait())
-            self.waiting = 0
-        for job in waiting:
-            if job is not _STOP:
-                _fail(job, answer)
-
-    def _serve_jobs(self) -> None:
-        stopping = False
-        while self.held or not stopping:
-            first = self.held.popleft() if self.held else self.jobs.get()
-            if first is _STOP:
-                stopping = True
-                continue
-            batch, others = self._collect(first, self.held)
-            if _STOP in others:
-                stopping = True
-                others.remove(_STOP)
-            self.held.extend(others)
-            with self._submitting:
-                self.waiting -= len(batch)
-            batch = [job for job in batch if not job.future.done()]   # not for clients that went away
-            if self.drain_deadline is not None and time.monotonic() > self.drain_deadline:
-                for job in batch:
-                    _fail(job, RequestError(503, "the server is shutting down; retry shortly"))
-            elif batch:
-                self._translate(batch)
-
-    def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
-        """`first` plus queued jobs with its options, waiting at most `max_wait` for more to arrive.
-        Should this fail, the jobs it took go back to the front of `held`, where `_close` answers them."""
-        batch: list[Job] = [first]
-        others: list = []
-        try:
-            return self._gather(batch, others, held)
-        except BaseException:
-            held.extendleft(reversed(batch + others))
-            raise
-
-    def _gather(self, batch: list[Job], others: list, held: deque) -> tuple[list[Job], list]:
-        """`_collect`'s work: moves jobs into `batch` (same options as its first) and `others` as it takes them."""
-        first = batch[0]
-        size = len(first.sentences)
-        limit = self.settings.max_batch_sentences     # only a single larger request goes over it
-        for job in list(held):                # jobs held back earlier come first, in arrival order
-            if job.options == first.options:
-                if size + len(job.sentences) > limit:
-                    break
-                held.remove(job)
-                batch.append(job)
-                size += len(job.sentences)
-        deadline = time.monotonic() + self.settings.max_wait
-        while size < limit:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    break
-                try:
-                    job = self.jobs.get(timeout=wait)
-                except queue.Empty:
-                    break
-            if job is _STOP or job.options != first.options or size + len(job.sentences) > limit:
-                others.append(job)
-                if job is _STOP or job.options == first.options:     # the batch is full (or stopping)
-                    break
-                continue
-            batch.append(job)
-            size += len(job.sentences)
-        return batch, others
-
-    def _translate(self, batch: list[Job]) -> None:
-        sentences = [s for job in batch for s in job.sentences]
-        beam_size, n_best = batch[0].options
-        error: Exception | None = None
-        try:
-            results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size)
-        except Exception as exc:              # the client gets a 500 with the reason; the server keeps running
-            if len(batch) == 1:
-                log.exception("translation failed")
-            error = exc.with_traceback(None)  # its frames hold the failed search's tensors: free them first
-        except BaseException as exc:          # the thread ends (see _run); this batch's clients hear why
-            for job in batch:
-                _fail(job, exc)
-            raise
-        if error is not None:
-            if len(batch) == 1:
-                _fail(batch[0], error)
-                return
-            for i, job in enumerate(batch):   # one request's failure (say, out of memory) is not the others'
-                try:
-                    self._translate([job])
-                except BaseException as ended:    # the thread ends: the rest of the batch hear why
-                    for rest in batch[i + 1:]:
-                        _fail(rest, ended)
-                    raise
-            return
-        start = 0
-        for job in batch:
-            part = results[start:start + len(job.sentences)]
-            start += len(job.sentences)
-            job.loop.call_soon_threadsafe(_set_result, job.future, part)
-
-
-def _fail(job: Job, exc: BaseException) -> None:
-    """Answer the job with `exc`; one that is not an Exception (it would end the event loop) as a RuntimeError."""
-    if not isinstance(exc, Exception):
-        exc = RuntimeError(f"the model thread stopped ({type(exc).__name__}: {exc})"[:200])
-    job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
-
-
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():                     # a client that disconnected may have cancelled it
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
 
 
 # ---------------------------------------------------------------------------------------------
 # Requests
 
 
-def parse_request(body: bytes, settings: ServeSettings, default_beam: int) -> tuple[list[str], int, int]:
-    """A /translate body -> (sentences, beam_size, n_best); raises RequestError(400 or 413)."""
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON; raises RequestError(400)."""
     try:
-        payload = json.loads(body)
+        return json.loads(body)
     except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
+
+
+def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> tuple[list[str], int, int]:
+    """A parsed /translate body of nmt's own shape -> (sentences, beam_size, n_best); raises RequestError(400
+    or 413)."""
     options: dict[str, Any] = {}
     if isinstance(payload, dict):
         unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best"})
@@ -313,12 +115,12 @@ def _int_option(options: dict[str, Any], key: str, default: int, low: int, high:
 
 
 def format_response(results: list[Translation], n_best: int) -> dict[str, Any]:
-    """{"translations": [...]}, with "n_best" lists when n_best > 1 and, when a sentence was over the
+    """{"translations": [...]}, with "n_best" lists when n_best > 1 (exactly n_best entries each, by the rule
+    of nmt.decode.outputs that `nmt translate --n-best` follows too) and, when a sentence was over the
     model's input length and translated cut short, "truncated": the indices of those sentences."""
     response: dict[str, Any] = {"translations": [r.text for r in results]}
-    if n_best > 1:      # an empty sentence gets n_best empty entries of score 0, as `nmt translate --n-best` prints
-        response["n_best"] = [[{"text": text, "score": round(score, 4) if math.isfinite(score) else None}
-                               for text, score in (r.nbest or [("", 0.0)] * n_best)] for r in results]
+    if n_best > 1:
+        response["n_best"] = [nbest_json(r) for r in results]
     truncated = [i for i, r in enumerate(results) if r.truncated]
     if truncated:
         response["truncated"] = truncated
@@ -373,7 +175,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         state["accepting"] = False
         await asyncio.to_thread(batcher.stop)          # answer what is queued
 
-    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.batcher = batcher
 
     @app.middleware("http")
@@ -402,24 +204,36 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
         return JSONResponse({"status": status, "languages": languages or {}, "queued": batcher.waiting},
                             status_code=200 if status == "ok" else 503)
 
-    @app.post("/translate")
+    @app.get("/languages")
+    async def list_languages() -> JSONResponse:
+        """LibreTranslate's language list (nmt.serve_libre)."""
+        return JSONResponse(languages_list(languages or {}))
+
+    @app.post("/translate", openapi_extra=TRANSLATE_BODY)
     async def translate(request: Request) -> JSONResponse:
         if not state["accepting"]:
             raise RequestError(503, "the server is shutting down")
-        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-        sentences, beam_size, n_best = parse_request(body, settings, translator.decoding.beam_size)
+        payload = parse_json(await read_body(request, settings.max_body_bytes, settings.body_timeout))
+        libre = is_libre(payload)
+        if libre:
+            sentences, counts, single = parse_libre(payload, languages or {}, settings.max_sentences)
+            beam_size, n_best = translator.decoding.beam_size, 1
+        else:
+            sentences, beam_size, n_best = parse_request(payload, settings, translator.decoding.beam_size)
         request.state.sentences = len(sentences)
-        if not sentences:
-            return JSONResponse(format_response([], n_best))
-        loop = asyncio.get_running_loop()
-        job = Job(sentences, beam_size, n_best, loop, loop.create_future())
-        batcher.submit(job)
-        try:
-            results = await job.future
-        except RequestError:                  # refused after all (the server stopped): its own status
-            raise
-        except Exception as exc:
-            return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
+        results: list[Translation] = []
+        if sentences:
+            loop = asyncio.get_running_loop()
+            job = Job(sentences, beam_size, n_best, loop, loop.create_future())
+            batcher.submit(job)
+            try:
+                results = await job.future
+            except RequestError:              # refused after all (the server stopped): its own status
+                raise
+            except Exception as exc:
+                return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
+        if libre:
+            return JSONResponse(libre_response([r.text for r in results], counts, single))
         return JSONResponse(format_response(results, n_best))
 
     return app
@@ -435,7 +249,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     import torch
 
     from nmt.device import reuse_freed_memory
-    from nmt.model.modelfile import load_model
+    from nmt.model.modelfile import describe, load_model
 
     settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -443,7 +257,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
         torch.set_num_threads(threads)
     reuse_freed_memory()
     translator = Translator.load(model, device, precision=precision, quantize=quantize)
-    languages = dict(load_model(model).card.get("languages") or {})
+    languages = dict(describe(load_model(model))["languages"])        # the card's, else the config's
     app = create_app(translator, settings, languages)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

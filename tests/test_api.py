@@ -15,6 +15,8 @@ import torch
 
 from nmt import Translator
 
+from .conftest import read_gz
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -61,7 +63,7 @@ def test_an_ensembles_members_keep_their_derived_weights(model_file, monkeypatch
     """load_ensemble discards the member Translators it built; their members' weights must stay held."""
     pair = Translator.load([model_file, model_file], device="cpu", precision="fp32", beam_size=1)
     gc.collect()
-    builds = count_table_builds(monkeypatch, type(pair.model.decoder.models[0].decoder))
+    builds = count_table_builds(monkeypatch, type(pair.model.members[0].decoder))
     pair.translate(["Ein Hund läuft."])
     assert len(builds) == 2                                           # one table per member ...
     pair.translate(["Zwei Männer spielen Fußball im Park."])
@@ -112,28 +114,30 @@ def test_readme_example_runs(model_file, tmp_path):
     assert lines and lines[0].strip(), result.stdout
 
 
-def test_derived_weight_blocks_count_right_across_threads(translator):
-    """Threads open and close frozen_weights() blocks at once: the count stays exact, so the weights a
-    Translator holds for its life are never dropped under it."""
-    decoder = translator.model.decoder
-    held = decoder._frozen_blocks
+def test_threads_share_a_translator_and_its_model_without_a_lock(model_file):
+    """A shortlist's output rows live in each call's own inference context, not on the model: searches of
+    one model from several threads at once give what they give one after another."""
+    translator = Translator.load(model_file, device="cpu", precision="fp32", beam_size=2, shortlist=True)
+    lines = read_gz("test_2016_flickr.de", 40)
+    chunks = [lines[i::4] for i in range(4)]
+    expected = [[t.text for t in translator.translate(chunk)] for chunk in chunks]
+    found: dict[int, list[list[str]]] = {i: [] for i in range(4)}
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)                       # switch threads as often as possible
 
-    def open_and_close() -> None:
-        for _ in range(3000):
-            with decoder.frozen_weights():
-                pass
+    def run(i: int) -> None:
+        for _ in range(3):
+            found[i].append([t.text for t in translator.translate(chunks[i])])
 
     try:
-        threads = [threading.Thread(target=open_and_close) for _ in range(4)]
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
     finally:
         sys.setswitchinterval(interval)
-    assert decoder._frozen_blocks == held and decoder._frozen is not None
+    assert all(found[i] == [expected[i]] * 3 for i in range(4))
 
 
 @pytest.mark.parametrize("call, error, message", [

@@ -349,7 +349,7 @@ def test_messages_name_the_thing_to_fix(world):
         "beam size huge": "`--beam-size` must be <= 1000, got 100000000",
         "min-len above max-len": "`--min-len` 30 leaves no room under `--max-len` 5",
         "seed overflows": "`--seed` must be at most 2147483647",
-        "temperature without sampling": "--temperature applies only to sampling; add --sampling",
+        "temperature without sampling": "`--temperature` applies only to sampling; add `--sampling`",
         "plot folder is the output": f"--plot-attention {r}/plots is also --output",
         "device without it": "device cuda:99 was asked for",
         "train on other settings' data": "was preprocessed with `data.vocab_size`",

@@ -23,7 +23,7 @@ def assert_same(expected, found):
 def test_static_greedy_equals_greedy(attention, rnn):
     model = random_model(attention, rnn)
     src, lengths = source_batch()
-    graphs = SearchGraphs(model, capture=False)
+    graphs = SearchGraphs(model.decoding(), capture=False)
     for ratio, min_len, cap in [(1.5, 0, None), (3.0, 4, None), (2.0, 0, 3)]:
         expected = greedy_search(model, src, lengths, max_len_ratio=ratio, min_len=min_len, max_len=cap)
         assert_same(expected, graphs.greedy(src, lengths, ratio, min_len, cap))
@@ -35,7 +35,7 @@ def test_static_greedy_equals_greedy(attention, rnn):
 def test_static_beam_equals_beam(attention, beam, alpha, n_best, early_stop):
     model = random_model(attention, "gru" if attention != "luong_concat" else "lstm")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model, capture=False)
+    graphs = SearchGraphs(model.decoding(), capture=False)
     expected = beam_search(model, src, lengths, beam_size=beam, alpha=alpha, n_best=n_best, max_len_ratio=2.5,
                            early_stop=early_stop)
     found = graphs.beam(src, lengths, beam, alpha, 2.5, n_best=n_best, early_stop=early_stop)
@@ -48,7 +48,7 @@ def test_static_beam_equals_beam(attention, beam, alpha, n_best, early_stop):
 def test_min_len_and_length_cap_in_beam():
     model = random_model("bahdanau")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model, capture=False)
+    graphs = SearchGraphs(model.decoding(), capture=False)
     found = graphs.beam(src, lengths, 3, 1.0, 2.0, min_len=4, max_len=6)
     expected = beam_search(model, src, lengths, beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6)
     for e, f in zip(expected, found, strict=True):
@@ -60,7 +60,7 @@ def test_a_shape_is_built_once_and_serves_smaller_batches():
     """Batches that fall into one bucket reuse one set of static tensors; the padding changes nothing."""
     model = random_model("luong_general")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model, capture=False)
+    graphs = SearchGraphs(model.decoding(), capture=False)
     graphs.greedy(src, lengths)
     graphs.greedy(src[1:], lengths[1:])                             # 4 sentences, 9 columns: the same bucket
     assert len(graphs.graphs) == 1
@@ -70,7 +70,7 @@ def test_a_shape_is_built_once_and_serves_smaller_batches():
 def test_long_outputs_span_several_chunks():
     model = random_model("bahdanau", sharpen=0.0)                  # flat distributions: no early EOS
     src, lengths = source_batch()
-    graphs = SearchGraphs(model, capture=False)
+    graphs = SearchGraphs(model.decoding(), capture=False)
     found = graphs.greedy(src, lengths, max_len_ratio=4.0)
     assert max(len(h.tokens) for h in found) > 2 * STEPS_PER_GRAPH
     assert_same(greedy_search(model, src, lengths, max_len_ratio=4.0), found)
@@ -113,7 +113,7 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     monkeypatch.setattr(graphed, "MAX_GRAPHS", 2)
     model = random_model("bahdanau")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model, capture=False)
+    graphs = SearchGraphs(model.decoding(), capture=False)
     graphs.greedy(src, lengths)                                   # rows 8, length 16
     graphs.greedy(src[:, :7][2:], lengths[2:])                    # length 8
     graphs.greedy(src, lengths)                                   # used again: now the most recent
@@ -125,7 +125,7 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
 def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
     from nmt.decode.graphed import graphable
 
-    model, cuda = random_model("bahdanau"), torch.device("cuda")
+    model, cuda = random_model("bahdanau").decoding(), torch.device("cuda")
     plain = dict(sampling=False, prefix=None, no_repeat_ngram=0, coverage=0.0, return_attention=False)
     assert graphable(model, cuda, **plain)
     assert not graphable(model, torch.device("cpu"), **plain)
@@ -133,5 +133,4 @@ def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
     for option, value in (("sampling", True), ("prefix", torch.zeros(1)), ("no_repeat_ngram", 2),
                           ("coverage", 0.2), ("return_attention", True)):
         assert not graphable(model, cuda, **{**plain, option: value}), option
-    with model.decoder.output_subset(torch.arange(10)):
-        assert not graphable(model, cuda, **plain)
+    assert not graphable(model.with_output_subset(torch.arange(10)), cuda, **plain)

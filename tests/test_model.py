@@ -9,6 +9,7 @@ from nmt.data.preprocess import DataFolder
 from nmt.data.tokenizer import PAD
 from nmt.decode.search import greedy_search
 from nmt.device import make_optimizer
+from nmt.model.inference import Inference
 from nmt.model.output_rows import padded_rows
 from nmt.model.seq2seq import Seq2Seq
 
@@ -255,10 +256,10 @@ def test_derived_weights_follow_a_fused_optimizer_step(small_batch, attention):
     with torch.no_grad():
         after = greedy_search(model, batch.src, batch.src_lengths)
         expected = greedy_search(fresh, batch.src, batch.src_lengths)
-        with model.decoder.frozen_weights():                 # inside a block, steps reuse derived weights
+        with model.decoder.frozen_weights() as block:        # inside a block, steps reuse derived weights
             memory, state = model.encode(batch.src, batch.src_lengths)
             first, state, _ = model.decoder.step(batch.tgt_in[:, 0], state, memory)
-            assert model.decoder._frozen                     # built once, kept for the next steps
+            assert block.cache                               # built once, kept for the next steps
         memory, state = fresh.encode(batch.src, batch.src_lengths)
         reference, _, _ = fresh.decoder.step(batch.tgt_in[:, 0], state, memory)
     assert [h.tokens for h in after] == [h.tokens for h in expected]
@@ -276,7 +277,7 @@ def test_padded_rows_rounds_up_to_16_with_the_fill():
 
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
 def test_inference_logits_through_padded_rows_equal_the_output_layer(attention):
-    """Inside frozen_weights a step multiplies by W_s padded to 16s rows (37 -> 48) and cuts the logits
+    """In an inference context a step multiplies by W_s padded to 16s rows (37 -> 48) and cuts the logits
     back; with a shortlist, W_s[keep] padded likewise (9 -> 16): the plain layer's logits either way."""
     torch.manual_seed(0)
     model = Seq2Seq.from_config(tiny(attention), 50, 37).eval()
@@ -285,11 +286,11 @@ def test_inference_logits_through_padded_rows_equal_the_output_layer(attention):
     positions = torch.tensor([4, 5, 8])                                 # tokens 5, 8, 34 as shortlist positions
     with torch.no_grad():
         memory, state = model.encode(src, lengths)
-        plain, _, _ = model.decoder.step(keep[positions], state, memory)        # outside the block: nn.Linear
-        with model.decoder.frozen_weights():
-            padded, _, _ = model.decoder.step(keep[positions], state, memory)
-            with model.decoder.output_subset(keep):
-                subset, _, _ = model.decoder.step(positions, state, memory)
+        plain, _, _ = model.decoder.step(keep[positions], state, memory)        # without a context: nn.Linear
+        ctx = Inference()
+        padded, _, _ = model.decoder.step(keep[positions], state, memory, ctx)
+        subset, _, _ = model.decoder.step(positions, state, memory, model.decoder.with_output_subset(ctx, keep))
+        assert ctx.subset is None                                               # the subset is the view's only
     assert padded.shape == (3, 37) and subset.shape == (3, 9)
     torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(subset, plain[:, keep], rtol=1e-5, atol=1e-5)

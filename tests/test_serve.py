@@ -547,3 +547,53 @@ def test_load_test_script_small(model_file, tmp_path):
     assert figures["answered"] == 24 and figures["mismatches_or_failures"] == 0
     assert figures["server_exit_code"] == 143 and figures["request_log_lines"] == 25
     assert figures["sentences_per_s"] > 0 and figures["latency_p99_ms"] >= figures["latency_p50_ms"]
+
+
+def test_libretranslate_languages_and_translate(server, offline, sources):
+    """LibreTranslate's API: its clients list the languages, then send {q, source, target, format}."""
+    status, _, body = server.request("GET", "/languages")
+    assert status == 200 and body == [{"code": "de", "name": "German", "targets": ["en"]},
+                                      {"code": "en", "name": "English", "targets": []}]
+    status, _, body = server.translate({"q": sources[0], "source": "de", "target": "en", "format": "text",
+                                        "api_key": ""})
+    assert status == 200 and body == {"translatedText": offline.translate([sources[0]])[0].text}
+    expected = [t.text for t in offline.translate(sources[1:4])]
+    status, _, body = server.translate({"q": [sources[1], f"{sources[2]}\n{sources[3]}", ""], "source": "auto",
+                                        "target": "en"})
+    assert status == 200 and body == {"translatedText": [expected[0], f"{expected[1]}\n{expected[2]}", ""]}
+
+
+@pytest.mark.parametrize("payload, status, message", [
+    ({"q": "Hund", "source": "fr", "target": "en"}, 400, "fr is not supported"),
+    ({"q": "Hund", "source": "de", "target": "fr"}, 400, "fr is not supported"),
+    ({"q": "Hund", "source": "de", "target": "en", "format": "html"}, 400, "format html is not supported"),
+    ({"q": "Hund", "target": "en"}, 400, "missing source parameter"),
+    ({"q": 3, "source": "de", "target": "en"}, 400, "q must be a string or a list of strings"),
+    ({"q": "Hund", "source": "de", "target": "en", "alternatives": 3}, 400, "alternatives are not supported"),
+    ({"q": "Hund", "source": "de", "target": "en", "speed": 1}, 400, "unknown parameter 'speed'"),
+    ({"q": "\n".join(["Hund"] * 21), "source": "de", "target": "en"}, 413, "the limit is 20"),
+])
+def test_libretranslate_errors_have_its_shape(server, payload, status, message):
+    got, _, body = server.translate(payload)
+    assert got == status and list(body) == ["error"] and message in body["error"], body
+
+
+def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
+    """Schemathesis sends what the schema allows and what it does not: never a 5xx, never a traceback."""
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+
+    base = f"http://127.0.0.1:{server.port}"
+    schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+    cases = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(GenerationMode.NEGATIVE)
+
+    @settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=cases)
+    def fuzz(case) -> None:
+        response = case.call(base_url=base, timeout=120)
+        assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+        assert "Traceback" not in response.text
+
+    fuzz()
+    assert not any("Traceback" in line for line in server.log), "".join(server.log)

@@ -8,7 +8,8 @@ import threading
 import pytest
 import sacrebleu
 
-from nmt.decode.translator import Translator, word_alignments
+from nmt.decode.outputs import word_alignments
+from nmt.decode.translator import Translator
 
 from .conftest import nmt_server, read_gz
 
@@ -212,7 +213,7 @@ def test_average_accepts_a_checkpoint_written_before_newer_model_keys(trained_ru
 
 
 def test_micro_batches_keep_order_and_close_at_the_size_limit():
-    from nmt.decode.translator import micro_batches
+    from nmt.decode.streaming import micro_batches
 
     lines = [f"line {i}\n" for i in range(25)] + ["last, no line ending"]
     batches = list(micro_batches(iter(lines), 10, 5.0))
@@ -221,7 +222,7 @@ def test_micro_batches_keep_order_and_close_at_the_size_limit():
 
 
 def test_micro_batches_close_when_the_input_pauses():
-    from nmt.decode.translator import micro_batches
+    from nmt.decode.streaming import micro_batches
 
     first_batch_taken = threading.Event()
 

@@ -1,8 +1,8 @@
 """Several models decoding as one: at every step, the average of their log-probabilities.
 
-`Ensemble` offers what the searches use of a `Seq2Seq` (`encode`, `decoder.step`,
-`decoder.frozen_weights`, and `forward` for teacher-forced scoring), so greedy search, beam
-search, sampling and `force_decode` run an ensemble unchanged. The members share the source and
+`EnsembleDecoding` is the searches' model (nmt.decode.search.SearchModel) for several members, each
+a `Decoding` with its own inference context, so greedy search, beam search, sampling and
+`force_decode` run an ensemble unchanged. The members share the source and
 target vocabularies but may differ in everything else (attention, sizes, RNN type): each keeps its
 own memory and state, and a step runs each member once on the same rows.
 
@@ -15,8 +15,6 @@ the argmax of the plain average. Attention weights are the members' average.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +22,7 @@ from torch import Tensor, nn
 
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
+from nmt.model.inference import Decoding, Inference
 from nmt.model.seq2seq import Seq2Seq
 
 
@@ -43,58 +42,60 @@ class EnsembleState:
         return EnsembleState([state.index_select(index) for state in self.members])
 
 
-class EnsembleDecoder:
-    """One step of every member; returns the averaged log-probabilities in place of logits."""
+@dataclass
+class EnsembleDecoding:
+    """The members' steps as one: averaged log-probabilities in place of logits."""
 
-    def __init__(self, models: list[Seq2Seq]) -> None:
-        self.models = models
+    members: list[Decoding]
 
-    @contextmanager
-    def frozen_weights(self) -> Iterator[None]:
-        with ExitStack() as stack:
-            for model in self.models:
-                stack.enter_context(model.decoder.frozen_weights())
-            yield
+    @property
+    def device(self) -> torch.device:
+        return self.members[0].device
 
-    @contextmanager
-    def output_subset(self, keep: Tensor) -> Iterator[None]:
-        """Every member scores only the target ids `keep` (see `Decoder.output_subset`)."""
-        with ExitStack() as stack:
-            for model in self.models:
-                stack.enter_context(model.decoder.output_subset(keep))
-            yield
+    @property
+    def plain(self) -> bool:
+        return False                               # nmt.decode.graphed captures single models only
 
-    def subset_ids(self, tokens: Tensor) -> Tensor:
-        return self.models[0].decoder.subset_ids(tokens)
+    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[EnsembleMemory,
+                                                                                           EnsembleState]:
+        encoded = [member.encode(src, src_lengths, fold_context) for member in self.members]
+        return EnsembleMemory([m for m, _ in encoded]), EnsembleState([s for _, s in encoded])
 
     def step(self, prev_tokens: Tensor, state: EnsembleState,
              memory: EnsembleMemory) -> tuple[Tensor, EnsembleState, Tensor]:
         """prev_tokens: (rows,) -> mean log-probabilities (rows, vocab), new state, mean attention (rows, src_len)."""
         logps, states, weights = [], [], []
-        for model, member_state, member_memory in zip(self.models, state.members, memory.members, strict=True):
-            logits, new_state, alpha = model.decoder.step(prev_tokens, member_state, member_memory)
+        for member, member_state, member_memory in zip(self.members, state.members, memory.members, strict=True):
+            logits, new_state, alpha = member.step(prev_tokens, member_state, member_memory)
             logps.append(logits.float().log_softmax(-1))
             states.append(new_state)
             weights.append(alpha.float())
         return torch.stack(logps).mean(0), EnsembleState(states), torch.stack(weights).mean(0)
 
+    def vocab_ids(self, tokens: Tensor) -> Tensor:
+        return self.members[0].vocab_ids(tokens)
+
+    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced: the renormalised mean of the members' log-probabilities (batch, tgt_len, vocab)."""
+        logp = torch.stack([member.forced(src, src_lengths, tgt_in) for member in self.members]).mean(0)
+        return logp.log_softmax(-1)
+
+    def with_output_subset(self, keep: Tensor) -> EnsembleDecoding:
+        """Every member scores only the target ids `keep` (see `Decoder.with_output_subset`)."""
+        return EnsembleDecoding([member.with_output_subset(keep) for member in self.members])
+
 
 class Ensemble(nn.Module):
+    """The members as one module (moved, put in eval mode together); `decoding` gives what searches take."""
+
     def __init__(self, models: list[Seq2Seq]) -> None:
         super().__init__()
         vocabs = {model.decoder.output.out_features for model in models}
         if len(vocabs) != 1:
             raise ValueError(f"ensemble members have different target vocabulary sizes {sorted(vocabs)}")
         self.members = nn.ModuleList(models)
-        self.decoder = EnsembleDecoder(list(models))
 
-    def encode(self, src: Tensor, src_lengths: Tensor,
-               fold_context: bool = True) -> tuple[EnsembleMemory, EnsembleState]:
-        encoded = [model.encode(src, src_lengths, fold_context) for model in self.members]
-        return EnsembleMemory([m for m, _ in encoded]), EnsembleState([s for _, s in encoded])
-
-    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher-forced: mean log-probabilities (batch, tgt_len, vocab), mean attention (batch, tgt_len, src_len)."""
-        outputs = [model(src, src_lengths, tgt_in) for model in self.members]
-        logp = torch.stack([logits.float().log_softmax(-1) for logits, _ in outputs]).mean(0)
-        return logp, torch.stack([weights.float() for _, weights in outputs]).mean(0)
+    def decoding(self, contexts: list[Inference] | None = None) -> EnsembleDecoding:
+        """The members with `contexts` (one each), else each with a new one."""
+        contexts = contexts or [Inference() for _ in self.members]
+        return EnsembleDecoding([model.decoding(ctx) for model, ctx in zip(self.members, contexts, strict=True)])

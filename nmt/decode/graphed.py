@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -39,7 +38,7 @@ from nmt.decode.search import NEG_INF, Hypothesis, _collect, _collect_beams, len
 from nmt.device import active_autocast_dtype
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.seq2seq import Seq2Seq
+from nmt.model.inference import Decoding
 
 STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
 MAX_GRAPHS = 48            # shapes kept (least recently used dropped): a server's GPU memory stays bounded
@@ -48,7 +47,7 @@ MAX_GRAPHS = 48            # shapes kept (least recently used dropped): a server
 def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
               coverage: float, return_attention: bool) -> bool:
     """Whether a search with these options can run as captured graphs (one model, no shortlist in use)."""
-    return (device.type == "cuda" and isinstance(model, Seq2Seq) and not model.decoder.in_subset and not sampling
+    return (device.type == "cuda" and isinstance(model, Decoding) and model.plain and not sampling
             and prefix is None and not no_repeat_ngram and not coverage and not return_attention)
 
 
@@ -148,25 +147,23 @@ def _constrain_static(logp: Tensor, step: Tensor, min_len: int, limits: Tensor) 
 class SearchGraphs:
     """Captured greedy and beam search chunks for one model, by shape and options.
 
-    Belongs to one Translator, which runs one search at a time. It holds the decoder's derived weights
-    (`Decoder.frozen_weights`) for its life, since the graphs read them where they were when captured:
-    the model must not change while it lives. All graphs share one memory pool: whatever a graph
+    Belongs to one Translator, which runs one search at a time. The graphs read the derived weights of
+    the model's inference context where they were when captured: that context (which keeps them) and the
+    model must not change while it lives. All graphs share one memory pool: whatever a graph
     computes inside is scratch, and its results are copied out of the static tensors before another
     graph runs.
     """
 
-    def __init__(self, model: Seq2Seq, capture: bool = True) -> None:
+    def __init__(self, model: Decoding, capture: bool = True) -> None:
         """`capture=False` runs the same static-shape chunks eagerly (the CPU, tests): no graphs."""
         self.model, self.capture = model, capture
-        self._frozen = ExitStack()
-        self._frozen.enter_context(model.decoder.frozen_weights())
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: OrderedDict[tuple, tuple[Callable[[], None], _Static]] = OrderedDict()   # oldest use first
 
     def _graph(self, key: tuple, build: Callable[[], _Static], chunk: Callable[[_Static], None]
                ) -> tuple[Callable[[], None], _Static]:
         """The replay function and static tensors of the chunk for `key`, captured on first use."""
-        key = (*key, active_autocast_dtype(self.model.decoder.output.weight.device.type))
+        key = (*key, active_autocast_dtype(self.model.device.type))
         if key in self.graphs:
             self.graphs.move_to_end(key)
         else:
@@ -188,9 +185,8 @@ class SearchGraphs:
         return self.graphs[key]
 
     def close(self) -> None:
-        """Drop the graphs and release the derived weights."""
+        """Drop the graphs."""
         self.graphs.clear()
-        self._frozen.close()
 
     # ------------------------------------------------------------------ greedy
 
@@ -198,8 +194,8 @@ class SearchGraphs:
     def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = 0,
                max_len: int | None = None) -> list[Hypothesis]:
         """nmt.decode.search.greedy_search, graphed."""
-        decoder = self.model.decoder
-        memory, state = self.model.encode(src, src_lengths, fold_context=False)
+        model = self.model
+        memory, state = model.encode(src, src_lengths, fold_context=False)
         batch, src_len = src.shape
         rows, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
         limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
@@ -208,7 +204,7 @@ class SearchGraphs:
         def chunk(s: _Static) -> None:
             state, prev = s.state(), s.prev
             for k in range(STEPS_PER_GRAPH):
-                logits, state, _ = decoder.step(prev, state, s.memory)
+                logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                        # (rows, vocab)
                 _constrain_static(logp, s.step, min_len, s.limits)
                 best, prev = logp.max(-1)                                    # (rows,)
@@ -240,9 +236,9 @@ class SearchGraphs:
              max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, max_len: int | None = None,
              early_stop: bool = False) -> list[list[Hypothesis]]:
         """nmt.decode.search.beam_search, graphed (see the module's docstring for the bookkeeping)."""
-        decoder, k = self.model.decoder, beam_size
+        model, k = self.model, beam_size
         n_best = min(n_best, k)
-        memory, state = self.model.encode(src, src_lengths)
+        memory, state = model.encode(src, src_lengths)
         batch, src_len = src.shape
         sentences, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
         limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
@@ -258,7 +254,7 @@ class SearchGraphs:
             row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
             lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
             for j in range(STEPS_PER_GRAPH):
-                logits, state, _ = decoder.step(prev, state, s.memory)
+                logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                         # (rows, vocab)
                 vocab = logp.size(1)
                 _constrain_static(logp, s.step, min_len, row_limits)

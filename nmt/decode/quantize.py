@@ -14,6 +14,7 @@ the same int8 values and scales, repacked once per batch, so the shortlist and i
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -77,20 +78,19 @@ def _int8_linear(weight: Tensor, bias: Tensor | None) -> Int8Linear:
     return Int8Linear(quantized, None if bias is None else bias.float())
 
 
-def quantize_int8(model: Seq2Seq) -> Seq2Seq:
-    """Give `model` (in eval mode, on the CPU) int8 versions of its step products and encoder RNN, in
-    place; returns it. Training parameters stay as they are, so the model still exports and scores in
-    float32; only decoding inside `frozen_weights` uses the int8 products."""
+def quantize_int8(model: Seq2Seq) -> dict[str, nn.Module]:
+    """int8 versions of `model`'s step products and encoder RNN (`model` in eval mode, on the CPU), by name,
+    for an `Inference` context (nmt.model.inference): the model itself is left as it is, so it still
+    trains, exports and scores in float32; only decoding with that context uses the int8 products."""
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
     dynamic, per_tensor, _ = _dynamic_modules()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")                  # torch.ao announces its move to torchao on every call
-        model.decoder.int8_products = {name: _int8_linear(weight.detach(), None if bias is None else bias.detach())
-                                       for name, (weight, bias) in model.decoder.int8_weights().items()}
-        rnn = model.encoder.rnn
+        products: dict[str, nn.Module] = {
+            name: _int8_linear(weight.detach(), None if bias is None else bias.detach())
+            for name, (weight, bias) in model.decoder.int8_weights().items()}
+        rnn = copy.copy(model.encoder.rnn)               # a shallow copy carries the qconfig, not the model
         rnn.qconfig = per_tensor                         # the only qconfig torch.ao's quantized RNNs take
-        quantized_rnn = (dynamic.LSTM if isinstance(rnn, nn.LSTM) else dynamic.GRU).from_float(rnn)
-        del rnn.qconfig
-    model.encoder.int8_products = {"rnn": quantized_rnn}
-    return model
+        products["encoder_rnn"] = (dynamic.LSTM if isinstance(rnn, nn.LSTM) else dynamic.GRU).from_float(rnn)
+    return products

@@ -25,9 +25,10 @@ Options that cost nothing when off (each is a branch inside the step loop):
 Every hypothesis carries its log-probability, so `force_decode` (teacher-forced scoring of given
 targets) gives the same number for the same output.
 
-Inside the decoder's `output_subset` (a vocabulary shortlist, nmt.decode.shortlist) the searches
-run on subset positions, which keep the special ids' numbers, and return vocabulary ids; a
-`prefix` must then be given as subset positions, and log-probabilities are normalised over the subset.
+The searches take a `SearchModel` (nmt.model.inference.Decoding, nmt.decode.ensemble.EnsembleDecoding;
+a plain `Seq2Seq` or `Ensemble` gets a context for the call). With an output subset (a shortlist) they
+run on subset positions, which keep the special ids' numbers, and return vocabulary ids; a `prefix`
+must then be given as subset positions, and log-probabilities are normalised over the subset.
 """
 
 from __future__ import annotations
@@ -35,14 +36,41 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.model.seq2seq import Seq2Seq
 
 NEG_INF = float("-inf")
+
+
+class Rows(Protocol):
+    """A memory or decoder state: per-row tensors that searches reorder and shrink."""
+    def index_select(self, index: Tensor) -> Any: ...
+
+
+class SearchModel(Protocol):
+    """What the searches (here and nmt.decode.graphed) need of a model or an ensemble."""
+
+    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Rows, Rows]:
+        """src: (batch, src_len) -> memory, initial decoder state (`fold_context`: see `Decoder.memory`)."""
+
+    def step(self, prev_tokens: Tensor, state: Rows, memory: Rows) -> tuple[Tensor, Rows, Tensor]:
+        """prev_tokens: (rows,) -> scores whose log-softmax is log p (rows, vocab), new state, attention
+        (rows, src_len); tokens and scores index the output subset when there is one."""
+
+    def vocab_ids(self, tokens: Tensor) -> Tensor:
+        """Tokens `step` chose (subset positions with a shortlist) -> vocabulary ids."""
+
+    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced log-probabilities (batch, tgt_len, vocab) of every next token."""
+
+
+def search_model(model: SearchModel | nn.Module) -> SearchModel:
+    """A `SearchModel` as it is; a plain Seq2Seq or Ensemble with a context for this call (`.decoding()`)."""
+    return model.decoding() if isinstance(model, nn.Module) else model
 
 
 @dataclass
@@ -94,9 +122,7 @@ def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap:
 def _constrain(logp: Tensor, t: int, min_len: int, at_limit: Tensor) -> None:
     """In place: never PAD or BOS; no EOS before `min_len` tokens; only EOS on a row's last allowed step
     (that wins over `min_len`: a length cap below it ends the row there).
-
-    logp: (rows, vocab) log-probabilities of output position t; at_limit: (rows,) bool.
-    """
+    logp: (rows, vocab) log-probabilities of output position t; at_limit: (rows,) bool."""
     logp[:, PAD] = NEG_INF
     logp[:, BOS] = NEG_INF
     if t < min_len:
@@ -106,9 +132,7 @@ def _constrain(logp: Tensor, t: int, min_len: int, at_limit: Tensor) -> None:
 
 def _force_tokens(logp: Tensor, forced: Tensor) -> None:
     """In place: a row with a forced token (not PAD) may produce only that token, at its own log-probability.
-
-    logp: (rows, vocab); forced: (rows,) token ids, PAD where nothing is forced.
-    """
+    logp: (rows, vocab); forced: (rows,) token ids, PAD where nothing is forced."""
     column = forced.unsqueeze(1)                                        # (rows, 1)
     kept = logp.gather(1, column)
     logp.masked_fill_((forced != PAD).unsqueeze(1), NEG_INF)
@@ -145,12 +169,11 @@ def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
     logp.scatter_(1, banned, NEG_INF)
 
 
-def _with_frozen_weights(search: Callable) -> Callable:
-    """Run a search with the decoder's derived weights built once for all of its steps."""
+def _on_search_model(search: Callable) -> Callable:
+    """Run a search on `search_model(model)`: derived weights built once for all of its steps."""
     @functools.wraps(search)
-    def run(model: Seq2Seq, *args, **kwargs):
-        with model.decoder.frozen_weights():
-            return search(model, *args, **kwargs)
+    def run(model: SearchModel | nn.Module, *args, **kwargs):
+        return search(search_model(model), *args, **kwargs)
     return run
 
 
@@ -162,8 +185,8 @@ DROP_ENDED_FRACTION = 0.25
 
 
 @torch.no_grad()
-@_with_frozen_weights
-def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
+@_on_search_model
+def greedy_search(model: SearchModel, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
                   min_len: int = 0, return_attention: bool = False, max_len: int | None = None,
                   no_repeat_ngram: int = 0, prefix: Tensor | None = None, sampler: Sampler | None = None,
                   num_samples: int = 1) -> list[Hypothesis]:
@@ -191,7 +214,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
     ended = 0                                                            # rows decoded on although ended
     prev = src.new_full((batch,), BOS)
     for t in range(steps):
-        logits, state, weights = model.decoder.step(prev, state, memory)
+        logits, state, weights = model.step(prev, state, memory)
         logp = logits.float().log_softmax(-1)                           # (rows, vocab)
         _constrain(logp, t, min_len, limits[rows] - 1 <= t)
         if no_repeat_ngram:
@@ -219,7 +242,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len_rati
                 break
             rows, prev, going, ended = rows[keep], prev[keep], going[keep], 0
             state, memory = state.index_select(keep), memory.index_select(keep)
-    return _collect(model.decoder.subset_ids(tokens), lengths, scores, attention, src_lengths)
+    return _collect(model.vocab_ids(tokens), lengths, scores, attention, src_lengths)
 
 
 def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
@@ -234,7 +257,7 @@ def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor 
     return out
 
 
-def sample(model: Seq2Seq, src: Tensor, src_lengths: Tensor, sampler: Sampler, num_samples: int = 1,
+def sample(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tensor, sampler: Sampler, num_samples: int = 1,
            max_len_ratio: float = 2.0, min_len: int = 0, return_attention: bool = False, max_len: int | None = None,
            no_repeat_ngram: int = 0, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
     """`num_samples` sampled outputs per sentence (for back-translation), in the order drawn."""
@@ -255,8 +278,8 @@ def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-@_with_frozen_weights
-def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
+@_on_search_model
+def beam_search(model: SearchModel, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
                 max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
                 return_attention: bool = False, max_len: int | None = None, prefix: Tensor | None = None,
                 coverage: float = 0.0, early_stop: bool = False) -> list[list[Hypothesis]]:
@@ -300,7 +323,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
     for t in range(steps):
         n_active = active.numel()
         width = prev.size(0) // n_active                                      # alive beams per sentence
-        logits, state, weights = model.decoder.step(prev, state, memory)
+        logits, state, weights = model.step(prev, state, memory)
         logp = logits.float().log_softmax(-1)                                 # (active*width, vocab)
         vocab = logp.size(1)
         _constrain(logp, t, min_len, (limits[active] - 1 <= t).repeat_interleave(width))
@@ -386,7 +409,7 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
 
     if not coverage:                                                               # log p = score * lp(|y|)
         fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
-    return _collect_beams(model.decoder.subset_ids(fin_tokens), fin_lengths, fin_scores, fin_logp, fin_attn,
+    return _collect_beams(model.vocab_ids(fin_tokens), fin_lengths, fin_scores, fin_logp, fin_attn,
                           src_lengths, n_best)
 
 
@@ -408,7 +431,8 @@ def _collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, log_probs: T
 
 
 @torch.no_grad()
-def force_decode(model: Seq2Seq, src: Tensor, src_lengths: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
+def force_decode(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tensor,
+                 tgt: Tensor) -> tuple[Tensor, Tensor]:
     """The model's log p(y | x) of given outputs, teacher-forced, for a whole batch.
 
     tgt: (batch, tgt_len) output ids without BOS/EOS, PAD-padded.
@@ -420,7 +444,6 @@ def force_decode(model: Seq2Seq, src: Tensor, src_lengths: Tensor, tgt: Tensor) 
     tgt_in = torch.cat([tgt.new_full((batch, 1), BOS), tgt], dim=1)      # (batch, tgt_len+1) BOS y
     tgt_out = torch.cat([tgt, tgt.new_full((batch, 1), PAD)], dim=1)     # (batch, tgt_len+1) y EOS
     tgt_out.scatter_(1, lengths.unsqueeze(1), EOS)
-    with model.decoder.frozen_weights():
-        logits, _ = model(src, src_lengths, tgt_in)                     # (batch, tgt_len+1, vocab)
-    logp = logits.float().log_softmax(-1).gather(2, tgt_out.unsqueeze(2)).squeeze(2)
+    logp = search_model(model).forced(src, src_lengths, tgt_in)         # (batch, tgt_len+1, vocab)
+    logp = logp.gather(2, tgt_out.unsqueeze(2)).squeeze(2)
     return logp.masked_fill(tgt_out == PAD, 0.0).sum(1), lengths + 1

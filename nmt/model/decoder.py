@@ -9,7 +9,6 @@ feeding also the RNN and the attention.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -18,21 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.device import active_autocast_dtype
 from nmt.model.attention import AdditiveAttention, Attention, Memory, at_real_positions, masked_softmax
 from nmt.model.dropout import Dropout
+from nmt.model.inference import Inference, active, autocast_once, int8_product
 from nmt.model.output_rows import padded_rows
 from nmt.model.recurrent import RecurrentStack
 from nmt.model.shared_grads import SharedGrads
-
-_FROZEN_BLOCKS_GUARD = threading.Lock()   # frozen_weights() blocks may open and close on several threads
-
-
-def autocast_once(weight: Tensor) -> Tensor:
-    """Cast a derived (non-leaf) weight to the autocast dtype once, so ops inside a loop over
-    steps do not cast it again at every step (autocast caches casts of parameters only)."""
-    dtype = active_autocast_dtype(weight.device.type)
-    return weight if dtype is None else weight.to(dtype)
 
 
 @dataclass
@@ -63,76 +53,36 @@ class Decoder(nn.Module):
         self.attention = attention
         self.embedding_dim, self.hidden_size, self.context_size = embedding_dim, hidden, context_size
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
-        self._frozen: dict[tuple, Tensor] | None = None               # derived weights, inside frozen_weights()
-        self._frozen_blocks = 0                                        # frozen_weights() blocks open
-        self.int8_products: dict[str, nn.Module] = {}                  # see nmt.decode.quantize; not parameters
-        self._subset: tuple[Tensor, Callable[[Tensor], Tensor]] | None = None  # keep, h̃ -> its logits: output_subset()
+        self._block: Inference | None = None          # the context of an open `frozen_weights` block
 
     @contextmanager
-    def frozen_weights(self) -> Iterator[None]:
-        """A block in which the parameters do not change (a search, a validation pass, a
-        translation run): weights derived from them are built once and reused by every step.
-
-        Outside such a block they are rebuilt at every call. (Parameter versions cannot tell when
-        to rebuild: fused optimizers update parameters in place without counting it.) Blocks may
-        nest or overlap (a Translator holds one for its life, an ensemble's for each member): they
-        share the weights, which are dropped when the last open block ends.
-        """
-        with _FROZEN_BLOCKS_GUARD:
-            if self._frozen is None:
-                self._frozen = {}
-            self._frozen_blocks += 1
+    def frozen_weights(self) -> Iterator[Inference]:
+        """A block whose calls that pass no `Inference` (`forward`, `memory`, `step`) use one made for it:
+        for nmt.train's validation, which runs the model in inference while it trains. Blocks nest (the
+        outermost's context serves); one thread only. Decoding passes its own `Inference` instead."""
+        outer = self._block
+        if outer is None:
+            self._block = Inference()
         try:
-            yield
+            yield self._block
         finally:
-            with _FROZEN_BLOCKS_GUARD:
-                self._frozen_blocks -= 1
-                if self._frozen_blocks == 0:
-                    self._frozen = None
+            if outer is None:
+                self._block = None
 
-    @contextmanager
-    def output_subset(self, keep: Tensor) -> Iterator[None]:
-        """A block in which `step` scores only the target ids `keep` (a vocabulary shortlist).
+    def context(self, ctx: Inference | None) -> Inference | None:
+        """The context a call uses: its own, else a `frozen_weights` block's; None in training (gradients on)."""
+        return active(ctx if ctx is not None else self._block)
 
-        keep: (subset,) ascending target ids beginning with the special ids, so that these keep
-        their numbers. Inside, `step` takes and returns subset positions: its input tokens are
-        positions in `keep`, its logits are (batch, subset) from the rows W_s[keep], b_s[keep],
-        sliced once here (int8 ones cut by the int8 product's `rows`, see nmt.decode.quantize). `subset_ids`
-        maps positions back to vocabulary ids.
-        """
-        int8 = self._int8("output")
-        if int8 is not None:                                            # an Int8Linear, which cuts its rows
-            product = int8.rows(keep)
-        else:
-            bias = self.output.bias[keep] if self.output.bias is not None else None
-            weight = autocast_once(padded_rows(self.output.weight[keep]))  # (subset padded to 16s, dec_hidden)
-            bias = autocast_once(padded_rows(bias)) if bias is not None else None
-            product = lambda features: F.linear(features, weight, bias)[:, : keep.numel()]  # noqa: E731
-        self._subset = (keep, product)
-        try:
-            yield
-        finally:
-            self._subset = None
+    def with_output_subset(self, ctx: Inference, keep: Tensor) -> Inference:
+        """`ctx` for a batch whose `step` scores only the target ids `keep` (see `Inference.with_output_rows`)."""
+        return ctx.with_output_rows(self.output, keep)
 
-    @property
-    def in_subset(self) -> bool:
-        """Whether `step` is inside `output_subset`."""
-        return self._subset is not None
-
-    def subset_ids(self, tokens: Tensor) -> Tensor:
-        """Tokens `step` returned -> vocabulary ids: keep[tokens] inside `output_subset`, else unchanged."""
-        return tokens if self._subset is None else self._subset[0][tokens]
-
-    def derived_weight(self, name: str, build: Callable[[], Tensor]) -> Tensor:
-        """A weight built from parameters (a slice, a stack, a product), cast for autocast; kept
-        across steps inside `frozen_weights` in inference, rebuilt at every call otherwise."""
-        frozen = self._frozen
-        if frozen is None or torch.is_grad_enabled():
+    def derived_weight(self, name: str, build: Callable[[], Tensor], ctx: Inference | None) -> Tensor:
+        """A weight built from parameters (a slice, a stack, a product), cast for autocast; kept in the
+        context's cache in inference, rebuilt at every call without one (training)."""
+        if ctx is None:
             return autocast_once(build())
-        key = (name, active_autocast_dtype(self.output.weight.device.type))
-        if key not in frozen:
-            frozen[key] = autocast_once(build())
-        return frozen[key]
+        return ctx.derived(name, self.output.weight.device.type, build)
 
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         """The weight (out, in) and bias of every matrix product a decoding step makes, by name, for
@@ -143,14 +93,8 @@ class Decoder(nn.Module):
             weights["keys"] = keys
         return weights
 
-    def _int8(self, name: str) -> nn.Module | None:
-        """The int8 replacement of product `name` (a module: float in, float out), only in inference
-        inside `frozen_weights`; None otherwise. (Such modules define no __len__, so `or` works.)"""
-        if not self.int8_products or self._frozen is None or torch.is_grad_enabled():
-            return None
-        return self.int8_products.get(name)
-
-    def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True) -> Memory:
+    def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True,
+               ctx: Inference | None = None) -> Memory:
         """What every step attends over, with the attention keys projected once per batch.
 
         `fold_context`: whether products with the context c_i may be folded into the memory (W c_i =
@@ -160,12 +104,12 @@ class Decoder(nn.Module):
         products as W h_j per batch, and a step reads a 4x narrower memory."""
         if not self.attention.projects_keys:
             return Memory(values, values, mask)
-        keys, = at_real_positions(values, mask, self._keys_product())
+        keys, = at_real_positions(values, mask, self._keys_product(self.context(ctx)))
         return Memory(values, keys, mask)
 
-    def _keys_product(self) -> Callable[[Tensor], Tensor]:
+    def _keys_product(self, ctx: Inference | None) -> Callable[[Tensor], Tensor]:
         """h_j -> the attention keys: the int8 product when decoding in int8, else `attention.project_keys`."""
-        return self._int8("keys") or self.attention.project_keys
+        return int8_product("keys", ctx) or self.attention.project_keys
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         return DecoderState(hidden, cell, None)
@@ -175,53 +119,58 @@ class Decoder(nn.Module):
         alone; here the RNN's W_e and b_i (layer 0), subclasses append their own."""
         return self.rnn.input_weight(0, self.embedding_dim), self.rnn.input_bias()
 
-    def token_terms(self, tokens: Tensor) -> Tensor:
+    def token_terms(self, tokens: Tensor, ctx: Inference | None = None) -> Tensor:
         """tokens: (batch, [steps]) -> W dropout(E y) + b: (batch, [steps], terms), from `token_projection`.
 
-        In inference inside `frozen_weights` (eval mode, no gradients, so no dropout) this is a
-        lookup in a table with one row per vocabulary entry, built once, instead of a matrix
-        product per step.
+        In inference with a context (eval mode, no gradients, so no dropout) this is a lookup in a
+        table with one row per vocabulary entry, built once, instead of a matrix product per step.
         """
-        if self._frozen is None or torch.is_grad_enabled() or self.training:
+        if ctx is None or self.training:
             return F.linear(self.dropout(self.embed(tokens)), *self.token_projection())
-        table = self.derived_weight("token_table", lambda: F.linear(self.embed.weight, *self.token_projection()))
+        table = self.derived_weight("token_table", lambda: F.linear(self.embed.weight, *self.token_projection()),
+                                    ctx)
         return F.embedding(tokens, table)
 
-    def step_features(self, prev_tokens: Tensor, state: DecoderState,
-                      memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        """prev_tokens: (batch,) -> h̃ (batch, dec_hidden), new state, attention weights (batch, src_len)."""
+    def step_features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory,
+                      ctx: Inference | None = None) -> tuple[Tensor, DecoderState, Tensor]:
+        """prev_tokens: (batch,) -> h̃ (batch, dec_hidden), new state, attention weights (batch, src_len).
+        `ctx`: an active context (see `context`) or None."""
         raise NotImplementedError
 
-    def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
+    def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory,
+                       ctx: Inference | None = None) -> tuple[Tensor, Tensor]:
         """All steps with the reference as input: h̃ (batch, tgt_len, dec_hidden), weights (batch, tgt_len, src_len)."""
         raise NotImplementedError
 
-    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory,
+             ctx: Inference | None = None) -> tuple[Tensor, DecoderState, Tensor]:
         """prev_tokens: (batch,) -> logits (batch, vocab), new state, attention weights (batch, src_len).
 
-        Inside `output_subset`, tokens and logits index the subset: logits (batch, subset)."""
-        if self._subset is not None:
-            keep, product = self._subset
-            attn_hidden, state, weights = self.step_features(keep[prev_tokens], state, memory)
+        In a context with an output subset (`with_output_subset`), tokens and logits index the subset:
+        logits (batch, subset)."""
+        ctx = self.context(ctx)
+        if ctx is not None and ctx.subset is not None:
+            keep, product = ctx.subset
+            attn_hidden, state, weights = self.step_features(keep[prev_tokens], state, memory, ctx)
             return product(self.dropout(attn_hidden)), state, weights
-        attn_hidden, state, weights = self.step_features(prev_tokens, state, memory)
-        return self._logits(self.dropout(attn_hidden)), state, weights
+        attn_hidden, state, weights = self.step_features(prev_tokens, state, memory, ctx)
+        return self._logits(self.dropout(attn_hidden), ctx), state, weights
 
-    def _logits(self, features: Tensor) -> Tensor:
-        """W_s h̃ + b_s: (rows, dec_hidden) -> (rows, vocab). In inference inside `frozen_weights`, the int8
-        product or W_s padded to a multiple of 16 rows (built once; see nmt.model.output_rows), its logits
-        cut back to the vocabulary (a view: every search takes a log-softmax of it first)."""
-        if int8 := self._int8("output"):
+    def _logits(self, features: Tensor, ctx: Inference | None) -> Tensor:
+        """W_s h̃ + b_s: (rows, dec_hidden) -> (rows, vocab). In inference with a context, the int8 product
+        or W_s padded to a multiple of 16 rows (built once; see nmt.model.output_rows), its logits cut
+        back to the vocabulary (a view: every search takes a log-softmax of it first)."""
+        if int8 := int8_product("output", ctx):
             return int8(features)
-        if self._frozen is None or torch.is_grad_enabled():
+        if ctx is None:
             return self.output(features)
-        weight = self.derived_weight("padded_output", lambda: padded_rows(self.output.weight))
+        weight = self.derived_weight("padded_output", lambda: padded_rows(self.output.weight), ctx)
         bias = None if self.output.bias is None else self.derived_weight(
-            "padded_output_bias", lambda: padded_rows(self.output.bias))
+            "padded_output_bias", lambda: padded_rows(self.output.bias), ctx)
         return F.linear(features, weight, bias)[:, : self.output.out_features]
 
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: Memory, teacher_forcing: float = 1.0,
-                features_only: bool = False) -> tuple[Tensor, Tensor]:
+                features_only: bool = False, ctx: Inference | None = None) -> tuple[Tensor, Tensor]:
         """tgt_in: (batch, tgt_len) BOS y_1 .. y_{n}.
 
         returns logits (batch, tgt_len, vocab) and attention weights (batch, tgt_len, src_len);
@@ -230,14 +179,15 @@ class Decoder(nn.Module):
         With teacher_forcing < 1 each row's next input is, with probability 1 - ratio, the
         model's own previous prediction instead of the reference token (scheduled sampling).
         """
+        ctx = self.context(ctx)
         if teacher_forcing >= 1.0:
-            attn_hidden, weights = self.teacher_forced(tgt_in, state, memory)
+            attn_hidden, weights = self.teacher_forced(tgt_in, state, memory, ctx)
             features = self.dropout(attn_hidden)
             return (features if features_only else self.output(features)), weights
         outputs, weight_steps = [], []
         tokens = tgt_in[:, 0]
         for i in range(tgt_in.size(1)):
-            attn_hidden, state, weights = self.step_features(tokens, state, memory)
+            attn_hidden, state, weights = self.step_features(tokens, state, memory, ctx)
             features = self.dropout(attn_hidden)
             logits = self.output(features)
             outputs.append(features if features_only else logits)
@@ -292,27 +242,30 @@ class BahdanauDecoder(Decoder):
         return torch.cat([self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size),
                           self._pre_output_weight("context")])
 
-    def _context_product(self, inputs: Tensor) -> Tensor:
+    def _context_product(self, inputs: Tensor, ctx: Inference | None) -> Tensor:
         """[W_ctx; W_cc] x: (..., enc_out) -> (..., gates*dec_hidden + dec_hidden), int8 when decoding in int8."""
-        if int8 := self._int8("context"):
+        if int8 := int8_product("context", ctx):
             return int8(inputs)
-        return F.linear(inputs, self.derived_weight("context", self._context_weight))
+        return F.linear(inputs, self.derived_weight("context", self._context_weight, ctx))
 
-    def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True) -> Memory:
+    def memory(self, values: Tensor, mask: Tensor, fold_context: bool = True,
+               ctx: Inference | None = None) -> Memory:
         """Keys 2·U_a h_j and, folded, W_ctx h_j and W_cc h_j (`values_in`, `values_out`) for every position;
         unfolded, a step forms c_i and multiplies it by [W_ctx; W_cc] instead."""
         if not fold_context:
-            return super().memory(values, mask)
+            return super().memory(values, mask, ctx=ctx)
+        ctx = self.context(ctx)
         # 2·U_a h_j and [W_ctx; W_cc] h_j over the real positions, one gather for both
-        keys, context = at_real_positions(values, mask, self._keys_product(), self._context_product)
+        keys, context = at_real_positions(values, mask, self._keys_product(ctx),
+                                          lambda h: self._context_product(h, ctx))
         values_in, values_out = self._split_terms(context)   # (batch, src_len, gates*dec_hidden | dec_hidden)
         return Memory(values, keys, mask, values_in, values_out)
 
-    def _step_weights(self) -> Tensor | None:
+    def _step_weights(self, ctx: Inference | None) -> Tensor | None:
         """[W_h; W_a], so that one product gives the RNN's W_h s_{i-1} and attention's W_a s_{i-1}."""
         if self.rnn.layers > 1:
             return None
-        return self.derived_weight("hidden_and_query", self._hidden_and_query)
+        return self.derived_weight("hidden_and_query", self._hidden_and_query, ctx)
 
     def _hidden_and_query(self) -> Tensor:
         return torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight])
@@ -326,7 +279,8 @@ class BahdanauDecoder(Decoder):
         return weights
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, fused: Tensor | None,
-                    shared: SharedGrads | None = None) -> tuple[DecoderState, Tensor, Tensor | None]:
+                    ctx: Inference | None, shared: SharedGrads | None = None
+                    ) -> tuple[DecoderState, Tensor, Tensor | None]:
         """Attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) = W_e E y_{i-1} + b_i.
         `shared`: in teacher-forced training, the products with [W_h; W_a] and W_ctx h_j go through it.
         Returns the new state, the weights (rows, src_len) and, for an unfolded memory, W_cc c_i (else None)."""
@@ -334,7 +288,7 @@ class BahdanauDecoder(Decoder):
         if fused is not None:
             if shared is not None:
                 projected = shared.linear(s_prev)                       # (rows, gates*dec_hidden + attn_dim)
-            elif int8 := self._int8("hidden_and_query"):
+            elif int8 := int8_product("hidden_and_query", ctx):
                 projected = int8(s_prev)
             else:
                 projected = F.linear(s_prev, fused)
@@ -351,17 +305,17 @@ class BahdanauDecoder(Decoder):
             context_in = memory.weighted_sum(weights, memory.values_in, s_prev.shape)  # Σ_j α_ij W_ctx h_j
         else:                                                            # unfolded: c_i, then one product
             context = memory.weighted_sum(weights, memory.values, s_prev.shape)        # (rows, enc_out) c_i
-            context_in, context_term = self._split_terms(self._context_product(context))
+            context_in, context_term = self._split_terms(self._context_product(context, ctx))
         gi0 = input_proj + context_in                                   # + W_ctx c_i
         _, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
         return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1), context_term   # weights (rows, src_len)
 
-    def _pre_output(self, s: Tensor, context_term: Tensor, token_term: Tensor) -> Tensor:
+    def _pre_output(self, s: Tensor, context_term: Tensor, token_term: Tensor, ctx: Inference | None) -> Tensor:
         """h̃ = tanh(W_cs s + W_cc c + (W_ce E y + b_c)), the last two terms already computed."""
-        int8 = self._int8("pre_output_state")
+        int8 = int8_product("pre_output_state", ctx)
         if int8:
             return torch.tanh(int8(s) + context_term + token_term)
-        state_weight = self.derived_weight("pre_output_state", lambda: self._pre_output_weight("state"))
+        state_weight = self.derived_weight("pre_output_state", lambda: self._pre_output_weight("state"), ctx)
         return torch.tanh(F.linear(s, state_weight) + context_term + token_term)
 
     def _split_terms(self, terms: Tensor) -> tuple[Tensor, Tensor]:
@@ -369,19 +323,20 @@ class BahdanauDecoder(Decoder):
         into W_e E y + b_i and W_ce E y + b_c, context products into W_ctx c (or h_j) and W_cc c (or h_j)."""
         return terms.split([terms.size(-1) - self.hidden_size, self.hidden_size], dim=-1)
 
-    def step_features(self, prev_tokens: Tensor, state: DecoderState,
-                      memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        token_in, token_out = self._split_terms(self.token_terms(prev_tokens))   # (rows, gates*dec_hidden | dec_hidden)
-        state, weights, context_term = self._recurrence(token_in, state, memory, self._step_weights())
+    def step_features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory,
+                      ctx: Inference | None = None) -> tuple[Tensor, DecoderState, Tensor]:
+        token_in, token_out = self._split_terms(self.token_terms(prev_tokens, ctx))   # (rows, gates*hid | hid)
+        state, weights, context_term = self._recurrence(token_in, state, memory, self._step_weights(ctx), ctx)
         if context_term is None:                                         # a folded memory: Σ_j α_ij W_cc h_j
             context_term = memory.weighted_sum(memory.group(weights), memory.values_out, weights.shape)
-        return self._pre_output(state.top, context_term, token_out), state, weights   # h̃_i (rows, dec_hidden)
+        return self._pre_output(state.top, context_term, token_out, ctx), state, weights   # h̃_i (rows, dec_hidden)
 
-    def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
+    def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory,
+                       ctx: Inference | None = None) -> tuple[Tensor, Tensor]:
         if memory.values_in is None:
             raise ValueError("teacher-forced decoding needs a folded memory (Decoder.memory(fold_context=True))")
-        token_in, token_out = self._split_terms(self.token_terms(tgt_in))   # (batch, tgt_len, ...), all steps at once
-        fused = self._step_weights()
+        token_in, token_out = self._split_terms(self.token_terms(tgt_in, ctx))   # (batch, tgt_len, ...), all steps
+        fused = self._step_weights(ctx)
         shared = None
         # Their gradients once, after the loop: on the CPU, where per-step products with `batch` rows are slow.
         # A CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save.
@@ -390,12 +345,12 @@ class BahdanauDecoder(Decoder):
             state = replace(state, hidden=shared.attach(state.hidden))
         states, weights = [], []
         for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
-            state, alpha, _ = self._recurrence(input_t, state, memory, fused, shared)
+            state, alpha, _ = self._recurrence(input_t, state, memory, fused, ctx, shared)
             states.append(state.top)
             weights.append(alpha)
         s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
         context_terms = alphas.bmm(memory.values_out)                   # W_cc c_i for all steps, one product
-        return self._pre_output(s_all, context_terms, token_out), alphas
+        return self._pre_output(s_all, context_terms, token_out, ctx), alphas
 
 
 class LuongDecoder(Decoder):
@@ -445,45 +400,47 @@ class LuongDecoder(Decoder):
             weights["feed_input"] = (self.feed_weight(), None)
         return weights
 
-    def _attentional(self, s: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
+    def _attentional(self, s: Tensor, memory: Memory, ctx: Inference | None) -> tuple[Tensor, Tensor]:
         context, weights = self.attention(s, memory)                    # (batch, [tgt_len,] enc_out)
-        combine = self._int8("combine") or self.combine
+        combine = int8_product("combine", ctx) or self.combine
         return torch.tanh(combine(torch.cat([context, s], dim=-1))), weights   # h̃ (batch, [tgt_len,] hidden)
 
-    def _step_weights(self) -> Tensor | None:
+    def _step_weights(self, ctx: Inference | None) -> Tensor | None:
         """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
         if not self.input_feeding:
             return None
-        return self.derived_weight("feed_input", self.feed_weight)
+        return self.derived_weight("feed_input", self.feed_weight, ctx)
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory,
-                    feed_weight: Tensor | None) -> tuple[DecoderState, Tensor]:
+                    feed_weight: Tensor | None, ctx: Inference | None) -> tuple[DecoderState, Tensor]:
         """Step the RNN, then attend with s_i; returns the new state (h̃_i in `feed`) and α_i."""
         gi0 = input_proj
         if feed_weight is not None:                                     # + W_f h̃_{i-1}
-            int8 = self._int8("feed_input")
+            int8 = int8_product("feed_input", ctx)
             gi0 = gi0 + (int8(state.feed) if int8 else F.linear(state.feed, feed_weight))
         s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell)
-        attn_hidden, weights = self._attentional(s, memory)
+        attn_hidden, weights = self._attentional(s, memory, ctx)
         return DecoderState(hidden, cell, attn_hidden), weights
 
-    def step_features(self, prev_tokens: Tensor, state: DecoderState,
-                      memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        state, weights = self._recurrence(self.token_terms(prev_tokens), state, memory, self._step_weights())
+    def step_features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory,
+                      ctx: Inference | None = None) -> tuple[Tensor, DecoderState, Tensor]:
+        state, weights = self._recurrence(self.token_terms(prev_tokens, ctx), state, memory, self._step_weights(ctx),
+                                          ctx)
         attn_hidden = state.feed
         if not self.input_feeding:
             state = replace(state, feed=None)
         return attn_hidden, state, weights
 
-    def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
+    def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory,
+                       ctx: Inference | None = None) -> tuple[Tensor, Tensor]:
         if not self.input_feeding:                                      # fast path: no recurrence through h̃
             embedded = self.dropout(self.embed(tgt_in))                 # (batch, tgt_len, emb)
             s_all, _, _ = self.rnn(embedded, state.hidden, state.cell)  # one RNN call over all steps
-            return self._attentional(s_all, memory)                     # one batched attention
-        feed_weight = self._step_weights()
+            return self._attentional(s_all, memory, ctx)                # one batched attention
+        feed_weight = self._step_weights(ctx)
         hiddens, weights = [], []
-        for input_t in self.token_terms(tgt_in).unbind(1):              # W_e E y + b_i for all steps at once
-            state, alpha = self._recurrence(input_t, state, memory, feed_weight)
+        for input_t in self.token_terms(tgt_in, ctx).unbind(1):         # W_e E y + b_i for all steps at once
+            state, alpha = self._recurrence(input_t, state, memory, feed_weight, ctx)
             hiddens.append(state.feed)
             weights.append(alpha)
         return torch.stack(hiddens, 1), torch.stack(weights, 1)

@@ -49,11 +49,11 @@ class Encoder(nn.Module):
         self.rnn = make_rnn(rnn_type, embedding_dim, hidden, layers, dropout, bidirectional)
         self.directions = 2 if bidirectional else 1
         self.output_size = hidden * self.directions
-        self.int8_products: dict[str, nn.Module] = {}      # an int8 "rnn" (nmt.decode.quantize); not parameters
 
-    def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+    def forward(self, src: Tensor, src_lengths: Tensor, int8_rnn: nn.Module | None = None) -> EncoderOutput:
         """src: (batch, src_len) padded ids; src_lengths: (batch,) on the CPU, or on the GPU for a captured
-        training step (nmt.train.graphed), which packing cannot serve (it reads the lengths on the host)."""
+        training step (nmt.train.graphed), which packing cannot serve (it reads the lengths on the host).
+        `int8_rnn`: an int8 version of the RNN (nmt.decode.quantize) to run instead, in inference."""
         embedded = self.dropout(self.embed(src))                          # (batch, src_len, emb)
         if src_lengths.device.type != "cpu":
             if not isinstance(self.rnn, nn.GRU):
@@ -61,7 +61,7 @@ class Encoder(nn.Module):
             return self._output(*self._gru_unpacked(embedded, src_lengths))
         if torch.is_grad_enabled() and self._unpacked_pays(src, src_lengths):
             return self._output(*self._gru_unpacked(embedded, src_lengths))
-        int8 = self.int8_products.get("rnn") if not (self.training or torch.is_grad_enabled()) else None
+        int8 = int8_rnn if not (self.training or torch.is_grad_enabled()) else None
         packed = pack_padded_sequence(embedded, src_lengths, batch_first=True, enforce_sorted=False)
         packed_out, final = (int8 or self.rnn)(packed)
         outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))

@@ -1,0 +1,271 @@
+"""What a translation gives back, in one format for the command line, the Python API and the server.
+
+The n-best rule, the same everywhere (`nmt translate --n-best K`, `Translation.nbest`, the HTTP
+`n_best` lists, `--scores`): a list has exactly K entries, the hypotheses found, best first, then
+padding entries of empty text. A padding entry scores 0 for an empty input line (there is nothing
+to translate, so the empty output is exact) and -inf when the search found fewer than K distinct
+hypotheses (a short sentence, a tiny vocabulary); JSON, which has no -inf, writes null. So line
+i*K + r of `--n-best` output always belongs to input line i, and a client can zip the lists with
+its sentences.
+
+Scores: a hypothesis's `score` is what the search ranked it by (beam: log p / lp(|y|), plus the
+coverage penalty; greedy and sampling: log p); `--scores` and `nmt score` write log p and the GNMT
+length-normalised log p / lp(|y|), |y| counting EOS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TextIO
+
+import numpy as np
+from torch import Tensor
+
+from nmt.config import ConfigError
+from nmt.data.tokenizer import Vocab
+from nmt.decode.search import Hypothesis, length_penalty
+from nmt.folders import FolderError, PendingFile, remove_leftovers
+from nmt.output_files import check_outputs, output_target
+
+
+@dataclass
+class Translation:
+    """The result for one input line.
+
+    `text` is the translation; `nbest` the n-best list as (text, score) pairs, exactly `n_best` of them
+    (see the module's rule); each hypothesis carries its attention weights (target pieces + EOS,
+    source pieces + EOS) when `translate(..., return_attention=True)`.
+    """
+
+    text: str                              # the best hypothesis, detokenised ("" for an empty line)
+    hypotheses: list[Hypothesis]           # n-best, best first; empty for an empty line
+    src_ids: np.ndarray                    # source side ids as encoded (after truncation), EOS excluded
+    truncated: bool = False
+    nbest_texts: list[str] = field(default_factory=list)   # detokenised hypotheses when n_best > 1
+    n_best: int = 1                        # the length of `nbest`: what the call asked for
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def score(self) -> float | None:
+        """The best hypothesis's score (see the module's docstring); None for an empty line."""
+        return self.hypotheses[0].score if self.hypotheses else None
+
+    @property
+    def padding_score(self) -> float:
+        """The score of a padding entry: 0 for an empty input line, -inf for a search that found fewer."""
+        return 0.0 if not self.hypotheses else float("-inf")
+
+    @property
+    def nbest(self) -> list[tuple[str, float]]:
+        """Exactly `n_best` (text, score) pairs, best first, padded by the module's rule."""
+        texts = self.nbest_texts or [self.text]
+        found = [(text, hyp.score) for text, hyp in zip(texts, self.hypotheses[: self.n_best], strict=False)]
+        return found + [("", self.padding_score)] * (self.n_best - len(found))
+
+    @property
+    def attention(self) -> Tensor | None:
+        """The best hypothesis's attention, (target pieces + EOS, source pieces + EOS), if asked for."""
+        return self.hypotheses[0].attention if self.hypotheses else None
+
+
+def nbest_lines(result: Translation, number: int) -> str:
+    """`--n-best` output: one line 'N ||| text ||| score' per entry (N the 0-based input line)."""
+    return "".join(f"{number} ||| {text} ||| {score:.4f}\n" for text, score in result.nbest)
+
+
+def nbest_json(result: Translation) -> list[dict[str, Any]]:
+    """The server's n-best list: {"text", "score"} per entry, score rounded to 4 places, null if not finite."""
+    return [{"text": text, "score": round(score, 4) if math.isfinite(score) else None}
+            for text, score in result.nbest]
+
+
+def normalised_score(log_prob: float, length: int, alpha: float) -> float:
+    """log p / lp(|y|), the GNMT length normalisation; `length` counts EOS."""
+    return log_prob / length_penalty(float(length), alpha)
+
+
+def score_line(number: int, log_prob: float, normalised: float, length: int, as_json: bool,
+               rank: int | None = None) -> str:
+    """One line of `--scores` or `nmt score`: 'log-prob<TAB>normalised', or JSON with the line
+    (0-based), the rank in the n-best list (translate only), log_prob, score and length (EOS counted)."""
+    if not as_json:
+        return f"{log_prob:.6f}\t{normalised:.6f}\n"
+    record: dict[str, Any] = {"line": number}
+    if rank is not None:
+        record["rank"] = rank
+    record.update(log_prob=round(log_prob, 6), score=round(normalised, 6), length=length)
+    return json.dumps(record) + "\n"
+
+
+def score_lines(result: Translation, number: int, alpha: float, as_json: bool) -> str:
+    """`--scores` for one input line: one line per n-best entry; padding entries get its padding score."""
+    hyps: list[Hypothesis | None] = [*result.hypotheses[: result.n_best]]
+    hyps += [None] * (result.n_best - len(hyps))
+    missing = result.padding_score
+    lines = []
+    for rank, hyp in enumerate(hyps):
+        if hyp is None:
+            lines.append(score_line(number, missing, missing, 0, as_json, rank))
+        else:
+            length = len(hyp.tokens) + 1
+            lines.append(score_line(number, hyp.log_prob, normalised_score(hyp.log_prob, length, alpha), length,
+                                    as_json, rank))
+    return "".join(lines)
+
+
+def word_alignments(src_pieces: list[str], tgt_pieces: list[str], attention: Tensor) -> str:
+    """Hard alignments in Pharaoh format ("i-j" = source word i, target word j, 0-based).
+
+    attention: (tgt_pieces [+ EOS], src_pieces [+ EOS]). Each target piece is aligned to its
+    most attended source piece; pieces map to whitespace words by their "▁" word starts.
+    """
+    def word_index(pieces: list[str]) -> list[int]:
+        index, words = [], -1
+        for i, piece in enumerate(pieces):
+            if piece.startswith("▁") or i == 0:
+                words += 1
+            index.append(max(words, 0))
+        return index
+
+    if not tgt_pieces or not src_pieces:
+        return ""
+    src_word, tgt_word = word_index(src_pieces), word_index(tgt_pieces)
+    best = attention[: len(tgt_pieces), : len(src_pieces)].argmax(-1).tolist()
+    pairs = sorted({(src_word[s], tgt_word[t]) for t, s in enumerate(best)})
+    return " ".join(f"{s}-{t}" for s, t in pairs)
+
+
+def attention_record(number: int, src_pieces: list[str], tgt_pieces: list[str], hyp: Hypothesis | None) -> str:
+    """One line of `--attention-out`: the pieces of both sides (with </s>) and the weights, 4 places."""
+    weights = [[round(w, 4) for w in row] for row in hyp.attention.tolist()] if hyp else []
+    record = {"line": number, "src": [*src_pieces, "</s>"], "tgt": [*tgt_pieces, "</s>"], "attention": weights}
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+@dataclass
+class OutputFiles:
+    """Where `write_results` puts things; only `text` is required."""
+
+    text: TextIO
+    alignments: TextIO | None = None    # Pharaoh "i-j" word alignments, one line per input line
+    attention: TextIO | None = None     # JSON lines: source/target pieces and the weight matrix
+    plotter: Any = None                 # nmt.plot.AttentionPlotter, writes one heatmap per sentence
+    scores: TextIO | None = None        # per output line: log p and length-normalised score
+    scores_json: bool = False           # scores as JSON lines instead of tab-separated
+
+    def __post_init__(self) -> None:
+        if self.scores_json and self.scores is None:
+            raise ValueError("scores_json needs a scores file (--scores-json needs --scores)")
+
+    @property
+    def wants_attention(self) -> bool:
+        return self.alignments is not None or self.attention is not None or self.plotter is not None
+
+    def flush(self) -> None:
+        for handle in (self.text, self.alignments, self.attention, self.scores):
+            if handle is not None:
+                handle.flush()
+
+
+@dataclass
+class ResultWriter:
+    """Writes translations into `files`: the vocabularies turn ids into pieces for alignments and
+    attention, `alpha` (decoding.length_penalty) normalises `--scores`."""
+
+    files: OutputFiles
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    alpha: float
+
+    def write(self, batches: Iterable[list[Translation]]) -> None:
+        """One line per input line, or exactly n_best lines 'i ||| text ||| score' (i 0-based); every batch
+        flushed as soon as it is written, so that a slow pipe sees each one's translations at once."""
+        number = 0
+        for batch in batches:
+            for result in batch:
+                self.write_one(result, number)
+                number += 1
+            self.files.flush()
+
+    def write_one(self, result: Translation, number: int) -> None:
+        files = self.files
+        files.text.write(nbest_lines(result, number) if result.n_best > 1 else result.text + "\n")
+        if files.scores is not None:
+            files.scores.write(score_lines(result, number, self.alpha, files.scores_json))
+        if not files.wants_attention:
+            return
+        hyp = result.hypotheses[0] if result.hypotheses else None
+        src_pieces = self.src_vocab.to_pieces(result.src_ids)
+        tgt_pieces = self.tgt_vocab.to_pieces(hyp.tokens) if hyp else []
+        if files.alignments is not None:
+            files.alignments.write((word_alignments(src_pieces, tgt_pieces, hyp.attention) if hyp else "") + "\n")
+        if files.attention is not None:
+            files.attention.write(attention_record(number, src_pieces, tgt_pieces, hyp))
+        if files.plotter is not None and hyp:
+            files.plotter.plot(number, [*src_pieces, "</s>"], [*tgt_pieces, "</s>"], hyp.attention)
+
+
+@dataclass
+class OutputPaths:
+    """The files `nmt translate` writes, by option. `check` runs before the model loads; `open` makes each
+    a temporary file beside its target, renamed over it by `commit` and deleted on any failure (`stack`)."""
+
+    text: Path | None = None            # --output; None: stdout
+    alignments: Path | None = None      # --alignments
+    attention: Path | None = None       # --attention-out
+    scores: Path | None = None          # --scores
+    scores_json: bool = False           # --scores-json
+    plot_folder: Path | None = None     # --plot-attention
+    _pending: list[PendingFile] = field(default_factory=list, repr=False)
+
+    OPTIONS: ClassVar[dict[str, str]] = {"text": "--output", "alignments": "--alignments",
+                                         "attention": "--attention-out", "scores": "--scores"}
+
+    def check(self, inputs: Iterable[tuple[str, Path | None]], stdin: bool) -> None:
+        """Raise ConfigError or FolderError (one line naming the option) for outputs that cannot be written
+        or would overwrite an input, another output or a file of an nmt folder."""
+        if self.scores_json and self.scores is None:
+            raise ConfigError("--scores-json needs --scores FILE, the file the scores go to")
+        paths = {option: getattr(self, name) for name, option in self.OPTIONS.items()}
+        check_outputs(paths, inputs, stdin=stdin)
+        folder = self.plot_folder
+        if folder is not None:
+            if folder.exists() and not folder.is_dir():
+                raise FolderError(f"--plot-attention: {folder} is a file, not a folder")
+            for option, path in paths.items():
+                if path is not None and path.resolve() == folder.resolve():
+                    raise FolderError(f"--plot-attention {folder} is also {option}; the heatmaps need a folder "
+                                      "of their own")
+
+    def open(self, stack: ExitStack, stdout: TextIO) -> OutputFiles:
+        """The open files (stdout for no --output); leftovers of killed runs beside each target removed first."""
+        plotter = None
+        if self.plot_folder is not None:
+            from nmt.plot import AttentionPlotter
+
+            plotter = AttentionPlotter(self.plot_folder)
+        handles: dict[str, TextIO | None] = {}
+        for name in self.OPTIONS:
+            path = getattr(self, name)
+            if path is None:
+                handles[name] = None
+                continue
+            target = output_target(path)     # checked by `check`; a link changed since is refused
+            remove_leftovers(target.parent, target.name)
+            pending = PendingFile(target, "w")
+            stack.callback(pending.discard)
+            self._pending.append(pending)
+            handles[name] = pending.handle
+        return OutputFiles(handles["text"] or stdout, handles["alignments"], handles["attention"], plotter,
+                           handles["scores"], self.scores_json)
+
+    def commit(self) -> None:
+        for pending in self._pending:
+            pending.commit()

@@ -1,0 +1,178 @@
+"""Input stream -> micro-batches -> translations in input order, one result per input line.
+
+Streams are read by a thread and translated in micro-batches: a batch closes when it holds
+`chunk_lines` lines, or `max_wait` seconds after its first line arrived while no further line is
+waiting. A file therefore goes through in large chunks (full speed), and a slow pipe gets each
+line's translation shortly after the line (streaming). Memory stays bounded either way. Inside a
+batch the translator sorts by length and cuts by a token budget, and puts the results back in
+input order. An item may be a `(source, target prefix)` pair, which forces that prefix.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
+from itertools import islice, zip_longest
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
+
+from nmt.decode.outputs import score_line
+from nmt.textio import TextInputError, iter_lines, open_text
+
+if TYPE_CHECKING:
+    from nmt.decode.outputs import Translation
+    from nmt.decode.translator import Translator
+
+Line = str | tuple[str, str]          # a source line, or a (source, target prefix) pair
+
+
+def without_line_ending(line: str) -> str:
+    """"text\n" or "text\r\n" -> "text"; a line without an ending is kept as it is."""
+    if line.endswith("\n"):
+        line = line[:-2] if line.endswith("\r\n") else line[:-1]
+    return line
+
+
+def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Iterator[list[Line]]:
+    """Group a (possibly slow) stream of lines into batches, reading it on a thread.
+
+    A batch is yielded when it holds `max_lines` lines, when the input ends, or `max_wait` seconds
+    after its first line arrived. Line endings ("\n", or "\r\n") are removed. An exception raised
+    by `lines` is re-raised here after the batches of every earlier line. The reader hands lines
+    over through a shared buffer of at most `max_lines` lines (memory stays bounded) and wakes the
+    consumer only for a batch's first line or a full buffer, so a fast file costs no thread
+    hand-off per line.
+    """
+    buffer: deque[Line] = deque()
+    cond = threading.Condition()
+    shared: dict[str, Any] = {"first_at": 0.0, "done": False, "error": None, "stop": False}
+
+    def read() -> None:
+        try:
+            for line in lines:
+                line = (without_line_ending(line) if isinstance(line, str)
+                        else tuple(without_line_ending(part) for part in line))
+                with cond:
+                    while len(buffer) >= max_lines and not shared["stop"]:
+                        cond.wait()
+                    if shared["stop"]:
+                        return
+                    if not buffer:
+                        shared["first_at"] = time.monotonic()
+                    buffer.append(line)
+                    if len(buffer) == 1 or len(buffer) >= max_lines:
+                        cond.notify_all()
+        except BaseException as exc:   # handed to the consumer, which raises it after the earlier lines
+            shared["error"] = exc
+        finally:
+            with cond:
+                shared["done"] = True
+                cond.notify_all()
+
+    max_lines = max(1, max_lines)
+    reader = threading.Thread(target=read, name="nmt-line-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            with cond:
+                while not buffer and not shared["done"]:
+                    cond.wait()
+                if not buffer:
+                    break
+                deadline = shared["first_at"] + max_wait
+                while len(buffer) < max_lines and not shared["done"]:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    cond.wait(remaining)
+                batch = [buffer.popleft() for _ in range(min(len(buffer), max_lines))]
+                shared["first_at"] = time.monotonic()
+                cond.notify_all()                       # a reader waiting on a full buffer goes on
+            yield batch
+        if shared["error"] is not None:
+            raise shared["error"]
+    finally:
+        with cond:
+            shared["stop"] = True
+            cond.notify_all()
+
+
+def split_prefixes(chunk: list[Line]) -> tuple[list[str], list[str] | None]:
+    """A chunk of lines and (source, prefix) pairs -> the sources, and the prefixes ("" where none; None if none)."""
+    if not any(isinstance(item, tuple) for item in chunk):
+        return chunk, None                                             # type: ignore[return-value]
+    pairs = [item if isinstance(item, tuple) else (item, "") for item in chunk]
+    return [source for source, _ in pairs], [prefix for _, prefix in pairs]
+
+
+def translate_batches(translator: Translator, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+                      return_attention: bool = False, progress: Any = None,
+                      max_wait: float = 0.05) -> Iterator[list[Translation]]:
+    """The results of each micro-batch of `lines` as soon as it is translated, in input order. If reading
+    raises, the results of every earlier line are yielded first, then the exception propagates."""
+    if isinstance(lines, str):
+        raise TypeError("lines must be an iterable of lines (a list, a file), not one string")
+    first = 1
+    for chunk in micro_batches(lines, chunk_lines, max_wait):
+        sources, prefixes = split_prefixes(chunk)
+        yield translator.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
+        first += len(chunk)
+        if progress is not None:
+            progress.update(len(chunk))
+
+
+_MISSING = object()
+
+
+def paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
+                 second_name: str) -> Iterator[tuple[str, str]]:
+    """Line i of both streams as a pair; one stream ending before the other is a `TextInputError`."""
+    for number, (a, b) in enumerate(zip_longest(first, second, fillvalue=_MISSING), start=1):
+        if a is _MISSING or b is _MISSING:
+            short, long = (first_name, second_name) if a is _MISSING else (second_name, first_name)
+            raise TextInputError(f"{short} has {number - 1} lines but {long} has more; "
+                                 "they must align line by line")
+        yield a, b
+
+
+def open_source(stack: ExitStack, path: Path | None, stdin: BinaryIO | None, prefix_file: Path | None = None,
+                prefix_column: bool = False) -> Iterator[Line]:
+    """The lines to translate: from `path`, else `stdin`; with `prefix_file` (line by line) or `prefix_column`
+    ('source<TAB>prefix'; a line without a tab has none) as (source, prefix) pairs. The files are opened
+    now (a `TextInputError` names one that cannot be read) and closed with `stack`."""
+    if prefix_file is not None and prefix_column:
+        raise TextInputError("--prefix-file and --prefix-column exclude each other")
+    handles = [open_text(p) if p is not None else None for p in (path, prefix_file)]
+    for handle in handles:
+        if handle is not None:
+            stack.enter_context(handle)
+    if handles[0] is None and stdin is None:
+        raise TextInputError("stdin is closed; give the source text on stdin or with --input")
+    name = str(path or "stdin")
+    source = iter_lines(handles[0] if handles[0] is not None else stdin, name)
+    if handles[1] is not None:
+        return paired_lines(source, iter_lines(handles[1], str(prefix_file)), name, str(prefix_file))
+    if prefix_column:
+        return (tuple(line.split("\t", 1)) if "\t" in line else line for line in source)
+    return source
+
+
+def open_pairs(stack: ExitStack, src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    """(source, target) pairs of two files read line by line (`paired_lines`), closed with `stack`."""
+    handles = [stack.enter_context(open_text(path)) for path in (src, tgt)]
+    return paired_lines(iter_lines(handles[0], str(src)), iter_lines(handles[1], str(tgt)), str(src), str(tgt))
+
+
+def write_scores(translator: Translator, pairs: Iterator[tuple[str, str]], out: TextIO, as_json: bool,
+                 chunk_pairs: int = 10000) -> None:
+    """`nmt score`: the model's score of each pair, one line each (nmt.decode.outputs.score_line), `chunk_pairs`
+    pairs at a time so that memory stays bounded."""
+    number = 0
+    while chunk := list(islice(pairs, chunk_pairs)):
+        sources, targets = zip(*chunk, strict=True)
+        for log_prob, normalised, length in translator.score(list(sources), list(targets), number + 1):
+            out.write(score_line(number, log_prob, normalised, length, as_json))
+            number += 1
