@@ -404,13 +404,18 @@ def score(
 
 @app.command()
 def evaluate(
-    ref: Path = typer.Option(..., "--ref", "-r", help="Reference translations, raw text."),
+    ref: list[Path] = typer.Option(..., "--ref", "-r",
+                                   help="Reference translations, raw text; repeat it for several references."),
     hyp: Path | None = typer.Option(None, "--hyp", help="Hypotheses to score."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", "--model", "-m",
                                            help="Translate --src with this model file or checkpoint first."),
     src: Path | None = typer.Option(None, "--src", help="Source text (with --checkpoint)."),
     compare: Path | None = typer.Option(None, "--compare", help="Second system: paired bootstrap test."),
     ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
+    tokenize: str = typer.Option("13a", "--tokenize",
+                                 help="BLEU's sacreBLEU tokenizer: 13a, intl, zh, ja-mecab (nmt[ja]), "
+                                      "ko-mecab (nmt[ko]), char, flores200 (downloads a model once) or none."),
+    lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the scores as JSON here ('-' = stdout)."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
     device: str = typer.Option("auto", "--device"),
@@ -418,17 +423,22 @@ def evaluate(
 ) -> None:
     """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF.
 
-    Only "\\n" ends a line (a "\\r" before it belongs to a CRLF ending).
+    Only "\\n" ends a line (a "\\r" before it belongs to a CRLF ending). The signatures
+    name the tokenizer, the case and the number of references.
     """
     import json
 
     from nmt import evaluate as ev
 
     if json_out is not None and str(json_out) != "-":
-        _check_outputs({"--ref": ref, "--hyp": hyp, "--src": src, "--compare": compare}, {"--json": json_out},
-                       [checkpoint] if checkpoint is not None else [])
+        inputs = [("--hyp", hyp), ("--src", src), ("--compare", compare), *(("--ref", r) for r in ref)]
+        try:
+            check_outputs({"--json": json_out}, [*inputs, *((("--model", checkpoint),) if checkpoint else ())])
+        except FolderError as exc:
+            fail(str(exc))
     try:
-        refs = ev.read_text(ref)
+        ev.bleu_metric(tokenize, lowercase)               # a tokenizer that cannot run here: before any work
+        refs = [ev.read_text(path) for path in ref]
         if checkpoint is not None:
             if src is None or hyp is not None:
                 fail("--checkpoint needs --src (and no --hyp)")
@@ -445,19 +455,24 @@ def evaluate(
             hyps, hyp_name = ev.read_text(hyp), str(hyp)
         else:
             fail("give --hyp FILE, or --checkpoint C --src FILE")
-        ev.check_lengths(hyps, refs, hyp_name, str(ref))
-        results = ev.score(hyps, refs, ter=ter)
+        for path, lines in zip(ref, refs, strict=True):
+            ev.check_lengths(hyps, lines, hyp_name, str(path))
+        results = ev.score(hyps, refs, ter=ter, tokenize=tokenize, lowercase=lowercase)
         if compare is not None:
             other = ev.read_text(compare)
-            ev.check_lengths(other, refs, str(compare), str(ref))
-            results["comparison"] = ev.compare(hyps, other, refs, ter=ter, samples=bootstrap_samples)
+            for path, lines in zip(ref, refs, strict=True):
+                ev.check_lengths(other, lines, str(compare), str(path))
+            results["comparison"] = ev.compare(hyps, other, refs, ter=ter, samples=bootstrap_samples,
+                                               tokenize=tokenize, lowercase=lowercase)
     except ev.EvaluationError as exc:
         fail(str(exc))
-    payload = json.dumps({"hypotheses": hyp_name, "references": str(ref), **results}, indent=2)
+    ref_names = [str(path) for path in ref]
+    references = ref_names[0] if len(ref_names) == 1 else ref_names      # a list only for several
+    payload = json.dumps({"hypotheses": hyp_name, "references": references, **results}, indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
         return
-    typer.echo(ev.format_report(results, hyp_name, str(ref)))     # first: a closed stdout fails before the file
+    typer.echo(ev.format_report(results, hyp_name, ", ".join(ref_names)))  # first: a closed stdout fails first
     if json_out is not None:
         from nmt.folders import atomic_write
 
