@@ -492,6 +492,9 @@ def average(
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
     target = _check_outputs({}, {"--output": output}, checkpoints)["--output"]
+    if len({os.path.realpath(path) for path in checkpoints}) < 2:   # one file's "average" is a mislabelled copy
+        named = ", ".join(dict.fromkeys(map(str, checkpoints)))
+        fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
     try:
         state = average_checkpoints(checkpoints)
     except CheckpointError as exc:
@@ -554,6 +557,9 @@ def info(
         card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
     except (ModelFileError, ConfigError) as exc:
         fail(str(exc))
+    architecture = card["architecture"]
+    if architecture["attention"] == "bahdanau":  # its decoder feeds c_i, never h~ (nmt.model.seq2seq): n/a
+        architecture["input_feeding"] = None
     typer.echo(json.dumps(card, indent=2, ensure_ascii=False) if json_out else format_card(card))
 
 
@@ -606,22 +612,29 @@ app.add_typer(plot_app, name="plot")
 def plot_attention_command(
     checkpoint: Path = typer.Option(..., "--checkpoint", "--model", "-m", help=MODEL_HELP),
     src: list[str] = typer.Option(..., "--src", help="A source sentence (repeatable)."),
-    out: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNG files."),
+    out: str = typer.Option("attention", "--out", "-o",
+                            help="A folder for one PNG per sentence (one that exists, ends with /, or has no "
+                                 "suffix), or one image file for one --src: att.png, att.pdf, att.svg."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
     device: str = typer.Option("auto", "--device"),
 ) -> None:
-    """Translate sentences and draw each one's attention as a heatmap PNG."""
+    """Translate sentences and draw each one's attention as a heatmap."""
     from nmt.decode.translator import OutputFiles, Translator
     from nmt.model.modelfile import ModelFileError
-    from nmt.plot import AttentionPlotter, PlotUnavailable
+    from nmt.plot import PlotError, PlotUnavailable, attention_output, is_folder_target
 
+    one_file = not is_folder_target(out)
     try:
-        plotter = AttentionPlotter(out, "--out")
+        if one_file:
+            check_outputs({"--out": Path(out)}, [("--model", checkpoint)])
+        plotter = attention_output(out, len(src), "--out")
         translator = Translator.load(checkpoint, device, beam_size=beam_size)
-    except (PlotUnavailable, ModelFileError, ConfigError, FolderError) as exc:
+    except (PlotUnavailable, PlotError, ModelFileError, ConfigError, FolderError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
     skipped = len(src) - len(plotter.written)          # an empty sentence has no attention to draw
+    if one_file and skipped:
+        fail(f"--src is empty: an empty sentence has no attention to draw; nothing was written to {out}")
     typer.echo(f"wrote {len(plotter.written)} heatmap(s) to {out}"
                + (f"; {skipped} empty sentence(s) have none" if skipped else ""), err=True)
 
