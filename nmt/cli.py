@@ -282,13 +282,18 @@ def score(
 
 @app.command()
 def evaluate(
-    ref: Path = typer.Option(..., "--ref", "-r", help="Reference translations, raw text."),
+    ref: list[Path] = typer.Option(..., "--ref", "-r",
+                                   help="Reference translations, raw text; repeat it for several references."),
     hyp: Path | None = typer.Option(None, "--hyp", help="Hypotheses to score."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", "--model", "-m",
                                            help="Translate --src with this model file or checkpoint first."),
     src: Path | None = typer.Option(None, "--src", help="Source text (with --checkpoint)."),
     compare: Path | None = typer.Option(None, "--compare", help="Second system: paired bootstrap test."),
     ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
+    tokenize: str = typer.Option("13a", "--tokenize",
+                                 help="BLEU's sacreBLEU tokenizer: 13a, intl, zh, ja-mecab (nmt[ja]), "
+                                      "ko-mecab (nmt[ko]), char, flores200 (downloads a model once) or none."),
+    lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the scores as JSON here ('-' = stdout)."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
     device: str = typer.Option("auto", "--device"),
@@ -296,17 +301,22 @@ def evaluate(
 ) -> None:
     """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF.
 
-    Only "\\n" ends a line (a "\\r" before it belongs to a CRLF ending).
+    Only "\\n" ends a line (a "\\r" before it belongs to a CRLF ending). The signatures
+    name the tokenizer, the case and the number of references.
     """
     import json
 
     from nmt import evaluate as ev
 
     if json_out is not None and str(json_out) != "-":
-        _check_outputs({"--ref": ref, "--hyp": hyp, "--src": src, "--compare": compare}, {"--json": json_out},
-                       [checkpoint] if checkpoint is not None else [])
+        inputs = [("--hyp", hyp), ("--src", src), ("--compare", compare), *(("--ref", r) for r in ref)]
+        try:
+            check_outputs({"--json": json_out}, [*inputs, *((("--model", checkpoint),) if checkpoint else ())])
+        except FolderError as exc:
+            fail(str(exc))
     try:
-        refs = ev.read_text(ref)
+        ev.bleu_metric(tokenize, lowercase)               # a tokenizer that cannot run here: before any work
+        refs = [ev.read_text(path) for path in ref]
         if checkpoint is not None:
             if src is None or hyp is not None:
                 fail("--checkpoint needs --src (and no --hyp)")
@@ -323,19 +333,24 @@ def evaluate(
             hyps, hyp_name = ev.read_text(hyp), str(hyp)
         else:
             fail("give --hyp FILE, or --checkpoint C --src FILE")
-        ev.check_lengths(hyps, refs, hyp_name, str(ref))
-        results = ev.score(hyps, refs, ter=ter)
+        for path, lines in zip(ref, refs, strict=True):
+            ev.check_lengths(hyps, lines, hyp_name, str(path))
+        results = ev.score(hyps, refs, ter=ter, tokenize=tokenize, lowercase=lowercase)
         if compare is not None:
             other = ev.read_text(compare)
-            ev.check_lengths(other, refs, str(compare), str(ref))
-            results["comparison"] = ev.compare(hyps, other, refs, ter=ter, samples=bootstrap_samples)
+            for path, lines in zip(ref, refs, strict=True):
+                ev.check_lengths(other, lines, str(compare), str(path))
+            results["comparison"] = ev.compare(hyps, other, refs, ter=ter, samples=bootstrap_samples,
+                                               tokenize=tokenize, lowercase=lowercase)
     except ev.EvaluationError as exc:
         fail(str(exc))
-    payload = json.dumps({"hypotheses": hyp_name, "references": str(ref), **results}, indent=2)
+    ref_names = [str(path) for path in ref]
+    references = ref_names[0] if len(ref_names) == 1 else ref_names      # a list only for several
+    payload = json.dumps({"hypotheses": hyp_name, "references": references, **results}, indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
         return
-    typer.echo(ev.format_report(results, hyp_name, str(ref)))     # first: a closed stdout fails before the file
+    typer.echo(ev.format_report(results, hyp_name, ", ".join(ref_names)))  # first: a closed stdout fails first
     if json_out is not None:
         from nmt.folders import atomic_write
 
@@ -355,6 +370,9 @@ def average(
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
     target = _check_outputs({}, {"--output": output}, checkpoints)["--output"]
+    if len({os.path.realpath(path) for path in checkpoints}) < 2:   # one file's "average" is a mislabelled copy
+        named = ", ".join(dict.fromkeys(map(str, checkpoints)))
+        fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
     try:
         state = average_checkpoints(checkpoints)
     except CheckpointError as exc:
@@ -417,6 +435,9 @@ def info(
         card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
     except (ModelFileError, ConfigError) as exc:
         fail(str(exc))
+    architecture = card["architecture"]
+    if architecture["attention"] == "bahdanau":  # its decoder feeds c_i, never h~ (nmt.model.seq2seq): n/a
+        architecture["input_feeding"] = None
     typer.echo(json.dumps(card, indent=2, ensure_ascii=False) if json_out else format_card(card))
 
 
@@ -469,22 +490,29 @@ app.add_typer(plot_app, name="plot")
 def plot_attention_command(
     checkpoint: Path = typer.Option(..., "--checkpoint", "--model", "-m", help=MODEL_HELP),
     src: list[str] = typer.Option(..., "--src", help="A source sentence (repeatable)."),
-    out: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNG files."),
+    out: str = typer.Option("attention", "--out", "-o",
+                            help="A folder for one PNG per sentence (one that exists, ends with /, or has no "
+                                 "suffix), or one image file for one --src: att.png, att.pdf, att.svg."),
     beam_size: int | None = typer.Option(None, "--beam-size", min=1),
     device: str = typer.Option("auto", "--device"),
 ) -> None:
-    """Translate sentences and draw each one's attention as a heatmap PNG."""
+    """Translate sentences and draw each one's attention as a heatmap."""
     from nmt.decode.translator import OutputFiles, Translator
     from nmt.model.modelfile import ModelFileError
-    from nmt.plot import AttentionPlotter, PlotUnavailable
+    from nmt.plot import PlotError, PlotUnavailable, attention_output, is_folder_target
 
+    one_file = not is_folder_target(out)
     try:
-        plotter = AttentionPlotter(out, "--out")
+        if one_file:
+            check_outputs({"--out": Path(out)}, [("--model", checkpoint)])
+        plotter = attention_output(out, len(src), "--out")
         translator = Translator.load(checkpoint, device, beam_size=beam_size)
-    except (PlotUnavailable, ModelFileError, ConfigError, FolderError) as exc:
+    except (PlotUnavailable, PlotError, ModelFileError, ConfigError, FolderError) as exc:
         fail(str(exc))
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
     skipped = len(src) - len(plotter.written)          # an empty sentence has no attention to draw
+    if one_file and skipped:
+        fail(f"--src is empty: an empty sentence has no attention to draw; nothing was written to {out}")
     typer.echo(f"wrote {len(plotter.written)} heatmap(s) to {out}"
                + (f"; {skipped} empty sentence(s) have none" if skipped else ""), err=True)
 

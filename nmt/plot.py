@@ -7,6 +7,7 @@ only when a plot is asked for.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,57 @@ class AttentionPlotter:
         return path
 
 
+class HeatmapFile:
+    """Writes the heatmap of one sentence to the file the user named (`nmt plot attention -o att.png`),
+    atomically, in the format its suffix names; the same `plot`/`written` interface as AttentionPlotter."""
+
+    def __init__(self, path: str | Path, option: str = "--out") -> None:
+        self.plt = _pyplot()
+        self.path, self.option = Path(path), option
+        self.kind = image_format(self.path, option)
+        self.written: list[Path] = []
+
+    def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
+        if self.written:
+            raise PlotError(f"{self.option} {self.path} is one file and holds one heatmap; give a folder for more")
+        fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
+        try:
+            atomic_write(output_target(self.path, self.option),
+                         lambda handle: fig.savefig(handle, format=self.kind, dpi=DPI))
+        finally:
+            self.plt.close(fig)
+        self.written.append(self.path)
+        return self.path
+
+
+def is_folder_target(out: str) -> bool:
+    """`-o` of `nmt plot attention`: a folder when it is one, ends with '/', or has no suffix (the default
+    `attention`); otherwise one image file whose suffix names its format (att.png, att.pdf)."""
+    return out.endswith(("/", os.sep)) or Path(out).is_dir() or not Path(out).suffix
+
+
+def attention_output(out: str, sentences: int, option: str = "--out") -> AttentionPlotter | HeatmapFile:
+    """The heatmap writer `-o` names: a folder of PNGs, or one file for one sentence."""
+    if is_folder_target(out):
+        return AttentionPlotter(out, option)
+    if sentences != 1:
+        raise PlotError(f"{option} {out} names one file, but {sentences} sentences were given; "
+                        f"give one --src, or a folder ({out.rsplit('.', 1)[0]}/) for one PNG per sentence")
+    return HeatmapFile(out, option)
+
+
+def image_format(out: Path, option: str = "--out") -> str:
+    """The image format `out`'s suffix names; one matplotlib cannot write is a PlotError listing those it can."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    kind = out.suffix.lstrip(".").lower()
+    if kind not in kinds:
+        raise PlotError(f"{option} {out}: cannot write {out.suffix or 'a file without a suffix'}; "
+                        f"name a .{' / .'.join(sorted(kinds))} file")
+    return kind
+
+
 # ---------------------------------------------------------------------------------------------
 # Training curves
 
@@ -169,11 +221,7 @@ def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
     plt = _pyplot()
     fig = curves_figure(run_dirs)
     try:
-        kinds = fig.canvas.get_supported_filetypes()
-        kind = out.suffix.lstrip(".").lower()
-        if kind not in kinds:
-            raise PlotError(f"--out {out}: cannot write {out.suffix or 'a file without a suffix'}; "
-                            f"name a .{' / .'.join(sorted(kinds))} file")
+        kind = image_format(out)
         target = output_target(out, "--out")
         atomic_write(target, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
     finally:

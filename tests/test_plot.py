@@ -164,3 +164,43 @@ def test_an_attention_folder_whose_marker_is_a_link_is_refused(trained_run, tmp_
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and "is a symbolic link" in lines[0], result.stderr
     assert victim.read_text() == "mine\n" and [p.name for p in out.iterdir()] == [".nmt-folder.json"]
+
+
+def test_plot_attention_to_an_image_file_writes_that_file(trained_run, tmp_path):
+    args = ["plot", "attention", "--checkpoint", str(trained_run / "best.pt"), "--device", "cpu"]
+    png = tmp_path / "att.png"
+    result = run_cli(*args, "--src", "Ein Hund läuft.", "-o", str(png))
+    assert result.returncode == 0, result.stderr
+    assert png.is_file() and png_size(png)[0] > 0 and f"wrote 1 heatmap(s) to {png}" in result.stderr
+    pdf = tmp_path / "att.pdf"
+    result = run_cli(*args, "--src", "Ein Hund läuft.", "-o", str(pdf))
+    assert result.returncode == 0 and pdf.read_bytes().startswith(b"%PDF"), result.stderr
+    png.write_bytes(b"an older heatmap")                          # a file named again is replaced whole
+    assert run_cli(*args, "--src", "Eine Katze.", "-o", str(png)).returncode == 0
+    png_size(png)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["att.pdf", "att.png"]     # no temporaries left
+
+
+def test_plot_attention_file_or_folder_by_the_path(trained_run, tmp_path):
+    args = ["plot", "attention", "--checkpoint", str(trained_run / "best.pt"), "--device", "cpu"]
+
+    def error(*more: str) -> str:
+        result = run_cli(*args, *more)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        return lines[0]
+
+    line = error("--src", "Ein Hund.", "--src", "Eine Katze.", "-o", str(tmp_path / "att.png"))
+    assert "names one file, but 2 sentences were given" in line and f"{tmp_path / 'att'}/" in line
+    assert "cannot write .xyz" in error("--src", "Ein Hund.", "-o", str(tmp_path / "att.xyz"))
+    line = error("--src", "", "-o", str(tmp_path / "empty.png"))
+    assert "an empty sentence has no attention to draw" in line
+    assert list(tmp_path.iterdir()) == []
+    slash = tmp_path / "heat.maps"                                  # a trailing slash: a folder, suffix or not
+    result = run_cli(*args, "--src", "Ein Hund.", "--src", "Eine Katze.", "-o", f"{slash}/")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in slash.glob("*.png")) == ["attention-00000.png", "attention-00001.png"]
+    existing = tmp_path / "old.png"                                  # an existing folder stays a folder
+    existing.mkdir()
+    assert run_cli(*args, "--src", "Ein Hund.", "-o", str(existing)).returncode == 0
+    assert (existing / "attention-00000.png").is_file()

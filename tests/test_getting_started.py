@@ -1,0 +1,135 @@
+"""The commands a new user runs first: configs/smoke.yaml's installation check and the README's step by
+step section, run as written in a copy of the repository's layout (data from a local Multi30k mirror)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import MULTI30K, REPO, SMOKE_CONFIG, read_gz
+
+README = REPO / "README.md"
+
+
+def checkout(tmp_path: Path, *configs: Path) -> Path:
+    """A folder laid out like the repository: configs/ with copies of `configs`, scripts/ linked."""
+    root = tmp_path / "checkout"
+    (root / "configs").mkdir(parents=True)
+    for config in configs:
+        shutil.copy(config, root / "configs" / config.name)
+    (root / "scripts").symlink_to(REPO / "scripts")
+    return root
+
+
+def shell(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """bash -euo pipefail with this Python's `nmt` first on PATH. One thread per process: these models are
+    tiny, and on cores that other tests share, torch's spinning threads made training 9x slower (145 s)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PATH": path, "OMP_NUM_THREADS": "1", **env}, timeout=900)
+
+
+def smoke_commands() -> list[str]:
+    """The commands configs/smoke.yaml's header gives (comment lines indented under it)."""
+    lines = SMOKE_CONFIG.read_text(encoding="utf-8").splitlines()
+    return [line[1:].strip() for line in lines if line.startswith("#   ")]
+
+
+@pytest.mark.slow
+def test_the_smoke_config_runs_end_to_end_on_the_data_its_header_fetches(tmp_path):
+    read_gz("train.de", 1)                                   # skips without the Multi30k mirror
+    commands = smoke_commands()
+    assert commands[0].startswith("scripts/get_multi30k.sh && nmt preprocess -c configs/smoke.yaml")
+    root = checkout(tmp_path, SMOKE_CONFIG)
+    result = shell("\n".join(commands), root, MULTI30K_MIRROR=str(MULTI30K))
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(SMOKE_CONFIG.read_text(encoding="utf-8"))
+    assert config["data"]["train"] == "../data/multi30k/train"   # what scripts/get_multi30k.sh writes
+    assert (root / "data" / "multi30k" / "train.de.gz").is_file() and (root / "runs" / "smoke" / "best.pt").is_file()
+    translations = result.stdout.split("\n")
+    assert len(translations) == 2 and translations[0] and translations[1] == ""   # one line out for one in
+
+
+def readme_steps() -> str:
+    """The bash block of the README's "Step by step" section."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Step by step", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert match, "README has no bash block under '## Step by step'"
+    return match.group(1)
+
+
+def write_mirror(folder: Path) -> Path:
+    """A small Multi30k mirror: every file get_multi30k.sh needs, with few lines."""
+    folder.mkdir()
+    for split, n in (("train", 400), ("val", 20), ("test_2016_flickr", 20)):
+        for lang in ("de", "en", "fr"):
+            lines = read_gz(f"{split}.{lang}", n) if lang != "fr" else ["x"] * n
+            with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("".join(f"{line}\n" for line in lines))
+    return folder
+
+
+# The step-by-step commands run as written, with the model and data made small: `nmt` is a shell function
+# that adds these settings to preprocess and train (train checks that its data folder was made with its own).
+SMALL_DATA = ["data.vocab_size=200", "data.spm_sample_sentences=800", "data.shortlist_pairs=400"]
+SMALL_MODEL = ["model.embedding_dim=16", "model.encoder_hidden=16", "model.decoder_hidden=32",
+               "model.attention_dim=16", "training.max_updates=3", "training.validate_every=3",
+               "training.val_max_sentences=5", "training.log_examples=0", "training.device=cpu"]
+
+
+def small_nmt() -> str:
+    data = " ".join(f"--set {s}" for s in SMALL_DATA)
+    model = " ".join(f"--set {s}" for s in SMALL_MODEL)
+    return ("nmt() { case \"$1\" in\n"
+            f"  preprocess) command nmt \"$@\" {data} ;;\n"
+            f"  train) command nmt \"$@\" {data} {model} ;;\n"
+            "  *) command nmt \"$@\" ;;\nesac; }\n")
+
+
+@pytest.mark.slow
+def test_readme_step_by_step_runs_as_written(tmp_path):
+    steps = readme_steps()
+    configs = sorted(set(re.findall(r"--config (configs/\S+\.yaml)", steps)))
+    assert configs == ["configs/multi30k_de_en_bahdanau.yaml"]
+    mirror = write_mirror(tmp_path / "mirror")
+    root = checkout(tmp_path, *(REPO / c for c in configs))
+    script = small_nmt() + steps.replace("/path/to/copy", str(mirror))
+    result = shell(script, root, MULTI30K_MIRROR=str(mirror))
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load((REPO / configs[0]).read_text(encoding="utf-8"))
+    run_dir = (root / "configs" / config["training"]["run_dir"]).resolve()
+    for named in re.findall(r"(runs/\S+?\.pt)", steps):              # every checkpoint named exists now
+        assert (root / named).resolve() == run_dir / "best.pt" and (root / named).is_file(), named
+    scores = (root / "scores.json").read_text(encoding="utf-8")
+    assert '"sentences": 20' in scores and "nrefs:1|case:mixed|eff:no|tok:13a" in scores
+    assert len((root / "hyp.en").read_text(encoding="utf-8").split("\n")) == 21
+
+
+def quickstart_run() -> str:
+    """The run folder scripts/quickstart.sh trains by default: runs/quickstart_<config name>."""
+    script = (REPO / "scripts" / "quickstart.sh").read_text(encoding="utf-8")
+    config = re.search(r'^CONFIG="\$\{CONFIG:-(\S+?)\}"', script, re.M).group(1)
+    run = re.search(r'^RUN="\$\{RUN:-runs/quickstart_\$\(basename "\$CONFIG" \.yaml\)\}"', script, re.M)
+    assert run, "quickstart.sh's default RUN changed; update this test and the README"
+    return f"runs/quickstart_{Path(config).stem}"
+
+
+def test_the_readme_names_the_checkpoints_the_quickstart_and_the_steps_write():
+    """Every `runs/.../best.pt` the README names is the quickstart's run or the step-by-step config's."""
+    config = yaml.safe_load((REPO / "configs" / "multi30k_de_en_bahdanau.yaml").read_text(encoding="utf-8"))
+    step_run = os.path.normpath(os.path.join("configs", config["training"]["run_dir"]))
+    known = {quickstart_run(), step_run}
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index("## Step by step"), text.index("## Python API")    # steps, safety, ship a model
+    named = set(re.findall(r"\b(runs/[\w.-]+)/best\.pt", text[start:end]))
+    assert named and named <= known, named - known
+    assert quickstart_run() in text[start:end]
