@@ -79,11 +79,8 @@ def test_the_python_excerpts_are_the_code_as_it_is():
 
 
 def test_the_gpu_tables_are_built_from_their_results(monkeypatch):
-    """docs/benchmarks.md's GPU tables are scripts/gpu_table.py's output for the folder the page names."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    from gpu_table import table
+    """docs/benchmarks.md's GPU tables are bench/gpu_table.py's output for the folder the page names."""
+    from bench.gpu_table import table
 
     page = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     blocks = re.findall(r"<!-- gpu-table: (\S+) -->\n(.*?)<!-- /gpu-table -->", page, re.S)
@@ -91,4 +88,39 @@ def test_the_gpu_tables_are_built_from_their_results(monkeypatch):
     monkeypatch.chdir(REPO)                                   # the page names the folder from the repository
     for folder, text in blocks:
         assert (REPO / folder).is_dir(), folder
-        assert text == table(Path(folder)), f"the table of {folder} differs from scripts/gpu_table.py's output"
+        assert text == table(Path(folder)), f"the table of {folder} differs from bench/gpu_table.py's output"
+
+
+def test_the_cpu_tables_are_built_from_their_results(monkeypatch):
+    """docs/benchmarks.md's CPU tables are bench/cpu_table.py's output for the folder each block names,
+    and every folder of CPU figures under docs/results/ has its block."""
+    from bench.cpu_table import table
+
+    page = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"<!-- cpu-table: (\S+) -->\n(.*?)<!-- /cpu-table -->", page, re.S)
+    monkeypatch.chdir(REPO)
+    for folder, text in blocks:
+        assert text == table(Path(folder)), f"the table of {folder} differs from bench/cpu_table.py's output"
+    results = REPO / "docs" / "results"
+    with_figures = sorted(p.parent.relative_to(REPO).as_posix() for p in results.glob("*/figures.json"))
+    assert sorted(folder for folder, _ in blocks) == with_figures
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_into_the_benchmarks_page_find_their_section():
+    """README.md's and docs/'s links to docs/benchmarks.md#section (and the page's own #section links)
+    name headings that exist: the page is rewritten as results change, its readers' links must not die."""
+    page = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    anchors = {_anchor(line.lstrip("#")) for line in page.splitlines() if line.startswith("#")}
+    links = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        links += [(doc.name, a) for a in re.findall(r"benchmarks\.md#([\w-]+)", text)]
+        if doc.name == "benchmarks.md":
+            links += [(doc.name, a) for a in re.findall(r"\]\(#([\w-]+)\)", text)]
+    assert links, "no links into docs/benchmarks.md found"
+    assert [(name, a) for name, a in links if a not in anchors] == []

@@ -539,7 +539,7 @@ def test_a_stopped_batcher_refuses_new_jobs():
 
 def test_load_test_script_small(model_file, tmp_path):
     report = tmp_path / "load.json"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "load_test.py"), "--model", str(model_file),
+    result = subprocess.run([sys.executable, "-m", "bench.load_test", "--model", str(model_file),
                              "--clients", "4", "--requests", "24", "--threads", "1", "--json-out", str(report)],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout

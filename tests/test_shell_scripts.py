@@ -93,15 +93,20 @@ def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
     assert _calls(root) == [] and not (root / "data").exists()
 
 
+def _path(script: str) -> Path:
+    """The benchmark script lives in bench/, the others in scripts/."""
+    return REPO / ("bench" if script == "gpu_benchmarks.sh" else "scripts") / script
+
+
 @pytest.mark.parametrize(("script", "args", "expected"), [
     ("get_multi30k.sh", ["--help"], "MULTI30K_MIRROR=/path"),
     ("get_iwslt14.sh", ["-h"], "IWSLT14_MIRROR=/path"),
-    ("gpu_benchmarks.sh", ["--help"], "bash scripts/gpu_benchmarks.sh OUT [MODEL]"),
+    ("gpu_benchmarks.sh", ["--help"], "bash bench/gpu_benchmarks.sh OUT [MODEL]"),
     ("docker_base.sh", ["--help"], "bash scripts/docker_base.sh [TAG]"),
     ("docker_check.sh", ["-h"], "bash scripts/docker_check.sh BASE"),
 ])
 def test_the_download_and_gpu_scripts_answer_help_with_their_header(tmp_path, script, args, expected):
-    result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
+    result = subprocess.run(["bash", str(_path(script)), *args], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and expected in result.stdout and result.stderr == ""
     assert list(tmp_path.iterdir()) == []                 # no folder named --help (they used to mkdir it)
@@ -119,7 +124,7 @@ def test_the_download_and_gpu_scripts_answer_help_with_their_header(tmp_path, sc
     ("docker_check.sh", ["--no-cache"], "takes BASE, got '--no-cache'"),
 ])
 def test_the_download_and_gpu_scripts_refuse_what_they_do_not_take(tmp_path, script, args, message):
-    result = subprocess.run(["bash", str(REPO / "scripts" / script), *args], cwd=tmp_path, capture_output=True,
+    result = subprocess.run(["bash", str(_path(script)), *args], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"error: {script} {message}; see --help"]

@@ -8,7 +8,7 @@ with other work slows all settings alike). Reports sacreBLEU against `--ref`, se
 of the rounds, decoding alone after a warm-up) and the mean shortlist size per batch. Tune on the
 dev set; quote the test set.
 
-    taskset -c 1 python scripts/bench_shortlist.py --checkpoint runs/a/best.pt --data data/m30k \\
+    taskset -c 1 python -m bench.shortlist --checkpoint runs/a/best.pt --data data/m30k \\
         --source val.de --ref val.en --grid dice:50:100,dice:100:100,prob:100:100 --beam-size 5
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The GPU section's tables of docs/benchmarks.md, from a folder that scripts/gpu_benchmarks.sh wrote.
+"""The GPU section's tables of docs/benchmarks.md, from a folder that bench/gpu_benchmarks.sh wrote.
 
-    python scripts/gpu_table.py docs/results/h200-2026-11-24 > table.md
+    python -m bench.gpu_table docs/results/h200-2026-11-24 > table.md
 
 Reads the JSON files there (whichever exist) and prints Markdown: the machine, training and decoding
 with the CUDA graphs on and off per precision, start-up to the first translation, the side-by-side ratios
@@ -123,5 +123,5 @@ def table(folder: Path) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: python scripts/gpu_table.py RESULTS_FOLDER")
+        sys.exit("usage: python -m bench.gpu_table RESULTS_FOLDER")
     sys.stdout.write(table(Path(sys.argv[1])))

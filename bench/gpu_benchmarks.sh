@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/benchmarks.md, on a machine with an NVIDIA GPU and a CUDA build of torch:
 #
-#   bash scripts/gpu_benchmarks.sh OUT [MODEL]
+#   bash bench/gpu_benchmarks.sh OUT [MODEL]
 #
 # OUT (e.g. docs/results/h200-DATE) gets one JSON per measurement, each with the machine's facts (GPU,
-# driver, CUDA, cuDNN, torch), the CUDA tests' log and the recipe run's logs; `python scripts/gpu_table.py
+# driver, CUDA, cuDNN, torch), the CUDA tests' log and the recipe run's logs; `python -m bench.gpu_table
 # OUT` prints the tables of docs/benchmarks.md from them. MODEL (a model file or checkpoint of the
 # reference model) adds the decoding figures. The data folder of configs/multi30k_de_en_bahdanau.yaml
 # must exist (nmt preprocess). ONMT=folder of an OpenNMT-py 3.5.1 install (its bin/onmt_* commands, as
@@ -13,7 +13,7 @@
 # still returns the figures taken so far.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
-source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../scripts/script_usage.sh"   # links followed
 [[ $# -ge 1 && $# -le 2 && "$1" != -* && "${2:-}" != -* ]] || usage_error "takes OUT [MODEL], got '$*'"
 cd "$(dirname "$0")/.."
 
@@ -38,8 +38,8 @@ has() { [[ " $stages " == *" $1 "* ]] && (( SECONDS < deadline )); }
 
 if has facts; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.csv"
-  python -c "import json, sys; sys.path.insert(0, 'scripts'); from machine_facts import machine_facts; \
-print(json.dumps({'machine': machine_facts()}, indent=2))" | tee "$out/machine.json"
+  python -c "import json; from bench.harness import stamp; print(json.dumps(stamp(), indent=2))" \
+    | tee "$out/machine.json"
 fi
 
 if has tests; then
@@ -63,7 +63,7 @@ fi
 # Decoding test_2016_flickr and 100,000 sentences (the training source, repeated): decoding alone, graphs
 # on and off, fp32 and bf16, greedy and beam 5; start-up to the first translation.
 if has decode && [[ -n "$model" ]]; then
-  python scripts/bench_gpu_decoding.py "$model" --source "$test_src" --reference "$test_ref" --runs 3 \
+  python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs 3 \
     --precisions fp32 bf16 --first-line --json-out "$out/decode-test2016.json" || true
   if has decode && [[ -f data/multi30k/train.de.gz ]]; then
     big="$(mktemp)"
@@ -74,7 +74,7 @@ with gzip.open("data/multi30k/train.de.gz", "rt", encoding="utf-8") as handle:
 with open(sys.argv[1], "w", encoding="utf-8") as out:
     out.writelines(itertools.islice(itertools.cycle(lines), 100_000))
 PY
-    python scripts/bench_gpu_decoding.py "$model" --source "$big" --runs 1 --precisions fp32 bf16 \
+    python -m bench.gpu_decoding "$model" --source "$big" --runs 1 --precisions fp32 bf16 \
       --batch-tokens 64000 --json-out "$out/decode-100k.json" || true
     rm -f "$big"
   fi
@@ -85,8 +85,8 @@ fi
 if has whole && [[ -n "$model" && -f data/multi30k/train.de.gz ]]; then
   python - "$model" "$out/whole-100k.json" <<'PY'
 import gzip, itertools, json, subprocess, sys, tempfile, time
-sys.path.insert(0, "scripts")
-from machine_facts import machine_facts
+from pathlib import Path
+from bench.harness import write_result
 model, out = sys.argv[1:]
 with gzip.open("data/multi30k/train.de.gz", "rt", encoding="utf-8") as handle:
     lines = list(itertools.islice(itertools.cycle(handle.readlines()), 100_000))
@@ -105,14 +105,13 @@ for beam in (1, 5):
         rows.append({"beam": beam, "run": run, "seconds": seconds, "lines_out": produced,
                      "sent_per_s": produced / seconds, "rc": proc.returncode, "stderr": proc.stderr[-500:]})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "stderr"}), flush=True)
-json.dump({"machine": machine_facts(), "sentences": len(lines), "batch_tokens": 64000,
-           "precision": "auto", "runs": rows}, open(out, "w"), indent=2)
+write_result(Path(out), {"sentences": len(lines), "batch_tokens": 64000, "precision": "auto", "runs": rows})
 PY
 fi
 
 # Kernels per training update and per decoded batch, and how busy they keep the GPU.
 if has profile; then
-  python scripts/profile_gpu_step.py ${model:+--model "$model" --source "$test_src"} \
+  python -m bench.profile_gpu_step ${model:+--model "$model" --source "$test_src"} \
     --json-out "$out/profile.json" || true
 fi
 
@@ -121,25 +120,25 @@ if has recipe; then
   run="$(mktemp -d)/run"
   CONFIG=configs/multi30k_de_en_bahdanau_gpu.yaml DEVICE=cuda RUN="$run" BEAMS=1,5,10 NMT_SKIP_VENV=1 \
     bash scripts/best_recipe.sh 2>&1 | tr '\r' '\n' | grep -v 'upd/s' > "$out/recipe.log" || true
-  python scripts/recipe_summary.py "$run" configs/multi30k_de_en_bahdanau_gpu.yaml --json-out "$out/recipe.json" \
+  python -m bench.recipe_summary "$run" configs/multi30k_de_en_bahdanau_gpu.yaml --json-out "$out/recipe.json" \
     || true
   cp "$run/metrics.jsonl" "$out/recipe-metrics.jsonl" 2>/dev/null || true
 fi
 
 # OpenNMT-py's dev BLEU by minute on the same GPU, to plot beside the recipe's curve.
 if has curve && [[ -n "${ONMT:-}" ]]; then
-  python scripts/onmt_curve.py --onmt-venv "$ONMT" --device cuda --steps 6000 --save-every 500 \
+  python -m bench.onmt_curve --onmt-venv "$ONMT" --device cuda --steps 6000 --save-every 500 \
     --json-out "$out/onmt-curve.json" 2>&1 | tee "$out/onmt-curve.log" || true
 fi
 
 # Side by side with OpenNMT-py on the same GPU, alternating runs, median of 3.
 if has compare && [[ -n "${ONMT:-}" ]]; then
-  python scripts/compare_opennmt.py --onmt-venv "$ONMT" --device cuda --threads 4 --runs 3 --steps 460 \
+  python -m bench.compare_opennmt --onmt-venv "$ONMT" --device cuda --threads 4 --runs 3 --steps 460 \
     --warmup 260 --json-out "$out/compare-train.json" || true
   if [[ -n "$model" ]] && has compare; then
-    python scripts/compare_opennmt.py --onmt-venv "$ONMT" --device cuda --task train-model --steps 800 || true
-    python scripts/compare_opennmt.py --onmt-venv "$ONMT" --device cuda --task decode --runs 3 --threads 4 \
-      --checkpoint "$model" --onmt-checkpoint bench/opennmt/run/model_step_800.pt \
+    python -m bench.compare_opennmt --onmt-venv "$ONMT" --device cuda --task train-model --steps 800 || true
+    python -m bench.compare_opennmt --onmt-venv "$ONMT" --device cuda --task decode --runs 3 --threads 4 \
+      --checkpoint "$model" --onmt-checkpoint bench/out/opennmt/run/model_step_800.pt \
       --json-out "$out/compare-decode.json" || true
   fi
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a GPU's time goes: kernels per training update and per decoded batch, launch calls, busy time.
 
-    python scripts/profile_gpu_step.py --config configs/multi30k_de_en_bahdanau.yaml [--model MODEL] --json-out F
+    python -m bench.profile_gpu_step --config configs/multi30k_de_en_bahdanau.yaml [--model MODEL] --json-out F
 
 Training: the reference model's updates (after warm-up) under torch.profiler: GPU kernels per update, the
 kernels' summed time against the update's wall time (how much of it the GPU computes rather than waits),
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -90,8 +89,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, required=True)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "scripts"))
-    from machine_facts import machine_facts
+    from bench.harness import machine_facts, write_result
 
     report = {"machine": machine_facts(precision=args.precision), "train": profile_training(args)}
     print(json.dumps(report["train"]), flush=True)
@@ -102,8 +100,7 @@ def main() -> None:
             for graphs in (True, False):
                 report["decode"].append(profile_decoding(args, lines, beam, graphs))
                 print(json.dumps(report["decode"][-1]), flush=True)
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_result(args.json_out, report)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Load test of `nmt serve` on loopback, checked against offline `nmt translate`.
 
-    python scripts/load_test.py --model model.nmt                      # 32 clients, 2,000 requests
-    python scripts/load_test.py --model model.nmt --clients 4 --requests 40 --threads 1   # the CI size
+    python -m bench.load_test --model model.nmt                      # 32 clients, 2,000 requests
+    python -m bench.load_test --model model.nmt --clients 4 --requests 40 --threads 1   # the CI size
 
 Builds `--requests` requests of 1-10 Multi30k sentences each (test_2016_flickr and val, German
 side), translates all their sentences offline with `nmt translate` (fp32, whole process timed),
@@ -31,9 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from machine_facts import describe, machine_facts  # noqa: E402
+from bench.harness import REPO, describe, machine_facts, write_result
 
 
 def multi30k_sentences(folder: Path) -> list[str]:
@@ -207,7 +205,7 @@ def main() -> None:
           f"{report['mismatches_or_failures']}, 503 retries {report['retries_503']}, "
           f"server exit code {code} after SIGTERM")
     if args.json_out:
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_result(args.json_out, report)
     ok = report["answered"] == report["requests"] and not result["problems"]
     sys.exit(0 if ok else 1)
 

@@ -2,7 +2,7 @@
 """One recipe run (scripts/best_recipe.sh) as one JSON record: updates, training minutes, dev BLEU by
 update and by minute, the setting chosen on dev and its test_2016_flickr BLEU.
 
-    python scripts/recipe_summary.py RUN CONFIG --json-out recipe.json
+    python -m bench.recipe_summary RUN CONFIG --json-out recipe.json
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ first (see ../shared/peers/opennmt-setup.sh: VENV=/path bash opennmt-setup.sh). 
      alone (our in-process timer; OpenNMT's own "Total translation time"), with BLEU of both.
      OpenNMT gets our length penalty as `-length_penalty wu -alpha A` and its other defaults.
 
-    python scripts/compare_opennmt.py --onmt-venv /work/peer_onmt --runs 3 --threads 1 --core 1
-    python scripts/compare_opennmt.py --onmt-venv /work/peer_onmt --task decode --core 1 \
-        --checkpoint runs/m30k_de_en_bahdanau/best.pt --onmt-checkpoint bench/onmt30/run/model_step_1700.pt
+    python -m bench.compare_opennmt --onmt-venv ONMT --runs 3 --threads 1 --core 1
+    python -m bench.compare_opennmt --onmt-venv ONMT --task decode --core 1 \
+        --checkpoint runs/m30k_de_en_bahdanau/best.pt --onmt-checkpoint bench/out/opennmt/run/model_step_1700.pt
 
 A model for the decoding comparison: `--task train-model --steps 1700` trains OpenNMT-py for
 that many updates (about 30 minutes on one core) into WORK/run.
@@ -28,19 +28,19 @@ that many updates (about 30 minutes on one core) into WORK/run.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
+import importlib.util
 import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+from bench.harness import OUT, REPO, alternate, describe, machine_facts, medians, pin, write_result
 
 ONMT_CONFIG = {
     "overwrite": True, "src_seq_length": 50, "tgt_seq_length": 50, "src_vocab_size": 8000, "tgt_vocab_size": 8000,
@@ -108,11 +108,18 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
                               matmul_precision="highest")
 
 
+@functools.cache
+def _benchmark() -> ModuleType:
+    """scripts/benchmark.py, whose child processes measure our side (it moves into this package later)."""
+    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
     """benchmark.py's training measurement, in its own process: target tokens/s and the precision used."""
-    import benchmark
-
-    return benchmark.run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)
+    return _benchmark().run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)
 
 
 ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
@@ -142,8 +149,7 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
 
 def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
     """benchmark.py's two measurements: `nmt translate` as a whole process, and decoding alone."""
-    import benchmark
-
+    benchmark = _benchmark()
     bench_args = benchmark_args(args, args.work / "test.raw")
     whole = benchmark.whole_process(bench_args, beam, env, refs, pin)
     alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
@@ -161,17 +167,15 @@ def compare_decoding(args: argparse.Namespace, env: dict, pin: list[str]) -> dic
     refs = read_lines(resolve_text_file(data.test, data.tgt_lang, "data.test"))
     report = {}
     for name, beam in (("beam5", 5), ("greedy", 1)):
-        ours, theirs = [], []
-        for run in range(args.runs):
-            ours.append(decode_ours(args, beam, env, pin, refs))
-            theirs.append(decode_onmt(args, beam, env, pin, refs))
-            print(f"{name} run {run + 1}: nmt {ours[-1]['sent_per_s']:.1f} sent/s "
-                  f"({ours[-1]['decode_only_sent_per_s']:.1f} decode only, BLEU {ours[-1]['bleu']:.2f}), "
-                  f"OpenNMT-py {theirs[-1]['sent_per_s']:.1f} ({theirs[-1]['decode_only_sent_per_s']:.1f}, "
-                  f"BLEU {theirs[-1]['bleu']:.2f})", flush=True)
-        entry = {"nmt": ours, "onmt": theirs}
+        systems = {"nmt": functools.partial(decode_ours, args, beam, env, pin, refs),
+                   "onmt": functools.partial(decode_onmt, args, beam, env, pin, refs)}
+        runs = alternate(systems, args.runs, on_run=lambda index, system, r, name=name: print(
+            f"{name} run {index + 1}: {'OpenNMT-py' if system == 'onmt' else 'nmt'} {r['sent_per_s']:.1f} sent/s "
+            f"({r['decode_only_sent_per_s']:.1f} decode only, BLEU {r['bleu']:.2f})", flush=True))
+        entry: dict = dict(runs)
         for key in ("sent_per_s", "decode_only_sent_per_s"):
-            mine, peer = statistics.median(r[key] for r in ours), statistics.median(r[key] for r in theirs)
+            middle = medians(runs, key)
+            mine, peer = middle["nmt"], middle["onmt"]
             entry[f"nmt_median_{key}"], entry[f"onmt_median_{key}"], entry[f"ratio_{key}"] = mine, peer, mine / peer
         report[name] = entry
         print(f"{name}, median of {args.runs}: whole process nmt {entry['nmt_median_sent_per_s']:.1f} vs OpenNMT-py "
@@ -182,17 +186,19 @@ def compare_decoding(args: argparse.Namespace, env: dict, pin: list[str]) -> dic
 
 
 def compare_training(args: argparse.Namespace, config: Path, env: dict, pin: list[str]) -> dict:
-    ours, theirs, precisions = [], [], set()
-    for run in range(args.runs):                 # alternate, so drifts in machine load hit both
+    def ours() -> tuple[float, str]:
         measured = run_ours(args, env, pin)
-        ours.append(measured["tgt_tokens_per_s"])
-        precisions.add(measured["precision"])
-        theirs.append(run_onmt(args.onmt_venv, config, args.warmup, env, pin))
-        print(f"run {run + 1}: nmt {ours[-1]:.0f} tok/s ({measured['precision']}), "
-              f"OpenNMT-py {theirs[-1]:.0f} tok/s (float32)", flush=True)
+        return measured["tgt_tokens_per_s"], measured["precision"]
+
+    systems = {"nmt": ours,          # alternate, so drifts in machine load hit both
+               "onmt": lambda: (run_onmt(args.onmt_venv, config, args.warmup, env, pin), "float32")}
+    runs = alternate(systems, args.runs, on_run=lambda index, name, value: print(
+        f"run {index + 1}: {'OpenNMT-py' if name == 'onmt' else 'nmt'} {value[0]:.0f} tok/s ({value[1]})", flush=True))
+    ours, theirs = [r[0] for r in runs["nmt"]], [r[0] for r in runs["onmt"]]
+    middle = medians({"nmt": ours, "onmt": theirs})
     result = {"nmt_tgt_tokens_per_s": ours, "onmt_tgt_tokens_per_s": theirs,
-              "nmt_precision": ", ".join(sorted(precisions)), "onmt_precision": "float32",
-              "nmt_median": statistics.median(ours), "onmt_median": statistics.median(theirs),
+              "nmt_precision": ", ".join(sorted({r[1] for r in runs["nmt"]})), "onmt_precision": "float32",
+              "nmt_median": middle["nmt"], "onmt_median": middle["onmt"],
               "threads": args.threads, "steps": args.steps, "warmup": args.warmup}
     result["ratio"] = result["nmt_median"] / result["onmt_median"]
     print(f"training, target tokens/s, median of {args.runs}: nmt {result['nmt_median']:.0f}, "
@@ -205,7 +211,7 @@ def main() -> None:
     parser.add_argument("--onmt-venv", type=Path, required=True, help="virtual environment with OpenNMT-py 3.5.1")
     parser.add_argument("--task", choices=["train", "decode", "all", "train-model"], default="train")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "opennmt")
+    parser.add_argument("--work", type=Path, default=OUT / "opennmt")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="both systems train and decode here")
@@ -222,7 +228,7 @@ def main() -> None:
                                                           "K target pieces per source piece (default: off)")
     parser.add_argument("--early-stop", action="store_true", help="our beam search with OpenNMT-py's stopping "
                                                                     "rule (decoding.early_stop)")
-    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "compare_opennmt.json")
+    parser.add_argument("--json-out", type=Path, default=OUT / "compare_opennmt.json")
     args = parser.parse_args()
     if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):
         parser.error("--task decode needs --checkpoint and --onmt-checkpoint")
@@ -234,16 +240,14 @@ def main() -> None:
     write_pieces(args.config, args.work)
     config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang, args.device)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    pin = ["taskset", "-c", str(args.core)] if args.core is not None else []
+    prefix = pin(args.core)
     if not (args.work / "run" / "vocab.src").is_file():
         subprocess.run([str(args.onmt_venv / "bin" / "onmt_build_vocab"), "-config", str(config), "-n_sample", "-1"],
                        check=True, capture_output=True, env=env)
     if args.task == "train-model":
-        subprocess.run([*pin, str(args.onmt_venv / "bin" / "onmt_train"), "-config", str(config),
+        subprocess.run([*prefix, str(args.onmt_venv / "bin" / "onmt_train"), "-config", str(config),
                         "-save_checkpoint_steps", str(args.steps)], check=True, env=env)
         return
-
-    from machine_facts import describe, machine_facts
 
     facts = machine_facts(args.threads)
     print(f"# {describe(facts)}; our training.precision: {args.precision}", flush=True)
@@ -253,11 +257,10 @@ def main() -> None:
                                      "quantize": args.quantize, "shortlist_k": args.shortlist_k,
                                      "early_stop": args.early_stop}}
     if args.task in ("train", "all"):
-        result["train"] = compare_training(args, config, env, pin)
+        result["train"] = compare_training(args, config, env, prefix)
     if args.task in ("decode", "all"):
-        result["decode"] = compare_decoding(args, env, pin)
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        result["decode"] = compare_decoding(args, env, prefix)
+    write_result(args.json_out, result)
 
 
 if __name__ == "__main__":

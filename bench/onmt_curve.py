@@ -8,7 +8,7 @@ scores it with sacreBLEU, and decodes test_2016_flickr with beam 5 from the chec
 A checkpoint's minute is OpenNMT's own elapsed-seconds report at that update (training only:
 OpenNMT validates nothing here, while our curve's minutes include our validations).
 
-    python scripts/onmt_curve.py --onmt-venv ONMT --device cuda --steps 6000 --save-every 500 \\
+    python -m bench.onmt_curve --onmt-venv ONMT --device cuda --steps 6000 --save-every 500 \\
         --json-out onmt-curve.json
 """
 
@@ -18,13 +18,11 @@ import argparse
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 
 ELAPSED = re.compile(r"Step (\d+)/.*?;\s+(\d+) sec")
 
@@ -48,16 +46,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--onmt-venv", type=Path, required=True, help="OpenNMT-py 3.5.1 install (bin/onmt_*)")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "onmt_curve")
+    parser.add_argument("--work", type=Path, default=REPO / "bench" / "out" / "onmt_curve")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--save-every", type=int, default=500)
     parser.add_argument("--json-out", type=Path, required=True)
     args = parser.parse_args()
 
-    from compare_opennmt import onmt_config, write_pieces
-    from machine_facts import machine_facts
-
+    from bench.compare_opennmt import onmt_config, write_pieces
+    from bench.harness import machine_facts, write_result
     from nmt.config import load_config
     from nmt.data.corpus import read_lines, resolve_text_file
     from nmt.data.preprocess import DataFolder
@@ -105,8 +102,7 @@ def main() -> None:
               "test_bleu_beam5": bleu(hyps, test_refs)}
     print(f"best dev {best['bleu']:.2f} at step {best['step']} ({best['minutes']} min); "
           f"test_2016_flickr beam 5: {result['test_bleu_beam5']:.2f}")
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.json_out, result)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU decoding speed, in one process per precision: captured graphs against the eager steps.
 
-    python scripts/bench_gpu_decoding.py MODEL --source test.de --reference test.en --json-out OUT.json
+    python -m bench.gpu_decoding MODEL --source test.de --reference test.en --json-out OUT.json
 
 For each precision (fp32, bf16, fp16) and search (greedy, beam 5): sentences/s of `translate()` over the
 whole source after a warm-up on its first 50 lines (decoding alone, median of --runs), with the CUDA graphs
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,8 +78,7 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path, required=True)
     args = parser.parse_args()
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from machine_facts import machine_facts
+    from bench.harness import machine_facts, run_child, write_result
 
     lines = args.source.read_text(encoding="utf-8").splitlines()
     refs = args.reference.read_text(encoding="utf-8").splitlines() if args.reference else []
@@ -102,14 +100,12 @@ def main() -> None:
         for precision in args.precisions:
             for beam in args.beams:
                 code = FIRST_LINE.format(model=str(args.model), precision=precision, beam=beam)
-                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-                if proc.returncode:
-                    raise SystemExit(proc.stderr[-3000:])
-                result = {"precision": precision, "beam": beam, **json.loads(proc.stdout.splitlines()[-1])}
+                child = run_child([sys.executable, "-c", code], cwd=REPO)
+                child.pop("wall_s")
+                result = {"precision": precision, "beam": beam, **child}
                 report["first_line"].append(result)
                 print(json.dumps(result), flush=True)
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_result(args.json_out, report)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ process under `/usr/bin/time -v`:
 
 The real Multi30k (29k pairs) is measured the same way first, as the baseline.
 
-    python scripts/benchmark_scale.py --work /work/bench12 --sizes 300000,1000000,3000000,10000000
+    python -m bench.scale --work bench/out/scale --sizes 300000,1000000,3000000,10000000
 """
 
 from __future__ import annotations
@@ -139,8 +139,7 @@ def main() -> None:
     parser.add_argument("--train-only", action="store_true", help="reuse the data folders of an earlier run")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO / "scripts"))
-    from machine_facts import describe, machine_facts
+    from bench.harness import describe, machine_facts, write_result
 
     facts = machine_facts(torch_threads())
     print(f"# {describe(facts)}", flush=True)
@@ -150,7 +149,7 @@ def main() -> None:
         build_corpus(args.multi30k, size, prefix)
         rows.append(measure(str(size), prefix, args.work, args.multi30k, args.updates, args.train_only))
     if args.json:
-        args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=2) + "\n")
+        write_result(args.json, {"machine": facts, "rows": rows})
     print("| pairs | preprocess | preprocess peak RSS | train start-up | epoch batches | train peak RSS |")
     print("|---|---|---|---|---|---|")
     for row in rows:

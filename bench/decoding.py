@@ -6,22 +6,22 @@ then times `Translator.translate` on the source lines (decoding alone, sentences
 alternate the two code versions (A = --baseline checkout, B = this one) so that a machine
 shared with other work loads both alike; the table gives medians and B/A ratios.
 
-    python scripts/bench_decoding.py --checkpoint runs/a/best.pt --second runs/b/best.pt \\
+    python -m bench.decoding --checkpoint runs/a/best.pt --second runs/b/best.pt \\
         --baseline /tmp/nmt-main --source test.de --lines 300 --rounds 3 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.harness import REPO, alternate, run_child, write_result
+from bench.harness import medians as harness_medians
 
 # mode -> (decoding overrides, uses the second checkpoint, runs on the baseline too)
 MODES = {
@@ -60,15 +60,13 @@ def child(args: argparse.Namespace) -> None:
 
 
 def measure(args: argparse.Namespace, mode: str, root: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(args.threads)}
-    cmd = [sys.executable, __file__, "--child", mode, "--checkpoint", str(args.checkpoint), "--source",
-           str(args.source), "--lines", str(args.lines), "--threads", str(args.threads)]
+    """One mode in a fresh process that imports nmt from `root` (and this package from here)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)]), "OMP_NUM_THREADS": str(args.threads)}
+    cmd = [sys.executable, "-m", "bench.decoding", "--child", mode, "--checkpoint", str(args.checkpoint),
+           "--source", str(args.source), "--lines", str(args.lines), "--threads", str(args.threads)]
     if args.second:
         cmd += ["--second", str(args.second)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} ({root}) failed:\n{proc.stderr[-2000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_child(cmd, env=env, cwd=root)
     if Path(result["nmt"]).resolve() != (root / "nmt").resolve():
         raise SystemExit(f"{mode}: imported nmt from {result['nmt']}, not {root}")
     return result["sent_per_s"]
@@ -91,19 +89,12 @@ def main() -> None:
         child(args)
         return
     versions = {"B": REPO} | ({"A": args.baseline.resolve()} if args.baseline else {})
-    runs: dict[str, list[float]] = {}
-    for round_ in range(args.rounds):
-        order = sorted(versions) if round_ % 2 else sorted(versions, reverse=True)   # alternate who goes first
-        for mode in args.modes:
-            if MODES[mode][1] and not args.second:
-                continue
-            for name in order:
-                if name == "A" and not MODES[mode][2]:
-                    continue
-                runs.setdefault(f"{mode}/{name}", []).append(measure(args, mode, versions[name]))
-                print(f"round {round_ + 1} {mode:17s} {name}: {runs[f'{mode}/{name}'][-1]:7.1f} sent/s",
-                      file=sys.stderr)
-    medians = {key: statistics.median(values) for key, values in runs.items()}
+    systems = {f"{mode}/{name}": functools.partial(measure, args, mode, root)
+               for mode in args.modes if args.second or not MODES[mode][1]
+               for name, root in versions.items() if name == "B" or MODES[mode][2]}
+    runs = alternate(systems, args.rounds, on_run=lambda index, key, value: print(
+        f"round {index + 1} {key:19s}: {value:7.1f} sent/s", file=sys.stderr))
+    medians = harness_medians(runs)
     print(f"{args.lines} lines, {args.threads} thread(s), median of {args.rounds} alternating rounds")
     for mode in args.modes:
         if f"{mode}/B" not in medians:
@@ -114,7 +105,7 @@ def main() -> None:
             line += f"   baseline {base:7.1f} sent/s   B/A {medians[f'{mode}/B'] / base:.3f}"
         print(line)
     if args.json_out:
-        args.json_out.write_text(json.dumps({"runs": runs, "medians": medians}, indent=2) + "\n", encoding="utf-8")
+        write_result(args.json_out, {"runs": runs, "medians": medians}, threads=args.threads)
 
 
 if __name__ == "__main__":
