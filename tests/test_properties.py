@@ -14,11 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nmt.config import DecodingConfig, ModelConfig, TrainingConfig
+from nmt.model.modelfile import read_state
+from nmt.model.safefile import write_model_file
 from tests.conftest import nmt_server
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -95,10 +96,10 @@ def stored_value(draw) -> tuple[str, str, Any]:
 
 
 def write_changed(model_file: Path, folder: str, change) -> Path:
-    state = torch.load(model_file, weights_only=True)
+    state, _ = read_state(model_file)
     change(state)
     path = Path(folder) / "shared.nmt"
-    torch.save(state, path)
+    write_model_file(state, path)
     return path
 
 
