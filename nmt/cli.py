@@ -498,9 +498,10 @@ def export(
     layout: str = typer.Option("nmt", "--format",
                                help="nmt: one model file; hf: a Hugging Face model folder (model.safetensors, "
                                     "config.json, SentencePiece models, README.md card)."),
-    score: list[str] | None = typer.Option(None, "--score",
-                                           help="hf: TESTSET=RESULT.json, an `nmt evaluate --json` result for "
-                                                "the card's model-index (repeatable)."),
+    score: list[str] | None = typer.Option(None, "--score", metavar="TESTSET=FILE",
+                                           help="hf: a test set's `nmt evaluate --json` result, for the card's "
+                                                "model-index, e.g. multi30k_test_2016_flickr=test.json "
+                                                "(repeatable)."),
     card_license: str | None = typer.Option(None, "--license", help="hf: the card's license id (default unknown)."),
 ) -> None:
     """Write one self-contained model file (safetensors: weights without optimiser state, config,

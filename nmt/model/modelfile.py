@@ -130,6 +130,8 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
         src_vocab, tgt_vocab = (_vocab_from_run_folder(path, state["vocab"], side) for side in ("src", "tgt"))
     dtype = state.get("dtype", "fp32")
     weights = expected_weights(config.model, len(src_vocab), len(tgt_vocab), str(path))
+    order = {name: i for i, name in enumerate(weights)}   # the model's order, not the file's (safetensors sorts)
+    state["model"] = dict(sorted(state["model"].items(), key=lambda item: order.get(item[0], len(order))))
     check_weights(path, state["model"], weights, DTYPES[dtype], allow_nonfinite)
     card = dict(state.get("card") or {})
     if kind == "checkpoint" and not card:         # an older checkpoint: its run folder may still tell
