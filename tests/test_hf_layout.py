@@ -154,11 +154,11 @@ def offline_hub(tmp_path, monkeypatch, hf_folder) -> str:
     return lay_out_cache(tmp_path / "hub", "someone/nmt-de-en", hf_folder)
 
 
-def test_translate_from_the_hub_cache_offline(offline_hub, model_file):
+def test_translate_from_the_hub_cache_offline(offline_hub, model_file, hf_folder):
     stdin = "".join(f"{s}\n" for s in SOURCES)
     expected = run_cli("translate", "-m", str(model_file), "--device", "cpu", "-q", stdin=stdin)
     assert expected.returncode == 0, expected.stderr
-    for name in ("hf://someone/nmt-de-en", f"hf://someone/nmt-de-en@{offline_hub}"):
+    for name in ("hf://someone/nmt-de-en", f"hf://someone/nmt-de-en@{offline_hub}", str(hf_folder)):
         result = run_cli("translate", "-m", name, "--device", "cpu", "-q", stdin=stdin)
         assert result.returncode == 0, result.stderr
         assert result.stdout == expected.stdout
