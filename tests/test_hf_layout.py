@@ -110,7 +110,9 @@ def test_the_model_card_front_matter(hf_folder, scores_json):
     bleu = next(m for m in result["metrics"] if m["type"] == "bleu")
     assert bleu["value"] == evaluated["bleu"]["score"] and bleu["config"] == evaluated["bleu"]["signature"]
     assert bleu["config"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    assert f"| {TESTSET} | 2 | {evaluated['bleu']['score']:.2f} |" in text
+    escaped = evaluated["bleu"]["signature"].replace("|", "\\|")           # a table cell in Markdown
+    assert f"| {TESTSET} | 2 | {evaluated['bleu']['score']:.2f} | {evaluated['chrf']['score']:.2f} | `{escaped}` |" \
+        in text
     assert "dev BLEU:" in text and "hf://OWNER/nmt-de-en-smoke" in text
 
 

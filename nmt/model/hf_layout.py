@@ -186,12 +186,13 @@ def model_card(loaded: LoadedModel, name: str, scores: list[TestScore], license:
         lines += ["| test set | sentences | BLEU | chrF | sacreBLEU signature (BLEU) |", "|---|---|---|---|---|"]
         for score in scores:
             chrf = score.metrics.get("chrf")
+            bleu, signature = score.metrics["bleu"]
+            signature = signature.replace("|", "\\|")          # a pipe inside a table cell, even in `code`
             lines.append(f"| {score.testset} | {score.sentences if score.sentences is not None else '?'} | "
-                         f"{score.metrics['bleu'][0]:.2f} | {f'{chrf[0]:.2f}' if chrf else '-'} | "
-                         f"`{score.metrics['bleu'][1]}` |")
+                         f"{bleu:.2f} | {f'{chrf[0]:.2f}' if chrf else '-'} | `{signature}` |")
         lines += ["", "Detokenised output scored against the raw references with sacreBLEU (`nmt evaluate`)."]
     else:
         lines.append("None given at export (`nmt export --format hf --score TESTSET=RESULT.json`).")
-    card = [line for line in format_card(info).splitlines()[1:] if not line.startswith("- file:")]
+    card = [line for line in format_card(info).splitlines()[1:] if line and not line.startswith("- file:")]
     lines += ["", "## Model", "", *card, ""]
     return "\n".join(lines)
