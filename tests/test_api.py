@@ -181,11 +181,13 @@ def test_load_holds_its_settings_to_the_config_rules(model_file, settings, messa
 def test_a_stored_min_len_above_max_len_translates_and_only_length_options_are_checked(model_file, tmp_path):
     """Older nmt stored such configs: unrelated options still load it, and the cap wins over min_len."""
     from nmt.config import ConfigError
+    from nmt.model.modelfile import read_state
+    from nmt.model.safefile import write_model_file
 
-    state = torch.load(model_file, weights_only=True)
+    state, _ = read_state(model_file)
     state["config"]["decoding"].update(min_len=10, max_len=5)
     path = tmp_path / "minmax.nmt"
-    torch.save(state, path)
+    write_model_file(state, path)
     results = Translator.load(path, device="cpu", beam_size=2).translate(["Ein Hund läuft über die Wiese."])
     assert 1 <= len(results[0].hypotheses[0].tokens) <= 4 and results[0].text
     with pytest.raises(ConfigError, match="leaves no room under"):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.model.modelfile import ModelFileError, load_model
+from nmt.model.modelfile import LEGACY_MODEL_FORMAT, ModelFileError, load_model, read_state
+from nmt.model.safefile import write_model_file
 from nmt.train.checkpoint import CheckpointError, average_checkpoints, load_checkpoint
 from tests.conftest import nmt_server
 
@@ -27,12 +28,16 @@ def one_error(result, message: str) -> None:
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
 
 
-def rewrite(model_file: Path, folder: Path, change) -> Path:
-    """A copy of the model file whose dictionary `change` edited (torch.save: valid checksums)."""
-    state = torch.load(model_file, weights_only=True)
+def rewrite(model_file: Path, folder: Path, change, layout: str = "pickled") -> Path:
+    """A copy of the model file whose dictionary `change` edited, with valid checksums: in format 1
+    (`torch.save`, which can hold any tensor view) or format 2 (safetensors)."""
+    state, _ = read_state(model_file)
     change(state)
     out = folder / "changed.nmt"
-    torch.save(state, out)
+    if layout == "pickled":
+        torch.save({**state, "format": LEGACY_MODEL_FORMAT}, out)
+    else:
+        write_model_file(state, out)
     return out
 
 
@@ -92,6 +97,21 @@ CASES = {
                                       "the embedded src tokenizer is unusable"),
     "tokenizer of the wrong type": (_set("tokenizer", {"src": "x", "tgt": None}), "tokenizer.src is str"),
 }
+
+
+# Sections safetensors cannot hold as they are (views, tensors as text): format 1 only.
+PICKLED_ONLY = {"a view of 10^12 elements", "a view larger than its bytes", "shortlist of the wrong type",
+                "tokenizer of the wrong type"}
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case not in PICKLED_ONLY])
+def test_a_safetensors_model_file_that_does_not_fit_is_refused(model_file, tmp_path, case):
+    change, message = CASES[case]
+    path = rewrite(model_file, tmp_path, change, "safetensors")
+    with pytest.raises(ModelFileError, match=None) as caught:
+        load_model(path)
+    assert message in str(caught.value) and str(path) in str(caught.value)
+    one_error(run("info", str(path)), message)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from nmt.decode.translator import Translator
-from nmt.model.modelfile import MODEL_FORMAT, ModelFileError, export_model, load_model
+from nmt.model.modelfile import (
+    LEGACY_MODEL_FORMAT,
+    MODEL_FORMAT,
+    ModelFileError,
+    export_model,
+    load_model,
+    read_state,
+)
+from nmt.model.safefile import write_model_file
 from tests.test_translate import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +38,15 @@ def model_file(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return alone
 
 
+@pytest.fixture(scope="module")
+def legacy_file(model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model as nmt wrote model files before safetensors (format 1): the same dictionary, `torch.save`d."""
+    state, _ = read_state(model_file)
+    path = tmp_path_factory.mktemp("legacy") / "old.nmt"
+    torch.save({**state, "format": LEGACY_MODEL_FORMAT}, path)
+    return path
+
+
 def texts(translator: Translator, lines: list[str]) -> list[str]:
     return [t.text for t in translator.translate(lines)]
 
@@ -42,7 +59,8 @@ def test_model_file_alone_translates_like_the_checkpoint(trained_run, model_file
 
 
 def test_model_file_contents(trained_run, model_file):
-    state = torch.load(model_file, weights_only=True)          # no pickled code in the file
+    state, pickled = read_state(model_file)
+    assert not pickled and model_file.read_bytes()[:4] != b"PK\x03\x04"    # safetensors: nothing to unpickle
     assert state["kind"] == "nmt-model" and state["format"] == MODEL_FORMAT and state["dtype"] == "fp32"
     assert "optimizer" not in state and "rng" not in state
     assert isinstance(state["tokenizer"]["src"]["spm"], bytes)
@@ -127,16 +145,41 @@ def test_checkpoint_of_an_earlier_release_with_a_retired_key_loads(trained_run, 
                                                                                        device="cpu"), SOURCES)
 
 
+def test_a_model_file_of_the_earlier_format_still_loads(model_file, legacy_file, tmp_path):
+    """Format 1 (a torch.save dictionary, as nmt wrote before safetensors) loads, translates the same,
+    and exports to format 2 with the same weights."""
+    assert legacy_file.read_bytes()[:4] == b"PK\x03\x04" and read_state(legacy_file)[1]
+    assert load_model(legacy_file).kind == "model"
+    assert texts(Translator.load(legacy_file, device="cpu"), SOURCES) == texts(Translator.load(model_file,
+                                                                                              device="cpu"), SOURCES)
+    result = run_cli("info", str(legacy_file))
+    assert result.returncode == 0 and "dev BLEU:" in result.stdout, result.stderr
+    again = tmp_path / "again.nmt"
+    export_model(legacy_file, again)
+    new, old = load_model(again).weights, load_model(model_file).weights
+    assert new.keys() == old.keys() and all(new[name].equal(old[name]) for name in old)
+
+
 def test_bad_model_files_are_one_line_errors(model_file, tmp_path):
+    from safetensors.torch import save_file
+
     truncated = tmp_path / "truncated.nmt"
     truncated.write_bytes(model_file.read_bytes()[:5000])
     other_format = tmp_path / "future.nmt"
-    state = torch.load(model_file, weights_only=True)
-    torch.save({**state, "format": 99}, other_format)
+    state, _ = read_state(model_file)
+    write_model_file({**state, "format": 99}, other_format)
+    old_other_format = tmp_path / "future-pickled.nmt"
+    torch.save({**state, "format": 99}, old_other_format)
     not_nmt = tmp_path / "weights.nmt"
-    torch.save({"weight": torch.zeros(2)}, not_nmt)
+    save_file({"weight": torch.zeros(2)}, not_nmt)
+    not_nmt_pickled = tmp_path / "weights-pickled.nmt"
+    torch.save({"weight": torch.zeros(2)}, not_nmt_pickled)
+    text = tmp_path / "notes.nmt"
+    text.write_text("not a model\n")
     for path, message in ((truncated, "is truncated or corrupt"), (other_format, "has format 99"),
-                          (not_nmt, "is not an nmt model file"), (tmp_path / "missing.nmt", "does not exist")):
+                          (old_other_format, "has format 99"), (text, "is truncated or corrupt"),
+                          (not_nmt, "is not an nmt model file"), (not_nmt_pickled, "is not an nmt model file"),
+                          (tmp_path / "missing.nmt", "does not exist")):
         with pytest.raises(ModelFileError, match=message):
             load_model(path)
         result = run_cli("info", str(path))
@@ -144,13 +187,43 @@ def test_bad_model_files_are_one_line_errors(model_file, tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_model_file_with_damaged_weight_bytes_is_refused(model_file, tmp_path):
-    """One byte changed inside the largest weight record: torch.load reads it without complaint,
-    so the records' CRC-32 must catch it (before, translations came out empty)."""
-    import zipfile
+def test_a_model_file_with_damaged_bytes_is_refused(model_file, tmp_path):
+    """One byte changed inside the largest tensor, or in the metadata: safetensors reads both without complaint
+    (it keeps no checksum), so nmt's CRC-32s must catch them (before, translations came out empty)."""
+    import json
+
+    from safetensors.torch import load_file
 
     data = bytearray(model_file.read_bytes())
-    with zipfile.ZipFile(model_file) as archive:
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    name, entry = max(((k, v) for k, v in header.items() if k != "__metadata__"),
+                      key=lambda item: item[1]["data_offsets"][1] - item[1]["data_offsets"][0])
+    start, end = entry["data_offsets"]
+    weights = bytearray(data)
+    weights[8 + size + (start + end) // 2] ^= 0x40
+    metadata = bytearray(data)
+    at = metadata.index(b"beam_size")
+    metadata[at:at + 9] = b"beam_sizf"
+    for damaged, message in ((weights, f"its tensor {name} fails its checksum"),
+                             (metadata, "its metadata fails its checksum")):
+        path = tmp_path / "damaged.nmt"
+        path.write_bytes(bytes(damaged))
+        load_file(path)                                  # safetensors itself does not notice
+        with pytest.raises(ModelFileError, match=f"model file {path} is damaged: {message}"):
+            load_model(path)
+        result = run_cli("translate", "-m", str(path), "-q", stdin="Ein Hund.\n")
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip() == f"error: model file {path} is damaged: {message}; copy or export it again"
+
+
+def test_a_format_1_model_file_with_damaged_weight_bytes_is_refused(legacy_file, tmp_path):
+    """One byte changed inside the largest weight record: torch.load reads it without complaint,
+    so the records' CRC-32 must catch it."""
+    import zipfile
+
+    data = bytearray(legacy_file.read_bytes())
+    with zipfile.ZipFile(legacy_file) as archive:
         record = max((info for info in archive.infolist() if "/data/" in info.filename),   # not data.pkl
                      key=lambda info: info.file_size)
     header = record.header_offset
@@ -167,12 +240,12 @@ def test_a_model_file_with_damaged_weight_bytes_is_refused(model_file, tmp_path)
 
 
 @pytest.mark.parametrize("where", ["local name", "central version"])
-def test_a_model_file_with_damaged_zip_headers_is_refused(model_file, tmp_path, where):
+def test_a_format_1_model_file_with_damaged_zip_headers_is_refused(legacy_file, tmp_path, where):
     """Flipped bytes in the zip structure that torch.load may not notice either: one clean error."""
     import zipfile
 
-    data = bytearray(model_file.read_bytes())
-    with zipfile.ZipFile(model_file) as archive:
+    data = bytearray(legacy_file.read_bytes())
+    with zipfile.ZipFile(legacy_file) as archive:
         central = archive.start_dir
     data[30 if where == "local name" else central + 6] ^= 0xFF
     damaged = tmp_path / "damaged.nmt"

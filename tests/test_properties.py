@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nmt.config import DecodingConfig, ModelConfig, TrainingConfig
+from nmt.model.modelfile import LEGACY_MODEL_FORMAT, read_state
+from nmt.model.safefile import write_model_file
 from tests.conftest import nmt_server
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -95,10 +97,15 @@ def stored_value(draw) -> tuple[str, str, Any]:
 
 
 def write_changed(model_file: Path, folder: str, change) -> Path:
-    state = torch.load(model_file, weights_only=True)
+    """The model file with its dictionary changed: format 2 (safetensors) where it can hold the change,
+    else format 1 (`torch.save`, which holds any shape of section)."""
+    state, _ = read_state(model_file)
     change(state)
     path = Path(folder) / "shared.nmt"
-    torch.save(state, path)
+    try:
+        write_model_file(state, path)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        torch.save({**state, "format": LEGACY_MODEL_FORMAT}, path)
     return path
 
 

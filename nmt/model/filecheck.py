@@ -4,7 +4,9 @@ A file shared by someone else, or damaged on the way, must not reach torch as it
 another shape or dtype, a tensor view declaring more elements than its bytes hold, NaN weights, a
 config describing a model no machine can build, or a section of the wrong type would translate
 into garbage, hang, or fail deep inside torch. `load_model` (nmt.model.modelfile) runs these
-checks in this order, each raising a one-line `ModelFileError` naming the file and what is wrong:
+checks in this order, each raising a one-line `ModelFileError` naming the file and what is wrong,
+after the file's checksums (the CRC-32s nmt.model.safefile stores in a format-2 model file; the zip
+records' CRC-32s of a format-1 file or checkpoint):
 
     check_sections   the dictionary's sections have their types (a schema for the metadata)
     check_config     the stored config meets the config's types and bounds (nmt.config)

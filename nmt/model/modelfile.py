@@ -1,10 +1,9 @@
 """Model files: one self-contained file with a trained model and everything needed to use it.
 
-A model file (`nmt export RUN/best.pt -o model.nmt`) is one `torch.save` dictionary, read back
-with `torch.load(weights_only=True)`, so loading one never runs code from the file:
+A model file (`nmt export RUN/best.pt -o model.nmt`) holds one dictionary:
 
     kind         "nmt-model"
-    format       MODEL_FORMAT; a reader refuses any other number
+    format       MODEL_FORMAT; a reader refuses any other number (LEGACY_MODEL_FORMAT: see below)
     nmt_version  the nmt that wrote it
     config       the full config the model was trained with (model, decoding, data languages, ...)
     model        the state dict, without optimiser state, in `dtype`
@@ -17,7 +16,12 @@ with `torch.load(weights_only=True)`, so loading one never runs code from the fi
     shortlist    (optional) the vocabulary shortlist of the data folder (nmt.data.shortlist):
                  {"targets", "frequent": int tensors, "vocab_sha256", "score": str, "pairs": int}
 
-A training checkpoint (nmt.train.checkpoint) is the same dictionary without `kind`, with the
+Format 2 stores it as safetensors with JSON metadata (nmt.model.safefile): nothing is unpickled to
+read it, and it is the `model.safetensors` of a Hugging Face folder (nmt.model.hf_layout). Format 1,
+written by nmt before, is the dictionary `torch.save`d, read with `torch.load(weights_only=True)`;
+such files still load. Where a model lives (a file, a folder, hf://org/name): nmt.model.hub.
+
+A training checkpoint (nmt.train.checkpoint) is the format-1 dictionary without `kind`, with the
 training state on top (optimiser, schedule, RNG, data cursor). Checkpoints written by this
 version embed the tokenizer and card too; older ones find their SentencePiece models in their
 run folder. `load_model` reads either, so every command that takes a checkpoint takes a model file.
@@ -39,12 +43,14 @@ from torch import Tensor
 from nmt import __version__
 from nmt.config import Config, check_decoding, check_decoding_overrides
 from nmt.data.tokenizer import Vocab
-from nmt.folders import atomic_write
 from nmt.model.filecheck import ModelFileError, check_config, check_sections, check_weights, expected_weights
+from nmt.model.hub import hub_name, is_hub_name, locate_model
+from nmt.model.safefile import is_pickled, write_model_file
 from nmt.model.seq2seq import Seq2Seq
 
 MODEL_KIND = "nmt-model"
-MODEL_FORMAT = 1
+MODEL_FORMAT = 2                # safetensors (nmt.model.safefile)
+LEGACY_MODEL_FORMAT = 1         # the torch.save dictionary nmt wrote before; still read
 CHECKPOINT_FORMAT = 1           # the model part of a training checkpoint (nmt.train.checkpoint)
 CHECKPOINT_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
 MODEL_KEYS = ("kind", "format", "nmt_version", "config", "model", "dtype", "tokenizer", "card")
@@ -103,14 +109,15 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
     `allow_nonfinite`, for inspecting a broken file). Raises `ModelFileError` (or `ConfigError` for a
     bad override) with a one-line message.
     """
-    path = Path(path)
-    state = read_file(path, "checkpoint" if path.suffix == ".pt" else "model file", mmap=True)
+    path = locate_model(path)
+    state, pickled = read_state(path)
     if state.get("kind") == MODEL_KIND:
-        kind, keys, expected = "model", MODEL_KEYS, MODEL_FORMAT
+        kind, keys, expected = "model", MODEL_KEYS, LEGACY_MODEL_FORMAT if pickled else MODEL_FORMAT
     else:
         kind, keys, expected = "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT
     check_keys(path, state, kind, keys, expected)
-    check_checksums(path, "model file" if kind == "model" else "checkpoint")
+    if pickled:                                   # a safetensors file's checksums were checked as it was read
+        check_checksums(path, "model file" if kind == "model" else "checkpoint")
     check_sections(path, state, kind)
     overrides = {k: v for k, v in (decoding_overrides or {}).items() if v is not None}
     check_decoding_overrides(overrides)
@@ -123,11 +130,31 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
         src_vocab, tgt_vocab = (_vocab_from_run_folder(path, state["vocab"], side) for side in ("src", "tgt"))
     dtype = state.get("dtype", "fp32")
     weights = expected_weights(config.model, len(src_vocab), len(tgt_vocab), str(path))
+    order = {name: i for i, name in enumerate(weights)}   # the model's order, not the file's (safetensors sorts)
+    state["model"] = dict(sorted(state["model"].items(), key=lambda item: order.get(item[0], len(order))))
     check_weights(path, state["model"], weights, DTYPES[dtype], allow_nonfinite)
     card = dict(state.get("card") or {})
     if kind == "checkpoint" and not card:         # an older checkpoint: its run folder may still tell
         card = run_folder_card(path.parent, state["step"], config.training.val_max_sentences)
     return LoadedModel(path, kind, config, state["model"], src_vocab, tgt_vocab, card, dtype, state.get("shortlist"))
+
+
+def read_state(path: str | Path) -> tuple[dict[str, Any], bool]:
+    """The dictionary of a model file of either format or of a checkpoint, and whether it was pickled
+    (format 1 or a checkpoint: its zip checksums are still to check). Nothing is checked beyond reading."""
+    path = Path(path)
+    what = "checkpoint" if path.suffix == ".pt" else "model file"
+    if not path.is_file():
+        raise ModelFileError(f"{what} {path} does not exist")
+    try:
+        pickled = is_pickled(path)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if pickled:
+        return read_file(path, what, mmap=True), True
+    from nmt.model.safefile import read_state as read_safetensors
+
+    return read_safetensors(path, what), False
 
 
 def check_checksums(path: Path, what: str = "model file") -> None:
@@ -202,7 +229,8 @@ def _vocab_from_run_folder(path: Path, vocab_entries: dict[str, Any], side: str)
 
 def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
                  quantize: str | None = None) -> dict[str, Any]:
-    """Write the model of a checkpoint (or another model file) as a model file; returns what was written.
+    """Write the model of a checkpoint (or another model file) as a model file (format 2, safetensors);
+    returns what was written.
 
     Only the weights travel: no optimiser state. Floating-point weights are stored in `dtype`.
     `quantize` ("none" or "int8") becomes the file's `decoding.quantize` default: int8 weights are
@@ -214,7 +242,7 @@ def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
     weights = {name: (t.to(DTYPES[dtype]) if t.is_floating_point() else t).contiguous().clone()
                for name, t in loaded.weights.items()}
     loaded.build()                            # refuse weights that do not fit the config before writing
-    card = {**loaded.card, "exported_from": Path(source).name}
+    card = {**loaded.card, "exported_from": hub_name(source) if is_hub_name(source) else Path(source).name}
     payload = {
         "kind": MODEL_KIND,
         "format": MODEL_FORMAT,
@@ -227,7 +255,7 @@ def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
     }
     if loaded.shortlist is not None:
         payload["shortlist"] = embed_shortlist(loaded.shortlist)
-    atomic_write(Path(output), lambda handle: torch.save(payload, handle))
+    write_model_file(payload, output)
     return payload
 
 
