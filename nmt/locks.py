@@ -14,12 +14,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from nmt.folders import LOCK, FolderError, new_file_mode, process_alive
 
 _held_locks: dict[Path, int] = {}      # folder -> fd of its lock file, held until released or the process ends
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+_READER_WAIT = 2.0                     # s a reader waits for another reader that holds the lock alone for a moment
 
 
 def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
@@ -44,7 +46,7 @@ def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
             return False
     try:
         alone = _try_lock(fd, fcntl.LOCK_EX)
-        if not alone and not (shared and _try_lock(fd, fcntl.LOCK_SH)):
+        if not alone and not (shared and _lock_shared_soon(fd)):
             raise FolderError(f"{folder} is in use by {_holders(fd)}; wait for it or stop it first")
         _record(fd, f"{os.getpid()} nmt {command}\n".encode(), alone)
         if shared and alone and not _try_lock(fd, fcntl.LOCK_SH):   # keep it, shared (a writer may come between)
@@ -53,6 +55,18 @@ def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
         os.close(fd)
         raise
     _held_locks[folder] = fd
+    return True
+
+
+def _lock_shared_soon(fd: int) -> bool:
+    """A shared lock, waiting up to _READER_WAIT: a reader that finds the folder free holds it exclusively while it
+    writes its record, then shares it, so readers that start together (DDP ranks) must not take that moment for a
+    writer. A writer keeps its lock past the wait and is named."""
+    deadline = time.monotonic() + _READER_WAIT
+    while not _try_lock(fd, fcntl.LOCK_SH):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
     return True
 
 

@@ -1,4 +1,7 @@
-"""Shared fixtures: slices of the real Multi30k corpus and small configs pointing at them."""
+"""Shared fixtures: slices of the real Multi30k corpus and small configs pointing at them.
+
+The corpus is tests/data/multi30k (the first lines of each split, shipped with the repository), or the folder
+NMT_MULTI30K names: every test reads a prefix the sample holds, so both give the same results."""
 
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = Path(os.environ.get("NMT_MULTI30K", REPO.parent / "shared" / "data" / "multi30k"))
+SAMPLE = REPO / "tests" / "data" / "multi30k"
+MULTI30K = Path(os.environ.get("NMT_MULTI30K") or SAMPLE)
 SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
 
 
@@ -37,12 +41,19 @@ def randomize_feed_weights(model, scale: float = 0.1) -> None:
             model.decoder.feed_weight().uniform_(-scale, scale)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A corpus folder that is missing would skip most of the suite: stop before running anything."""
+    if not (MULTI30K / "train.de.gz").is_file():
+        raise pytest.UsageError(f"NMT_MULTI30K={MULTI30K} has no train.de.gz; unset it to use the sample in {SAMPLE}")
+
+
 def read_gz(name: str, n: int) -> list[str]:
-    path = MULTI30K / f"{name}.gz"
-    if not path.exists():
-        pytest.skip(f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        return [line.rstrip("\n") for _, line in zip(range(n), handle, strict=False)]
+    """The first n lines of {MULTI30K}/{name}.gz (all of them must be there: a short read is an error)."""
+    with gzip.open(MULTI30K / f"{name}.gz", "rt", encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") for _, line in zip(range(n), handle, strict=False)]
+    if len(lines) < n:
+        raise ValueError(f"{MULTI30K}/{name}.gz has {len(lines)} lines; the test needs {n}")
+    return lines
 
 
 def write_slice(folder: Path, split: str, n: int, gz: bool = False) -> Path:

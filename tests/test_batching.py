@@ -87,13 +87,12 @@ def test_cut_by_budget_keeps_overlong_sentence_alone():
 
 
 def test_padding_under_ten_percent_on_multi30k(tmp_path):
-    """The issue's bar: < 10% pad tokens per epoch on the full Multi30k with batch_tokens 2000."""
+    """The issue's bar: < 10% pad tokens per epoch with batch_tokens 2000 (the full Multi30k: 5%; the
+    3,000 pairs of tests/data/multi30k: 8%, since a smaller corpus has fewer sentences of each length)."""
     from nmt.data.preprocess import preprocess
 
     from .conftest import MULTI30K, make_config
 
-    if not (MULTI30K / "train.de.gz").exists():
-        pytest.skip("Multi30k not available")
     config = load_config(make_config(tmp_path, MULTI30K, data={"vocab_size": 8000, "test": None}))
     folder = DataFolder.open(preprocess(config))
     ids = ParallelIds(folder.ids("train", "src"), folder.ids("train", "tgt"))

@@ -53,6 +53,23 @@ def test_a_holder_that_is_not_nmt_is_named_not_the_stale_pid_in_the_file(tmp_pat
     release_folder(folder)
 
 
+def test_a_reader_waits_out_the_moment_another_reader_holds_the_lock_alone(tmp_path):
+    """A reader that finds the folder free holds it exclusively while it writes its record, then shares it: a
+    reader starting at that moment (the other DDP rank) waits for the share instead of naming it a writer."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    first = hold(folder, f"""
+        import fcntl, os, threading, time
+        fd = os.open({str(folder / LOCK)!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        threading.Timer(0.5, fcntl.flock, (fd, fcntl.LOCK_SH)).start()""")
+    try:
+        assert lock_folder(folder, "train", shared=True)
+        release_folder(folder)
+    finally:
+        stop(first)
+
+
 def test_readers_share_a_folder_and_a_writer_is_told_who_reads(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()
