@@ -35,7 +35,7 @@ from tqdm import tqdm
 from nmt.config import Config, ConfigError, dump_config, stored_config
 from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.corpus import DataError
-from nmt.data.preprocess import DataFolder, train_corpora
+from nmt.data.folder import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
 from nmt.decode.search import greedy_search
 from nmt.device import (
