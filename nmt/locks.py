@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from nmt.folders import LOCK, FolderError, new_file_mode, process_alive
@@ -44,7 +45,7 @@ def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
             return False
     try:
         alone = _try_lock(fd, fcntl.LOCK_EX)
-        if not alone and not (shared and _try_lock(fd, fcntl.LOCK_SH)):
+        if not alone and not (shared and _shared_soon(fd)):
             raise FolderError(f"{folder} is in use by {_holders(fd)}; wait for it or stop it first")
         _record(fd, f"{os.getpid()} nmt {command}\n".encode(), alone)
         if shared and alone and not _try_lock(fd, fcntl.LOCK_SH):   # keep it, shared (a writer may come between)
@@ -65,6 +66,17 @@ def _record(fd: int, record: bytes, alone: bool) -> None:
         os.pwrite(fd, record, 0 if alone else os.fstat(fd).st_size)
     except OSError:               # a read-only lock file: the kernel still names this process
         pass
+
+
+def _shared_soon(fd: int, seconds: float = 1.0) -> bool:
+    """A shared lock, waiting out another reader's moment of exclusive hold while it writes its record
+    (torchrun's ranks lock their data folder at the same instant); a writer holds on for longer."""
+    deadline = time.monotonic() + seconds
+    while not _try_lock(fd, fcntl.LOCK_SH):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _try_lock(fd: int, kind: int) -> bool:
