@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-from tqdm import tqdm
 
 from nmt import __version__
 from nmt.config import Config, ConfigError, DataConfig, dump_config
@@ -56,6 +55,7 @@ from nmt.folders import (
     write_marker,
 )
 from nmt.locks import holds_lock, release_folder
+from nmt.progress import progress_bar
 
 CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
 
@@ -88,7 +88,7 @@ def _sample_for_sentencepiece(data: DataConfig, train_files: list[tuple[Path, Pa
     `data.spm_sample_sentences` non-blank sentences per model to train ("joint", or "src"/"tgt")."""
     samples = {side: ReservoirSample(data.spm_sample_sentences, [data.spm_sample_seed, i])
                for i, side in enumerate(sides)}
-    with tqdm(desc="sampling", unit="pairs", unit_scale=True, file=sys.stderr, leave=False) as bar:
+    with progress_bar("sampling", "pairs", unit_scale=True, leave=False) as bar:
         for src_path, tgt_path in train_files:
             for src, tgt in parallel_chunks(src_path, tgt_path, CHUNK_PAIRS):
                 if "joint" in samples:
@@ -242,7 +242,7 @@ def _stream_corpus(data: DataConfig, paths: tuple[Path, Path], src_vocab: Vocab,
     counts: dict[str, Any] = {"input_pairs": 0, "pairs": 0, "src_tokens": 0, "tgt_tokens": 0,
                               "src_unk": 0, "tgt_unk": 0, "empty_lines": 0}
     stats, first_empty = FilterStats(), []
-    with tqdm(desc=f"encoding {paths[0].name}", unit="pairs", unit_scale=True, file=sys.stderr, leave=False) as bar:
+    with progress_bar(f"encoding {paths[0].name}", "pairs", unit_scale=True, leave=False) as bar:
         for src_lines, tgt_lines in parallel_chunks(*paths, CHUNK_PAIRS):
             src, src_lens = src_vocab.encode_flat(src_lines)             # (tokens,), (pairs,)
             tgt, tgt_lens = tgt_vocab.encode_flat(tgt_lines)

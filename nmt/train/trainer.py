@@ -24,6 +24,7 @@ from tqdm import tqdm
 from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.device import autocast
+from nmt.progress import progress_bar
 from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
 from nmt.train.parts import TrainingParts, build_parts, finished_reason
@@ -130,8 +131,8 @@ class Trainer:
             return {}
         self.started = self.last_saved = time.monotonic()
         previous_handlers = self._install_signal_handlers()
-        bar = tqdm(total=t.max_updates or None, initial=p.step, desc="train", unit="upd", file=sys.stderr,
-                   disable=not self.is_main, dynamic_ncols=True)
+        bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step, disable=not self.is_main,
+                           dynamic_ncols=True)
         session_tokens, window_start = 0, time.monotonic()     # for tokens/s: this process's share of the window
         last_metrics: dict[str, Any] = {}
         reason = "max_epochs"
