@@ -35,6 +35,8 @@ from nmt.train.graphed import GraphedUpdates, capturable_optimizer
 from nmt.train.graphed import applies as graphs_apply
 from nmt.train.run_folder import RunDirError, RunFolder, resume_changes
 from nmt.train.schedules import LrSchedule
+from nmt.train.tensorboard import TensorBoardLog
+from nmt.train.tensorboard import check_available as check_tensorboard
 
 
 @dataclass
@@ -60,9 +62,13 @@ class TrainingParts:
     sampler: BucketBatchSampler
     dev_ids: ParallelIds | None
     progress: Progress                   # fresh, or as the resumed checkpoint left it
+    tensorboard: TensorBoardLog | None = None   # `training.tensorboard`, on rank 0
 
     def close(self) -> None:
         """Let go of the run folder's and data folder's locks and the process group (idempotent)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
         self.run.release()
         if self.data_locked:
             release_folder(self.data.root)
@@ -90,12 +96,16 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
         ranks.close()
         raise
     try:
+        if t.tensorboard:
+            check_tensorboard()                         # the package is there, before the run folder is touched
         # The run folder is touched only now, once the config has built a model and the data have loaded.
         parts.run.prepare(config, parts.data, resume, overwrite, config_path)
         if t.deterministic:                             # process-wide, so only once the run is certain
             use_deterministic_algorithms()
         if resume:
             _resume(parts)
+        if t.tensorboard and ranks.is_main:
+            parts.tensorboard = TensorBoardLog(parts.run.path, parts.progress.step)
     except BaseException:
         parts.close()
         raise

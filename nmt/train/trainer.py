@@ -30,7 +30,14 @@ from nmt.train.loss import output_cross_entropy
 from nmt.train.parts import TrainingParts, build_parts, finished_reason
 from nmt.train.run_folder import RunDirError
 from nmt.train.schedules import teacher_forcing_ratio
-from nmt.train.validation import ValidationAbandoned, evaluate_dev, higher_is_better, peak_rss_mb, rank_best_k
+from nmt.train.validation import (
+    ValidationAbandoned,
+    evaluate_dev,
+    first_sentence_attention,
+    higher_is_better,
+    peak_rss_mb,
+    rank_best_k,
+)
 
 __all__ = ["RunDirError", "Trainer", "train", "train_step"]
 
@@ -94,7 +101,7 @@ class Trainer:
         self.src_vocab, self.tgt_vocab = parts.vocabs
         self.run, self.ranks, self.run_dir = parts.run, parts.ranks, parts.run.path
         self.is_main, self.world_size = parts.ranks.is_main, parts.ranks.world_size
-        self.progress = parts.progress
+        self.progress, self.tensorboard = parts.progress, parts.tensorboard
         self.stop_signal: int | None = None
         self.evaluating_dev = False                    # a signal now abandons validation at once
         self.started: float | None = None             # when this process began training (`train`)
@@ -162,10 +169,13 @@ class Trainer:
                         speed = session_tokens / max(time.monotonic() - window_start, 1e-9)
                         mean_loss = p.window_loss / p.window_tokens
                         bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}")
-                        self.run.log({"event": "train", "step": p.step, "epoch": p.cursor.epoch,
-                                      "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
-                                      "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
-                                      "wall_time": p.elapsed + self._session_time()})
+                        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
+                                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
+                                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+                                 "wall_time": p.elapsed + self._session_time()}
+                        self.run.log(event)
+                        if self.tensorboard is not None:
+                            self.tensorboard.train(event)
                         p.window_loss, p.window_tokens = 0.0, 0
                         session_tokens, window_start = 0, time.monotonic()
                     stop = self._stop_reason()
@@ -267,11 +277,15 @@ class Trainer:
         if self.dev_ids is None or not self.is_main:
             return {}
         t, p = self.config.training, self.progress
+        vocabs = (self.src_vocab, self.tgt_vocab)
         with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
             self.evaluating_dev = True
             try:
-                metrics = evaluate_dev(self.model, self.dev_ids, self.data, (self.src_vocab, self.tgt_vocab),
-                                       self.config, self.device, self.amp_dtype, lambda: self.stop_signal is not None)
+                metrics = evaluate_dev(self.model, self.dev_ids, self.data, vocabs, self.config, self.device,
+                                       self.amp_dtype, lambda: self.stop_signal is not None)
+                if self.tensorboard is not None:
+                    attention = first_sentence_attention(self.model, self.dev_ids, vocabs, self.device,
+                                                         self.amp_dtype, self.config.decoding.max_len_ratio)
             finally:
                 self.evaluating_dev = False
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=float(self.optimizer.param_groups[0]["lr"]),
@@ -286,6 +300,9 @@ class Trainer:
         self.schedule.on_validation(score, higher)
         metrics["best"] = improved
         self.run.log({"event": "validation", **{k: v for k, v in metrics.items() if k != "examples"}})
+        if self.tensorboard is not None:
+            self.tensorboard.validation(metrics)
+            self.tensorboard.attention(p.step, *attention)
         if improved:
             self._save("best.pt")
         if t.keep_best:

@@ -80,6 +80,22 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
             "examples": examples}
 
 
+@torch.no_grad()
+def first_sentence_attention(model: Seq2Seq, dev: ParallelIds, vocabs: tuple[Vocab, Vocab], device: torch.device,
+                             amp_dtype: torch.dtype | None,
+                             max_len_ratio: float) -> tuple[list[str], list[str], torch.Tensor]:
+    """The greedy translation of the first dev sentence: (source pieces, output pieces, attention weights
+    of shape (output pieces, source pieces)), </s> included on both sides."""
+    src_vocab, tgt_vocab = vocabs
+    model.eval()
+    batch = dev.collate(np.arange(1)).to(device)
+    with autocast(device, amp_dtype):
+        hyp = greedy_search(model, batch.src, batch.src_lengths, max_len_ratio, return_attention=True)[0]
+    src_pieces = [*src_vocab.to_pieces(dev.src[0]), "</s>"]
+    tgt_pieces = [*tgt_vocab.to_pieces(hyp.tokens), "</s>"]
+    return src_pieces, tgt_pieces, hyp.attention.float()      # (len(tgt_pieces), len(src_pieces))
+
+
 def rank_best_k(best_k: list[tuple[float, str]], score: float, name: str, keep: int,
                 higher: bool) -> tuple[list[tuple[float, str]], list[str]]:
     """The best `keep` (score, file name) pairs with this validation's added, best first, and the
