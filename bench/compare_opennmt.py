@@ -58,7 +58,7 @@ REPORT = re.compile(r"Step (\d+)/.*?(\d+)/\s*(\d+) tok/s")
 def write_pieces(config_path: Path, work: Path) -> None:
     from nmt.config import load_config
     from nmt.data.corpus import read_lines, resolve_text_file
-    from nmt.data.preprocess import DataFolder
+    from nmt.data.folder import DataFolder
 
     config = load_config(config_path)
     folder = DataFolder.open(config.data.out_dir)
@@ -127,7 +127,7 @@ ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
 
 def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
     """Whole-process wall time of onmt_translate on the test pieces, its own decoding time, and BLEU."""
-    from nmt.data.preprocess import DataFolder
+    from nmt.data.folder import DataFolder
     from nmt.evaluate import bleu
 
     out = args.work / f"onmt_hyp.b{beam}.sp"

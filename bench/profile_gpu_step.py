@@ -42,25 +42,26 @@ def summarize(prof, wall: float, units: int) -> dict:
 
 def profile_training(args: argparse.Namespace) -> dict:
     from nmt.config import load_config
-    from nmt.train.trainer import Trainer
+    from nmt.train.parts import build_parts
+    from nmt.train.trainer import train_step
 
     with tempfile.TemporaryDirectory() as run_dir:
         config = load_config(args.config, [f"training.run_dir={run_dir}/run", "training.device=cuda",
                                            f"training.precision={args.precision}", *args.set])
-        trainer = Trainer(config)
-        batches = [trainer.train_ids.collate(rows) for rows in trainer.sampler.batches(0)[: args.updates + 10]]
+        parts = build_parts(config)
+        batches = [parts.train_ids.collate(rows) for rows in parts.sampler.batches(0)[: args.updates + 10]]
         for batch in batches[:10]:
-            trainer._update([batch], 1.0)
+            train_step(parts, [batch])
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             start = time.perf_counter()
             for batch in batches[10:]:
-                trainer._update([batch], 1.0)
+                train_step(parts, [batch])
             torch.cuda.synchronize()
             wall = time.perf_counter() - start
         result = summarize(prof, wall, args.updates)
         result["tgt_tokens_per_unit"] = sum(b.n_tgt_tokens for b in batches[10:]) / args.updates
-        trainer.close()
+        parts.close()
     return result
 
 

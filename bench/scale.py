@@ -109,7 +109,7 @@ def epoch_batching_seconds(data_dir: Path) -> float:
     """Seconds to build epoch 0's batches of the training split, as the trainer does."""
     from nmt.config import load_config
     from nmt.data.batching import BucketBatchSampler, ParallelIds
-    from nmt.data.preprocess import DataFolder
+    from nmt.data.folder import DataFolder
 
     t = load_config(CONFIG).training
     folder = DataFolder.open(data_dir)

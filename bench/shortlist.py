@@ -25,7 +25,7 @@ import numpy as np
 import sacrebleu
 import torch
 
-from nmt.data.preprocess import DataFolder
+from nmt.data.folder import DataFolder
 from nmt.data.shortlist import CooccurrenceCounts
 from nmt.decode.shortlist import SPECIALS, Shortlist
 from nmt.decode.translator import Translator

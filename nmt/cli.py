@@ -23,6 +23,7 @@ from nmt.config import MAX_BEAM, ConfigError, load_config
 from nmt.data.corpus import DataError
 from nmt.folders import FolderError, register_file, remove_leftovers
 from nmt.output_files import check_outputs, output_target
+from nmt.process import configure_process
 
 app = typer.Typer(
     help="RNN-attention neural machine translation: preprocess, train, translate, evaluate.",
@@ -133,15 +134,16 @@ def train(
 
     SIGINT/SIGTERM save last.pt at the current update and exit 130/143; --resume continues.
     """
+    configure_process(training=True)             # before torch's first oneDNN call
     from nmt.train.checkpoint import CheckpointError
-    from nmt.train.trainer import RunDirError, Trainer
+    from nmt.train.trainer import RunDirError
+    from nmt.train.trainer import train as run_training
 
     if resume and overwrite:
         fail("--resume and --overwrite exclude each other")
     try:
-        trainer = Trainer(load_config(config, overrides or []), resume=resume, overwrite=overwrite,
-                          config_path=config)
-        trainer.train()
+        trainer = run_training(load_config(config, overrides or []), resume=resume, overwrite=overwrite,
+                               config_path=config)
     except (ConfigError, DataError, CheckpointError, RunDirError, FolderError) as exc:
         fail(str(exc))
     except FloatingPointError as exc:
@@ -588,9 +590,7 @@ def main() -> None:
     except ImportError:
         from click.exceptions import ClickException, NoArgsIsHelpError
 
-    # Cap ideep's kernel cache before torch's first oneDNN call (see nmt.device.limit_kernel_cache,
-    # which this mirrors without importing torch into `nmt --help`).
-    os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+    configure_process()              # before torch's first oneDNN call; imports no torch
     _occupy_closed_descriptors()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)

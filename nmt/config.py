@@ -165,6 +165,7 @@ class TrainingConfig:
     val_batch_tokens: int = _bounded(4000, ge=1, le=MAX_TOKENS)
     val_max_sentences: int = _bounded(0, ge=0)           # 0 = whole dev set
     log_examples: int = _bounded(3, ge=0, le=1000)
+    tensorboard: bool = False                            # event files in run_dir/tensorboard (nmt[tensorboard])
 
 
 @dataclass

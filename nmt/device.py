@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from nmt.config import ConfigError
+from nmt.process import configure_process
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,16 +96,9 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContext
 
 
 def limit_kernel_cache() -> None:
-    """Cap ideep's kernel cache at 16 entries, unless LRU_CACHE_CAPACITY is already set.
-
-    bfloat16 matrix products on the CPU keep a compiled kernel, with its buffers, for every new
-    shape in ideep's LRU cache (PyTorch's oneDNN wrapper; 1024 entries by default). Training and
-    beam search meet a new row count every few batches: 16 entries keep the hot shapes at the same
-    speed, with training's peak RSS 1.35 -> 0.75 GB over 200 updates and beam search's 0.87 ->
-    0.73 GB (docs/benchmarks.md). The variable is read when oneDNN first runs, so entry points call
-    this early: the `nmt` command, `Translator.load` and `nmt serve`. Importing nmt does not.
-    """
-    os.environ.setdefault("LRU_CACHE_CAPACITY", "16")
+    """Cap ideep's kernel cache at 16 entries, unless LRU_CACHE_CAPACITY is already set (see
+    nmt.process.configure_process; `Translator.load` calls this, importing nmt does not)."""
+    configure_process()
 
 
 def reuse_freed_memory() -> None:

@@ -31,36 +31,38 @@ def measure_training(args: argparse.Namespace) -> dict:
     import torch
 
     from nmt.config import load_config
-    from nmt.device import limit_kernel_cache
-    from nmt.train.trainer import Trainer, peak_rss_mb
+    from nmt.process import configure_process
+    from nmt.train.parts import build_parts
+    from nmt.train.trainer import train_step
+    from nmt.train.validation import peak_rss_mb
 
-    limit_kernel_cache()                      # as `nmt train` does
+    configure_process(training=True)          # as `nmt train` does
     torch.set_num_threads(args.threads)
     torch.set_float32_matmul_precision(args.matmul_precision)
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [f"training.run_dir={run_dir}/run", f"training.device={args.device}",
                      f"training.precision={args.precision}", *args.set]
-        trainer = Trainer(load_config(args.config, overrides))
+        parts = build_parts(load_config(args.config, overrides))
         warmup, updates = args.warmup, args.updates
         batches, epoch = [], 0                  # as many epochs as the updates need (CUDA graphs: warm-up
         while len(batches) < warmup + updates:  # over a whole epoch captures every batch shape)
-            batches += trainer.sampler.batches(epoch)
+            batches += parts.sampler.batches(epoch)
             epoch += 1
-        cuda = trainer.device.type == "cuda"
+        cuda = parts.device.type == "cuda"
         tokens, start = 0, 0.0
         for i, rows in enumerate(batches[: warmup + updates]):
             if i == warmup:
                 if cuda:
                     torch.cuda.synchronize()
                 start, tokens = time.perf_counter(), 0
-            _, n = trainer._update([trainer.train_ids.collate(rows)], 1.0)
+            _, n = train_step(parts, [parts.train_ids.collate(rows)])
             tokens += n
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         result = {"tgt_tokens_per_s": tokens / seconds, "updates": updates, "seconds": seconds,
-                  "cuda_graphs": trainer.graphed is not None,
-                  "precision": str(trainer.amp_dtype or torch.float32).replace("torch.", ""),
+                  "cuda_graphs": parts.graphed is not None,
+                  "precision": str(parts.amp_dtype or torch.float32).replace("torch.", ""),
                   "peak_rss_mb": peak_rss_mb()}
         if cuda:
             result["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20

@@ -89,31 +89,32 @@ def main() -> None:
     from machine_facts import describe, machine_facts
 
     from nmt.config import load_config
-    from nmt.device import limit_kernel_cache
-    from nmt.train.trainer import Trainer
+    from nmt.process import configure_process
+    from nmt.train.parts import build_parts
 
-    limit_kernel_cache()
+    configure_process(training=True)          # as `nmt train` does
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [f"training.run_dir={run_dir}/run", "training.device=cpu", f"training.precision={args.precision}"]
-        trainer = Trainer(load_config(args.config, overrides))
-        print("#", describe(machine_facts(args.threads, str(trainer.amp_dtype or torch.float32).replace("torch.", ""))))
-        if trainer.amp_dtype is not None:
+        parts = build_parts(load_config(args.config, overrides))
+        print("#", describe(machine_facts(args.threads, str(parts.amp_dtype or torch.float32).replace("torch.", ""))))
+        if parts.amp_dtype is not None:
             raise SystemExit("the phase split times float32 training only; pass --precision fp32")
-        profile(trainer, args)
+        profile(parts, args)
 
 
-def profile(trainer, args: argparse.Namespace) -> None:
+def profile(parts, args: argparse.Namespace) -> None:
     """Print the phase split of `args.updates` updates, then the products' share and the ceiling."""
     from nmt.train.loss import output_cross_entropy
+    from nmt.train.trainer import train_step
 
-    model, optimizer = trainer.model, trainer.optimizer
-    clip = trainer.config.training.clip_grad_norm
-    epoch = trainer.sampler.batches(0)
+    model, optimizer = parts.model, parts.optimizer
+    clip = parts.config.training.clip_grad_norm
+    epoch = parts.sampler.batches(0)
     if len(epoch) < args.warmup + 2 * args.updates:
         raise SystemExit(f"only {len(epoch)} batches per epoch: lower --updates or --warmup "
                          f"(it takes warmup + 2 * updates = {args.warmup + 2 * args.updates})")
-    batches = [trainer.train_ids.collate(rows) for rows in epoch[: args.warmup + 2 * args.updates]]
+    batches = [parts.train_ids.collate(rows) for rows in epoch[: args.warmup + 2 * args.updates]]
     phases: collections.Counter[str] = collections.Counter()
     tokens = 0
     model.train()
@@ -129,7 +130,7 @@ def profile(trainer, args: argparse.Namespace) -> None:
         marks.append(time.perf_counter())
         output = model.decoder.output
         loss = output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
-                                    trainer.config.training.label_smoothing)
+                                    parts.config.training.label_smoothing)
         marks.append(time.perf_counter())
         (loss / batch.n_tgt_tokens).backward()
         marks.append(time.perf_counter())
@@ -148,7 +149,7 @@ def profile(trainer, args: argparse.Namespace) -> None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         start, profiled_tokens = time.perf_counter(), 0
         for batch in batches[args.warmup + args.updates :]:
-            profiled_tokens += trainer._update([batch], 1.0)[1]
+            profiled_tokens += train_step(parts, [batch])[1]
         profiled_seconds = time.perf_counter() - start
     flops = seconds = 0.0
     by_shape: collections.defaultdict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])

@@ -7,10 +7,10 @@ import sys
 
 import torch
 
-importlib.import_module(sys.argv[1])   # nmt.train.trainer or nmt.decode.translator
-from nmt.device import limit_kernel_cache  # noqa: E402
+importlib.import_module(sys.argv[1])   # nmt.train.trainer or nmt.decode.translator: importing sets nothing
+from nmt.process import configure_process  # noqa: E402
 
-limit_kernel_cache()                   # as the entry points do: the nmt command, Translator.load, nmt serve
+configure_process(training=sys.argv[1].startswith("nmt.train"))   # as `nmt train`, Translator.load, nmt serve do
 
 
 class MallInfo2(ctypes.Structure):

@@ -6,7 +6,7 @@ import torch
 
 from nmt.config import load_config
 from nmt.data.batching import BucketBatchSampler, ParallelIds, cut_by_budget, pad_rows
-from nmt.data.preprocess import DataFolder
+from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import BOS, EOS, PAD
 
 

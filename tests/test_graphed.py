@@ -97,7 +97,7 @@ def test_the_schedule_fills_a_tensor_lr_in_place():
 
 
 def test_checkpoints_store_plain_learning_rates():
-    from nmt.train.trainer import _portable
+    from nmt.train.checkpoint import _portable
 
     state = {"state": {}, "param_groups": [{"lr": torch.tensor(2e-3), "params": [0]}]}
     portable = _portable(state)

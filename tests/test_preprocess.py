@@ -8,7 +8,8 @@ import pytest
 from nmt.config import load_config
 from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import DataError, read_lines
-from nmt.data.preprocess import DataFolder, preprocess
+from nmt.data.folder import DataFolder
+from nmt.data.preprocess import preprocess
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 
 from .conftest import link_marker, make_config, nmt_server, write_slice

@@ -11,7 +11,7 @@ import torch
 
 import nmt.data.shortlist as gathering
 from nmt.config import load_config
-from nmt.data.preprocess import DataFolder
+from nmt.data.folder import DataFolder
 from nmt.data.shortlist import CooccurrenceCounts, load_shortlist, vocab_fingerprint
 from nmt.decode.shortlist import SPECIALS, Shortlist
 from nmt.decode.translator import Translator

@@ -11,14 +11,16 @@ folder still translates; `nmt export` drops the training state.
 from __future__ import annotations
 
 import fnmatch
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt import __version__
-from nmt.config import stored_config
+from nmt.config import Config, stored_config
 from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
 from nmt.folders import atomic_write, plain_name
@@ -38,13 +40,126 @@ from nmt.model.modelfile import (
 
 FORMAT_VERSION = CHECKPOINT_FORMAT
 REQUIRED_KEYS = CHECKPOINT_KEYS
-__all__ = ["CheckpointError", "atomic_write", "average_checkpoints", "best_k_files", "load_checkpoint",
-           "save_checkpoint"]
+__all__ = ["CheckpointError", "Cursor", "Progress", "atomic_write", "average_checkpoints", "best_k_files",
+           "load_checkpoint", "restore_training_state", "save_checkpoint", "training_state"]
 BEST_K_FILES = "best-step*.pt"
+TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
 
 
 class CheckpointError(ModelFileError):
     """A checkpoint that cannot be used: missing, truncated, corrupt or from an incompatible format."""
+
+
+@dataclass
+class Cursor:
+    """Where the data stream stands: the next batch to train on."""
+
+    epoch: int = 0
+    batch: int = 0
+    seed: int = 0
+
+
+@dataclass
+class Progress:
+    """How far a run has come: what a resumed run continues from besides the model and optimiser."""
+
+    step: int = 0
+    cursor: Cursor = field(default_factory=Cursor)
+    best_score: float | None = None
+    bad_validations: int = 0
+    best_k: list[tuple[float, str]] = field(default_factory=list)   # (score, file name), best first
+    elapsed: float = 0.0                                              # training seconds before this process
+    validation_due: bool = False      # a signal skipped or cut short this step's scheduled or final validation
+    validated_step: int = -1          # the update last validated (or being validated)
+    window_loss: float = 0.0          # summed loss and target tokens since the last logged train event
+    window_tokens: int = 0
+
+
+def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   schedule: Any, scaler: Any, progress: Progress, elapsed: float) -> dict[str, Any]:
+    """What `save_checkpoint` writes for a run in progress: the model, and all that --resume needs to continue
+    exactly (every RNG state, the data cursor); `elapsed` is the run's training seconds so far."""
+    p = progress
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return {
+        "config": config.to_dict(),
+        "vocab": vocab,
+        "model": model.state_dict(),
+        "optimizer": _portable(optimizer.state_dict()),
+        "schedule": schedule.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": rng,
+        "step": p.step,
+        "cursor": vars(p.cursor).copy(),
+        "progress": {"best_score": p.best_score, "bad_validations": p.bad_validations,
+                     "best_k": [list(x) for x in p.best_k], "elapsed": elapsed,
+                     "validation_due": p.validation_due, "validated_step": p.validated_step,
+                     "window_loss": p.window_loss,
+                     "window_tokens": p.window_tokens},
+    }
+
+
+def restore_training_state(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
+                           schedule: Any, scaler: Any) -> Progress:
+    """Load the optimiser, schedule, scaler and RNGs as `training_state` saved them; returns the progress.
+
+    The optimiser's betas and weight decay come from `config` (a resumed run may change them). A
+    missing or malformed part is a `CheckpointError` naming `path`.
+    """
+    missing = [key for key in TRAINING_STATE_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} lacks the training state `{missing[0]}` that --resume "
+                              "needs (an averaged checkpoint?); start a new run instead")
+    try:
+        return _restore(path, state, config, optimizer, schedule, scaler)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: its training state cannot be restored "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _restore(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
+             schedule: Any, scaler: Any) -> Progress:
+    if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
+        raise ValueError(f"step {state['step']!r} is not a count of updates")
+    lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
+    optimizer.load_state_dict(state["optimizer"])
+    t = config.training
+    for group in optimizer.param_groups:           # the state brings back the saved ones; the config wins
+        group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
+    for group, lr in zip(optimizer.param_groups, lr_tensors, strict=False):   # a capturable optimiser
+        group["lr"] = lr.fill_(float(group["lr"]))                          # keeps its lr tensor
+    schedule.load_state_dict(state["schedule"])
+    scaler.load_state_dict(state["scaler"])
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_as_tuple(rng["python"]))
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    prog = state["progress"]
+    return Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
+                    bad_validations=prog["bad_validations"], best_k=best_k_files(path, prog),
+                    elapsed=prog["elapsed"],
+                    validation_due=bool(prog.get("validation_due", False)),   # older checkpoints:
+                    validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
+                    window_loss=float(prog.get("window_loss", 0.0)),          # window empty
+                    window_tokens=int(prog.get("window_tokens", 0)))
+
+
+def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimiser's state with plain-number learning rates (a capturable one keeps its lr in a GPU tensor),
+    so that a checkpoint resumes on any device, with or without CUDA graphs."""
+    groups = [{**g, "lr": float(g["lr"])} if isinstance(g["lr"], torch.Tensor) else g
+              for g in optimizer_state["param_groups"]]
+    return {**optimizer_state, "param_groups": groups}
+
+
+def _as_tuple(value: Any) -> Any:
+    """RNG states come back from torch.load with lists where tuples were saved."""
+    if isinstance(value, list):
+        return tuple(_as_tuple(v) for v in value)
+    return value
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

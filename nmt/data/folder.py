@@ -1,0 +1,181 @@
+"""A preprocessed data folder, as training and decoding read it: the manifest, vocabularies, id files.
+
+`nmt preprocess` (nmt.data.preprocess) writes the folder; this module only reads it, so that
+training imports neither SentencePiece training nor the encoding pipeline. It also checks that a
+folder was built from the settings and input files a config names (`DataFolder.check_settings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt.config import ConfigError, DataConfig
+from nmt.data.corpus import DataError, IdFile, resolve_text_file
+from nmt.data.tokenizer import Vocab
+
+FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
+SPLITS = ("train", "dev", "test")
+MANIFEST_KEYS = ("langs", "dtype", "vocab", "splits")   # what readers of a data folder use
+PATH_SETTINGS = ("dev", "test", "src_spm_model", "tgt_spm_model")
+
+
+@dataclass
+class DataFolder:
+    """A finished preprocessing output: manifest plus the paths inside it."""
+
+    root: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def open(cls, root: str | Path) -> DataFolder:
+        root = Path(root)
+        path = root / "manifest.json"
+        if not path.is_file():
+            raise DataError(f"{path} does not exist; run `nmt preprocess` first")
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:        # ValueError covers bad JSON and bad UTF-8
+            raise DataError(f"{path} cannot be read as a manifest ({exc}); rerun `nmt preprocess`") from None
+        if not isinstance(manifest, dict):
+            raise DataError(f"{path} is not an nmt manifest; rerun `nmt preprocess`")
+        if manifest.get("format") != FORMAT_VERSION:
+            raise DataError(
+                f"{path}: data format {manifest.get('format')} is not {FORMAT_VERSION}; rerun `nmt preprocess`"
+            )
+        missing = [key for key in MANIFEST_KEYS if not isinstance(manifest.get(key), dict)]
+        if missing:
+            raise DataError(f"{path} lacks `{missing[0]}`: not a complete nmt manifest; rerun `nmt preprocess`")
+        try:
+            _check_manifest_entries(manifest)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{path} is not a complete nmt manifest ({type(exc).__name__}: {exc}); "
+                            "rerun `nmt preprocess`") from None
+        return cls(root, manifest)
+
+    def check_settings(self, data: DataConfig) -> None:
+        """Refuse a folder preprocessed from other settings or inputs than `data` describes.
+
+        A config that names only `data.out_dir` (no `data.train`) takes the folder as it is.
+        Paths are not compared, so a project folder can move; instead each input file the config
+        names must, where it exists, still have the size it had when the folder was built.
+        """
+        recorded = self.manifest.get("settings")
+        if data.train is None or not isinstance(recorded, dict):
+            return
+        where = f"`data.out_dir` {self.root}"
+        mine = _comparable_settings(dataclasses.asdict(data))
+        theirs = _comparable_settings(recorded)
+        differ = [key for key in mine if key in theirs and mine[key] != theirs[key]]
+        if differ:
+            key = differ[0]
+            more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+            raise DataError(f"{where} was preprocessed with {_describe_setting(key, theirs[key])}, this config has "
+                            f"{_describe_setting(key, mine[key])}{more}; rerun `nmt preprocess` with this config")
+        inputs = self.manifest.get("inputs")
+        inputs = inputs if isinstance(inputs, dict) else {}
+        for name, (src, tgt) in _existing_input_files(data).items():
+            for side, path in (("src", src), ("tgt", tgt)):
+                entry = inputs.get(f"{name}.{side}")
+                if isinstance(entry, dict) and entry.get("size") != path.stat().st_size:
+                    raise DataError(f"{path} has changed since {where} was preprocessed from it; "
+                                    "rerun `nmt preprocess` with this config")
+
+    def vocab(self, side: str) -> Vocab:
+        try:
+            return Vocab.from_entry(self.root, self.manifest["vocab"][side])
+        except (FileNotFoundError, ValueError) as exc:          # missing, or named outside the folder
+            raise DataError(f"{exc}; rerun `nmt preprocess`") from None
+
+    def ids(self, split: str, side: str) -> IdFile:
+        lang = self.manifest["langs"][side]
+        return IdFile(self.root / f"{split}.{lang}", np.dtype(self.manifest["dtype"][side]))
+
+    def has_split(self, split: str) -> bool:
+        return split in self.manifest["splits"]
+
+    def reference_path(self, split: str) -> Path:
+        """The raw target text of a dev/test split, for BLEU against the untokenised references."""
+        return self.root / f"{split}.ref.{self.manifest['langs']['tgt']}"
+
+
+def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
+    """(name, prefix, weight) of each training corpus: `train` for one prefix, `train[i]` in a list."""
+    if data.train is None:
+        raise ConfigError("`data.train` is required: the prefix of the training files")
+    if isinstance(data.train, str):
+        return [("train", data.train, 1.0)]
+    if not data.train:
+        raise ConfigError("`data.train` is an empty list; give at least one corpus prefix")
+    corpora = []
+    for i, corpus in enumerate(data.train):
+        prefix, weight = (corpus, 1.0) if isinstance(corpus, str) else (corpus.prefix, corpus.weight)
+        if prefix is None:
+            raise ConfigError(f"`data.train[{i}].prefix` is required: the prefix of that corpus's files")
+        corpora.append((f"train[{i}]", prefix, weight))
+    return corpora
+
+
+def _check_manifest_entries(manifest: dict[str, Any]) -> None:
+    """Touch every manifest entry that training and translation read; a missing or mistyped one raises."""
+    for side in ("src", "tgt"):
+        if not isinstance(manifest["langs"][side], str) or not isinstance(manifest["vocab"][side]["model"], str):
+            raise TypeError(f"langs.{side} and vocab.{side}.model must be strings")
+        np.dtype(manifest["dtype"][side])
+    for corpus in manifest["splits"]["train"]["corpora"]:
+        if not all(isinstance(corpus[key], (int, float)) for key in ("start", "end", "weight")):
+            raise TypeError("splits.train.corpora: start, end and weight must be numbers")
+
+
+def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The data settings that must agree between a config and a folder: every value but the paths
+    (a path only counts as given or not), and of the training corpora the weights (one prefix = [1.0])."""
+    comparable = {}
+    for key, value in settings.items():
+        if key == "out_dir":
+            continue
+        if key in PATH_SETTINGS:
+            value = value is not None
+        elif key == "train":
+            corpora = value if isinstance(value, list) else [value] if value is not None else []
+            value = [corpus.get("weight", 1.0) if isinstance(corpus, dict) else 1.0 for corpus in corpora]
+        comparable[key] = value
+    return comparable
+
+
+def _describe_setting(key: str, value: Any) -> str:
+    """A comparable setting in words, for the message that two differ."""
+    if key in PATH_SETTINGS:
+        return f"a `data.{key}`" if value else f"no `data.{key}`"
+    if key == "train":
+        return f"{len(value)} training corpora of weights {value}" if len(value) != 1 else \
+            f"1 training corpus of weight {value[0]}"
+    return f"`data.{key}` {value!r}"
+
+
+def input_prefixes(data: DataConfig) -> list[tuple[str, str]]:
+    """(name, prefix) of every input: the training corpora (see `train_corpora`), dev, test."""
+    return ([(name, prefix) for name, prefix, _ in train_corpora(data)]
+            + [(split, getattr(data, split)) for split in SPLITS[1:] if getattr(data, split) is not None])
+
+
+def text_files(data: DataConfig, name: str, prefix: str) -> tuple[Path, Path]:
+    """(source, target) file of one input; a missing one is a `DataError` naming `data.{name}`."""
+    return (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
+            resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
+
+
+def _existing_input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
+    """The inputs of `_input_files` whose two files both exist; missing ones are skipped."""
+    files = {}
+    for name, prefix in input_prefixes(data):
+        try:
+            files[name] = text_files(data, name, prefix)
+        except DataError:
+            continue
+    return files

@@ -1,0 +1,86 @@
+"""Progress on stderr: a tqdm bar on a terminal, a plain line every so often in a log file.
+
+tqdm redraws its bar with carriage returns several times a second; on a terminal that is one
+line, but stderr redirected to a file keeps every redraw (a 30-minute training log held about
+1,200 of them). `progress_bar` therefore returns tqdm only when the stream is a terminal, and
+otherwise a `LogLines` with the part of tqdm's interface nmt uses (update, set_postfix, close,
+a context manager), which writes one `\\n`-ended line every `every_seconds` and one at the end
+(unless `leave=False`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+EVERY_SECONDS = 30.0
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):          # a replaced or closed stream
+        return False
+
+
+def progress_bar(desc: str, unit: str, total: int | None = None, initial: int = 0, disable: bool = False,
+                 leave: bool = True, stream: TextIO | None = None, every_seconds: float = EVERY_SECONDS,
+                 **tqdm_options: Any) -> Any:
+    """A tqdm bar on a terminal, else `LogLines`; both count `update(n)` calls and show `set_postfix(...)`.
+
+    `leave=False`: the bar disappears at the end, and the lines leave no final one. `tqdm_options`
+    (unit_scale, dynamic_ncols, ...) apply to the bar only.
+    """
+    stream = stream if stream is not None else sys.stderr
+    if is_terminal(stream):
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=disable, leave=leave,
+                    **tqdm_options)
+    return LogLines(desc, unit, total=total, initial=initial, disable=disable, leave=leave, stream=stream,
+                    every_seconds=every_seconds)
+
+
+class LogLines:
+    """Progress as plain lines: `train: 1200/5000 upd, 4.1 upd/s, 4:52 elapsed, loss=3.215 lr=1.00e-03`."""
+
+    def __init__(self, desc: str, unit: str, total: int | None = None, initial: int = 0, disable: bool = False,
+                 leave: bool = True, stream: TextIO | None = None, every_seconds: float = EVERY_SECONDS) -> None:
+        self.desc, self.unit, self.total, self.disable, self.leave = desc, unit, total, disable, leave
+        self.stream = stream if stream is not None else sys.stderr
+        self.every_seconds = every_seconds
+        self.n = self._shown = self._start_n = initial
+        self._start = self._last = time.monotonic()
+        self._postfix = ""
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._last >= self.every_seconds:
+            self._line()
+
+    def set_postfix(self, **values: Any) -> None:
+        self._postfix = " ".join(f"{key}={value}" for key, value in values.items())
+
+    def close(self) -> None:
+        if self.leave and self.n != self._shown:      # the count the last line left out
+            self._line()
+        self.disable = True
+
+    def __enter__(self) -> LogLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _line(self) -> None:
+        now = time.monotonic()
+        self._last, self._shown = now, self.n
+        if self.disable:
+            return
+        elapsed = now - self._start
+        count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
+        minutes, seconds = divmod(int(elapsed), 60)
+        line = f"{self.desc}: {count} {self.unit}, {rate:.3g} {self.unit}/s, {minutes}:{seconds:02d} elapsed"
+        print(f"{line}, {self._postfix}" if self._postfix else line, file=self.stream, flush=True)

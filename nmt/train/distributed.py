@@ -1,0 +1,67 @@
+"""Several training processes (torchrun): the rank rules, DDP set-up and teardown.
+
+torchrun starts one process per device and tells each its RANK, WORLD_SIZE and LOCAL_RANK. Every
+rank builds the same model (same seed), trains on its own shard of each epoch's batches
+(nmt.data.batching) and averages gradients through DistributedDataParallel; only rank 0 validates
+and writes the run folder, and decisions that depend on it (stop now, the plateau schedule's
+learning rate) are broadcast from it so that all ranks take the same step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+class Ranks:
+    """This process's place among the training processes; a plain `nmt train` is rank 0 of 1."""
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._started = False           # this process initialised the process group (and so tears it down)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, torch.device]:
+        """Join the process group and wrap `model` in DDP; returns (the model to train, this rank's device).
+
+        On CUDA each rank takes the device of its LOCAL_RANK; gloo is the backend on CPUs, NCCL on GPUs.
+        """
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            self._started = True
+        if device.type == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            device = torch.device("cuda", self.local_rank)
+            model.to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+        return ddp, device
+
+    def from_rank0(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (only rank 0 validates, and ranks' clocks differ)."""
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        """Leave the process group this process joined (one it found already initialised is the caller's)."""
+        if not self._started:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._started = False

@@ -1,0 +1,203 @@
+"""The pieces of a training run, built from its config: data, model, optimiser, schedule, run folder.
+
+`build_parts` does everything a run needs before its first update, in an order that fails early
+and leaves nothing behind: the data folder (shared lock) and a model this machine can hold come
+first; the run folder is touched only once they have loaded; a resumed run then restores its
+checkpoint. The trainer (nmt.train.trainer) receives the pieces and only trains.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt.config import Config, ConfigError, stored_config
+from nmt.data.batching import BucketBatchSampler, ParallelIds
+from nmt.data.folder import DataFolder
+from nmt.data.tokenizer import Vocab
+from nmt.device import autocast_dtype, grad_scaler, make_optimizer, resolve_device, use_deterministic_algorithms
+from nmt.locks import lock_folder, release_folder
+from nmt.model.filecheck import expected_weights
+from nmt.model.seq2seq import Seq2Seq
+from nmt.train.checkpoint import (
+    CheckpointError,
+    Cursor,
+    Progress,
+    best_k_files,
+    load_checkpoint,
+    restore_training_state,
+)
+from nmt.train.distributed import Ranks
+from nmt.train.graphed import GraphedUpdates, capturable_optimizer
+from nmt.train.graphed import applies as graphs_apply
+from nmt.train.run_folder import RunDirError, RunFolder, resume_changes
+from nmt.train.schedules import LrSchedule
+from nmt.train.tensorboard import TensorBoardLog
+from nmt.train.tensorboard import check_available as check_tensorboard
+
+
+@dataclass
+class TrainingParts:
+    """Everything one training process works with. `model` is the Seq2Seq; `train_model` is what the
+    update calls (the same model, or its DDP wrapper); `graphed` replays CUDA-graph updates, if any."""
+
+    config: Config
+    ranks: Ranks
+    run: RunFolder
+    data: DataFolder
+    data_locked: bool                    # this process holds a shared lock on the data folder
+    vocabs: tuple[Vocab, Vocab]          # (source, target)
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    model: Seq2Seq
+    train_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LrSchedule
+    scaler: torch.amp.GradScaler
+    graphed: GraphedUpdates | None
+    train_ids: ParallelIds
+    sampler: BucketBatchSampler
+    dev_ids: ParallelIds | None
+    progress: Progress                   # fresh, or as the resumed checkpoint left it
+    tensorboard: TensorBoardLog | None = None   # `training.tensorboard`, on rank 0
+
+    def close(self) -> None:
+        """Let go of the run folder's and data folder's locks and the process group (idempotent)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+        self.run.release()
+        if self.data_locked:
+            release_folder(self.data.root)
+            self.data_locked = False
+        self.ranks.close()
+
+
+def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
+                config_path: str | Path | None = None) -> TrainingParts:
+    """Build (and for `resume`, restore) a run from its config; its folders stay locked until `close()`."""
+    t = config.training
+    if t.run_dir is None:
+        raise ConfigError("`training.run_dir` is required: the folder for checkpoints and logs")
+    if config.data.out_dir is None:
+        raise ConfigError("`data.out_dir` is required: the preprocessed data folder (run `nmt preprocess`)")
+    # A shared lock on the data folder for the whole run: `nmt preprocess` cannot rewrite it meanwhile.
+    data_dir = Path(config.data.out_dir)
+    data_locked = (data_dir / "manifest.json").is_file() and lock_folder(data_dir, "train", shared=True)
+    ranks = Ranks()
+    try:
+        parts = _build(config, ranks, bool(data_locked), resume)
+    except BaseException:
+        if data_locked:
+            release_folder(data_dir)
+        ranks.close()
+        raise
+    try:
+        if t.tensorboard:
+            check_tensorboard()                         # the package is there, before the run folder is touched
+        # The run folder is touched only now, once the config has built a model and the data have loaded.
+        parts.run.prepare(config, parts.data, resume, overwrite, config_path)
+        if t.deterministic:                             # process-wide, so only once the run is certain
+            use_deterministic_algorithms()
+        if resume:
+            _resume(parts)
+        if t.tensorboard and ranks.is_main:
+            parts.tensorboard = TensorBoardLog(parts.run.path, parts.progress.step)
+    except BaseException:
+        parts.close()
+        raise
+    return parts
+
+
+def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> TrainingParts:
+    t = config.training
+    device = resolve_device(t.device)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    data = DataFolder.open(config.data.out_dir)
+    if not resume:                                  # a resumed run checks its own data (RunFolder.data_mismatch)
+        data.check_settings(config.data)
+    src_vocab, tgt_vocab = data.vocab("src"), data.vocab("tgt")
+    expected_weights(config.model, len(src_vocab), len(tgt_vocab), "the config", copies=4,
+                     error=ConfigError)             # a model this machine cannot train: before allocating
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+    model = Seq2Seq.from_config(config.model, len(src_vocab), len(tgt_vocab)).to(device)
+    train_model: torch.nn.Module = model
+    if ranks.world_size > 1:
+        train_model, device = ranks.wrap(model, device)
+        torch.manual_seed(t.seed + ranks.rank)      # same initial parameters, different dropout per rank
+    optim_class = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+    graphed = t.cuda_graphs and graphs_apply(model, device, ranks.world_size,
+                                             autocast_dtype(t.precision, device, graphed=True),
+                                             config.model.rnn_type, t.accumulate)
+    amp_dtype = autocast_dtype(t.precision, device, graphed)
+    graphs: GraphedUpdates | None = None            # CUDA: updates replayed as captured graphs
+    if graphed:
+        optimizer = capturable_optimizer(optim_class, model.parameters(), t.lr, device,
+                                         betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        graphs = GraphedUpdates(model, optimizer, amp_dtype, t.clip_grad_norm, t.label_smoothing)
+    else:
+        optimizer = make_optimizer(optim_class, model.parameters(), lr=t.lr,
+                                   betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    train_ids = ParallelIds(data.ids("train", "src"), data.ids("train", "tgt"))
+    corpora = [(c["start"], c["end"], c["weight"]) for c in data.manifest["splits"]["train"]["corpora"]]
+    sampler = BucketBatchSampler(train_ids.src_lengths, train_ids.tgt_lengths, t.batch_tokens, t.batch_size,
+                                 t.bucket_pool, seed=t.seed, rank=ranks.rank, world_size=ranks.world_size,
+                                 corpora=corpora)
+    dev_ids = (ParallelIds(data.ids("dev", "src"), data.ids("dev", "tgt")) if data.has_split("dev") else None)
+    return TrainingParts(
+        config=config, ranks=ranks, run=RunFolder(Path(t.run_dir), ranks.is_main), data=data,
+        data_locked=data_locked, vocabs=(src_vocab, tgt_vocab), device=device, amp_dtype=amp_dtype,
+        model=model, train_model=train_model, optimizer=optimizer, schedule=LrSchedule(optimizer, t),
+        scaler=grad_scaler(enabled=amp_dtype == torch.float16), graphed=graphs, train_ids=train_ids,
+        sampler=sampler, dev_ids=dev_ids, progress=Progress(cursor=Cursor(seed=t.seed)))
+
+
+def _resume(parts: TrainingParts) -> None:
+    """Restore last.pt into the pieces: model, optimiser, schedule, scaler, RNGs, progress."""
+    config, run, t = parts.config, parts.run, parts.config.training
+    path = run.path / "last.pt"
+    try:
+        state = load_checkpoint(path)
+        saved = stored_config(state["config"])
+        if saved.model != config.model:
+            raise CheckpointError(f"{path} was trained with a different `model` section")
+        changed = resume_changes(saved, config)
+        best_k_files(path, state.get("progress"))       # names checked before any is deleted
+        try:
+            parts.model.load_state_dict(state["model"])
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
+        parts.progress = restore_training_state(path, state, config, parts.optimizer, parts.schedule, parts.scaler)
+        mismatch = run.data_mismatch(parts.data)
+        if mismatch and (parts.progress.validation_due or not finished_reason(config, parts.progress, parts.schedule)):
+            # a finished run reads no data (let it say it is done), unless it owes a validation
+            raise RunDirError(mismatch)
+        run.record_resume_changes(changed, config)
+    except BaseException:
+        run.abandon()                                   # not a run folder after all: leave it as it was
+        raise
+    run.adopt()                                         # a run folder from before markers (rank 0)
+    if parts.ranks.rank > 0:                            # last.pt holds rank 0's RNG state
+        torch.manual_seed(t.seed + parts.ranks.rank * 1_000_003 + parts.progress.step)
+    run.trim_metrics(parts.progress.step)
+
+
+def finished_reason(config: Config, progress: Progress, schedule: LrSchedule) -> str | None:
+    """Why a resumed run has nothing left to do (its budget is spent or it stopped early), if it has not."""
+    t, p = config.training, progress
+    if t.max_updates and p.step >= t.max_updates:
+        return f"max_updates {t.max_updates}"
+    if p.cursor.epoch >= t.max_epochs:
+        return f"max_epochs {t.max_epochs}"
+    if t.max_minutes and p.elapsed / 60 >= t.max_minutes:
+        return f"max_minutes {t.max_minutes}"
+    if t.patience and p.bad_validations >= t.patience:
+        return f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"
+    if schedule.floor_reached:
+        return f"the plateau schedule took the learning rate below min_lr {t.min_lr}"
+    return None

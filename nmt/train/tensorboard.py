@@ -1,0 +1,74 @@
+"""TensorBoard event files for a run (`training.tensorboard: true`, `pip install 'nmt[tensorboard]'`).
+
+The same numbers as metrics.jsonl, for `tensorboard --logdir RUN/tensorboard`: training loss,
+perplexity, learning rate and target tokens/s at each `log_every`; dev loss, perplexity, BLEU and
+chrF at each validation, with the attention heatmap of the first dev sentence (as Joey NMT and
+OpenNMT-py log them). Events go to RUN/tensorboard, which the run folder's marker records, so
+`--overwrite` removes it with the rest. A resumed run drops the events after its checkpoint's
+step (logged, then lost to a kill), as metrics.jsonl does.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from nmt.config import ConfigError
+from nmt.folders import register_file
+
+FOLDER = "tensorboard"
+TRAIN_SCALARS = ("loss", "ppl", "lr", "tgt_tokens_per_s")
+DEV_SCALARS = ("loss", "ppl", "bleu", "chrf")
+
+
+def _summary_writer() -> type:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("`training.tensorboard: true` needs the tensorboard package: "
+                          "pip install 'nmt[tensorboard]'") from None
+    return SummaryWriter
+
+
+def check_available() -> None:
+    """Refuse `training.tensorboard: true` without the package, before the run folder is touched."""
+    _summary_writer()
+
+
+class TensorBoardLog:
+    """Scalars and attention images of one run, written by rank 0."""
+
+    def __init__(self, run_dir: Path, step: int) -> None:
+        register_file(Path(run_dir) / FOLDER)
+        self.writer = _summary_writer()(log_dir=str(Path(run_dir) / FOLDER), purge_step=step + 1 if step else None)
+        self._no_images = False
+
+    def train(self, event: dict[str, Any]) -> None:
+        for key in TRAIN_SCALARS:
+            self.writer.add_scalar(f"train/{key}", event[key], event["step"])
+
+    def validation(self, metrics: dict[str, Any]) -> None:
+        for key in DEV_SCALARS:
+            self.writer.add_scalar(f"dev/{key}", metrics[key], metrics["step"])
+        self.writer.flush()
+
+    def attention(self, step: int, src_pieces: list[str], tgt_pieces: list[str], weights: Tensor) -> None:
+        """weights: (len(tgt_pieces), len(src_pieces)). Without matplotlib, one warning and no images."""
+        from nmt.plot import PlotUnavailable, attention_figure
+
+        if self._no_images:
+            return
+        try:
+            figure = attention_figure(src_pieces, tgt_pieces, weights, title=f"dev sentence 1, update {step}")
+        except PlotUnavailable as exc:
+            print(f"warning: no attention images in TensorBoard: {exc}", file=sys.stderr)
+            self._no_images = True
+            return
+        self.writer.add_figure("dev/attention", figure, global_step=step)   # closes the figure
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,112 @@
+"""Validation during training: dev loss and perplexity, greedy decoding, BLEU and chrF, best-k ranking.
+
+Dev scores are what early stopping, the plateau schedule and best.pt go by, so they are computed
+the way `nmt evaluate` scores a test set: hypotheses detokenised by SentencePiece, against the raw
+reference lines, with sacreBLEU's default BLEU and chrF. Decoding is greedy (a cheap, monotone
+proxy for beam search) and the loss uses the fused output-layer cross-entropy in chunks.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import sacrebleu
+import torch
+
+from nmt.config import Config
+from nmt.data.batching import BucketBatchSampler, ParallelIds
+from nmt.data.corpus import DataError
+from nmt.data.folder import DataFolder
+from nmt.data.tokenizer import Vocab
+from nmt.decode.search import greedy_search
+from nmt.device import autocast
+from nmt.model.seq2seq import Seq2Seq
+from nmt.textio import read_lines
+from nmt.train.loss import output_cross_entropy
+
+
+class ValidationAbandoned(Exception):
+    """A stop signal arrived during validation: the loop saves last.pt and exits instead of finishing it."""
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric == "bleu"
+
+
+@torch.no_grad()
+def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tuple[Vocab, Vocab], config: Config,
+                 device: torch.device, amp_dtype: torch.dtype | None,
+                 stopping: Callable[[], bool]) -> dict[str, Any]:
+    """Loss, perplexity, BLEU and chrF of greedy translations of the dev set (its first
+    `training.val_max_sentences` pairs), with `training.log_examples` (source, hypothesis, reference)
+    examples. Raises `ValidationAbandoned` between batches once `stopping()` says so."""
+    t = config.training
+    src_vocab, tgt_vocab = vocabs
+    model.eval()
+    rows = np.arange(len(dev) if not t.val_max_sentences else min(t.val_max_sentences, len(dev)))
+    sampler = BucketBatchSampler(dev.src_lengths[rows], dev.tgt_lengths[rows], t.val_batch_tokens, shuffle=False)
+    loss_sum, tokens = 0.0, 0
+    hyps: dict[int, list[int]] = {}
+    for batch_rows in sampler.batches(0):
+        if stopping():
+            raise ValidationAbandoned
+        batch = dev.collate(rows[batch_rows]).to(device)
+        with autocast(device, amp_dtype):
+            features, _ = model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
+            output = model.decoder.output                   # in 1024-token chunks: no tokens x vocab peak
+            loss_sum += float(output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
+                                                   chunk_rows=1024))
+            tokens += batch.n_tgt_tokens
+            results = greedy_search(model, batch.src, batch.src_lengths, config.decoding.max_len_ratio)
+        for index, hyp in zip(batch.indices.tolist(), results, strict=True):
+            hyps[index] = hyp.tokens
+    hypotheses = tgt_vocab.decode([hyps[i] for i in rows.tolist()])
+    references = read_lines(data.reference_path("dev"))[: len(rows)]   # only "\n" ends a line
+    if len(references) != len(hypotheses):          # sacreBLEU would score the common prefix without a word
+        raise DataError(f"{data.reference_path('dev')} has {len(references)} lines for {len(hypotheses)} "
+                        "dev pairs; preprocess the data folder again")
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+    loss = loss_sum / max(tokens, 1)
+    examples = []
+    if t.log_examples:
+        sources = src_vocab.decode([dev.src[i] for i in range(min(t.log_examples, len(rows)))])
+        examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
+    return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "chrf": chrf.score,
+            "examples": examples}
+
+
+@torch.no_grad()
+def first_sentence_attention(model: Seq2Seq, dev: ParallelIds, vocabs: tuple[Vocab, Vocab], device: torch.device,
+                             amp_dtype: torch.dtype | None,
+                             max_len_ratio: float) -> tuple[list[str], list[str], torch.Tensor]:
+    """The greedy translation of the first dev sentence: (source pieces, output pieces, attention weights
+    of shape (output pieces, source pieces)), </s> included on both sides."""
+    src_vocab, tgt_vocab = vocabs
+    model.eval()
+    batch = dev.collate(np.arange(1)).to(device)
+    with autocast(device, amp_dtype):
+        hyp = greedy_search(model, batch.src, batch.src_lengths, max_len_ratio, return_attention=True)[0]
+    src_pieces = [*src_vocab.to_pieces(dev.src[0]), "</s>"]
+    tgt_pieces = [*tgt_vocab.to_pieces(hyp.tokens), "</s>"]
+    return src_pieces, tgt_pieces, hyp.attention.float()      # (len(tgt_pieces), len(src_pieces))
+
+
+def rank_best_k(best_k: list[tuple[float, str]], score: float, name: str, keep: int,
+                higher: bool) -> tuple[list[tuple[float, str]], list[str]]:
+    """The best `keep` (score, file name) pairs with this validation's added, best first, and the
+    names of the files that drop out."""
+    ranked = sorted([*best_k, (score, name)], key=lambda x: -x[0] if higher else x[0])
+    return ranked[:keep], [old for _, old in ranked[keep:]]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux and macOS report it in different units)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
