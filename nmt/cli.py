@@ -219,12 +219,11 @@ def translate(
     The decoding options default to the model's `decoding` settings; one that the run would not use
     (--beam-size with --sampling, --top-k without it) is an error.
     """
-    from tqdm import tqdm
-
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_source
     from nmt.decode.translator import Translator
     from nmt.device import reuse_freed_memory
+    from nmt.progress import progress_bar
 
     if num_samples is not None:
         if not decoding["sampling"]:
@@ -243,7 +242,7 @@ def translate(
         translator = Translator.load(checkpoint, device, shortlist_file=shortlist_file, **given(decoding))
         translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
         files = outputs.open(stack, sys.stdout)
-        with tqdm(desc="translate", unit="sent", file=sys.stderr, disable=quiet) as bar:
+        with progress_bar("translate", "sent", disable=quiet) as bar:      # log lines when stderr is a file
             translator.write_translations(source, files, n_best=n_best, progress=bar)
         sys.stdout.flush()
         outputs.commit()

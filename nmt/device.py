@@ -33,8 +33,8 @@ def autocast_dtype(precision: str, device: torch.device, graphed: bool = False) 
     (AVX512-BF16/AMX), else float32. Measured on an H200 (docs/benchmarks.md, GPU section): with graphs,
     bf16 trained the reference model 1.13x faster than float32 and beam-searched 100,000 sentences 1.33x
     faster; without them these models spend their time in many small per-step kernels, to which autocast
-    only adds casts, and float32 was 1.2-1.4x faster. fp16 runs on CUDA only (with a gradient scaler); on
-    the CPU it falls back to bfloat16.
+    only adds casts, and float32 was 1.2-1.4x faster. fp16 runs on CUDA only (with a gradient scaler):
+    training and `nmt translate` refuse it on the CPU; a model's stored fp16 decodes there in bfloat16.
     """
     if precision == "fp32":
         return None

@@ -145,6 +145,8 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "set bad YAML": (["train", "-c", cfg, "--set", "training.lr=[1"], None),
         "set control character": (["train", "-c", cfg, "--set", "training.lr=\x07"], None),
         "set unknown choice": (["train", "-c", cfg, "--set", "training.device=tpu"], None),
+        "fp16 training on the CPU": (["train", "-c", prep, "--set", f"training.run_dir={r}/fp16run", "--set",
+                                      "training.device=cpu", "--set", "training.precision=fp16"], None),
         "set unknown key": (["preprocess", "-c", cfg, "--set", "data.vocab=100"], None),
         "resume and overwrite": (["train", "-c", cfg, "--resume", "--overwrite"], None),
         "unknown option": (["train", "-c", cfg, "--frobnicate"], None),

@@ -282,7 +282,8 @@ def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict
     if validation is not None:
         dev_pairs = card.get("data", {}).get("dev", {}).get("pairs")
         sentences = min(val_max_sentences, dev_pairs or val_max_sentences) if val_max_sentences else dev_pairs
-        card["dev"] = {"bleu": round(validation["bleu"], 2), "search": "greedy", "signature": _bleu_signature(),
+        signature = validation.get("bleu_signature") or _bleu_signature()  # older runs: 13a
+        card["dev"] = {"bleu": round(validation["bleu"], 2), "search": "greedy", "signature": signature,
                        "sentences": sentences,
                        **{k: round(validation[k], 4) for k in ("loss", "ppl") if k in validation},
                        "step": step}

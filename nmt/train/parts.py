@@ -19,6 +19,7 @@ from nmt.data.batching import BucketBatchSampler, ParallelIds
 from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
 from nmt.device import autocast_dtype, grad_scaler, make_optimizer, resolve_device, use_deterministic_algorithms
+from nmt.evaluate import bleu_metric
 from nmt.locks import lock_folder, release_folder
 from nmt.model.filecheck import expected_weights
 from nmt.model.seq2seq import Seq2Seq
@@ -98,6 +99,7 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
     try:
         if t.tensorboard:
             check_tensorboard()                         # the package is there, before the run folder is touched
+        bleu_metric(t.bleu_tokenize, t.bleu_lowercase, "training.bleu_tokenize")   # e.g. MeCab there, before update 1
         # The run folder is touched only now, once the config has built a model and the data have loaded.
         parts.run.prepare(config, parts.data, resume, overwrite, config_path)
         if t.deterministic:                             # process-wide, so only once the run is certain
@@ -115,6 +117,8 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
 def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> TrainingParts:
     t = config.training
     device = resolve_device(t.device)
+    if t.precision == "fp16" and device.type != "cuda":       # autocast would quietly run bf16 instead
+        raise ConfigError("`training.precision` fp16 runs on CUDA only; on the CPU use bf16 or fp32")
     if t.threads:
         torch.set_num_threads(t.threads)
     data = DataFolder.open(config.data.out_dir)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import sacrebleu
 import torch
+from sacrebleu.metrics import CHRF
 
 from nmt.config import Config
 from nmt.data.batching import BucketBatchSampler, ParallelIds
@@ -24,6 +24,7 @@ from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
 from nmt.decode.search import greedy_search
 from nmt.device import autocast
+from nmt.evaluate import bleu_metric
 from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
 from nmt.train.loss import output_cross_entropy
@@ -69,15 +70,16 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
     if len(references) != len(hypotheses):          # sacreBLEU would score the common prefix without a word
         raise DataError(f"{data.reference_path('dev')} has {len(references)} lines for {len(hypotheses)} "
                         "dev pairs; preprocess the data folder again")
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
-    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+    metric = bleu_metric(t.bleu_tokenize, t.bleu_lowercase, "training.bleu_tokenize")   # e.g. zh for Chinese
+    bleu = metric.corpus_score(hypotheses, [references])
+    chrf = CHRF(lowercase=t.bleu_lowercase).corpus_score(hypotheses, [references])
     loss = loss_sum / max(tokens, 1)
     examples = []
     if t.log_examples:
         sources = src_vocab.decode([dev.src[i] for i in range(min(t.log_examples, len(rows)))])
         examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
     return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "chrf": chrf.score,
-            "examples": examples}
+            "bleu_signature": metric.get_signature().format(), "examples": examples}
 
 
 @torch.no_grad()
