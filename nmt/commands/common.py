@@ -22,7 +22,8 @@ app = typer.Typer(
 )
 
 ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file.", exists=False)
-MODEL_HELP = "A model file (nmt export) or a training checkpoint, e.g. model.nmt or RUN/best.pt."
+MODEL_HELP = ("A model file (nmt export), a training checkpoint, an exported Hugging Face folder or "
+              "hf://org/name[@revision] (nmt[hub]), e.g. model.nmt or RUN/best.pt.")
 SetOption = typer.Option(None, "--set", help="Override a config key: --set training.lr=3e-4 (repeatable).")
 
 
