@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import re
 import statistics
@@ -108,13 +107,11 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
                               matmul_precision="highest")
 
 
-@functools.cache
 def _benchmark() -> ModuleType:
-    """scripts/benchmark.py, whose child processes measure our side (it moves into this package later)."""
-    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """bench.benchmark, whose child processes measure our side."""
+    from bench import benchmark
+
+    return benchmark
 
 
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:

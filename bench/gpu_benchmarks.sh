@@ -52,7 +52,7 @@ if has train; then
   for name in bahdanau luong; do
     for precision in fp32 bf16; do
       for graphs in true false; do
-        has train && python scripts/benchmark.py --config "configs/multi30k_de_en_$name.yaml" --device cuda \
+        has train && python -m bench.benchmark --config "configs/multi30k_de_en_$name.yaml" --device cuda \
           --threads 4 --precision "$precision" --set "training.cuda_graphs=$graphs" --skip greedy beam \
           --updates 200 --warmup 260 --json-out "$out/train-$name-$precision-graphs_$graphs.json" || true
       done

@@ -1,28 +1,22 @@
 """Typed configuration: one YAML file with sections data, model, training, decoding.
 
 Every key is a dataclass field with a default. Loading checks names (with a "did you mean"
-hint), types and ranges, and reports the first problem as a one-line `ConfigError` naming
-the key. Relative paths resolve against the folder of the config file.
+hint), types and ranges (nmt.config_check), and reports the first problem as a one-line
+`ConfigError` naming the key. Relative paths resolve against the folder of the config file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A problem with the configuration that the user can fix; the message names the key."""
+from nmt.config_check import ConfigError, build
 
 
 def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
@@ -217,128 +211,6 @@ class Config:
 # Loading and validation
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, f"{key}.", base_dir)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        # A mapping can only be a section and a list only a list: let their own errors through.
-        if isinstance(value, dict):
-            options = tuple(o for o in options if dataclasses.is_dataclass(o)) or options
-        elif isinstance(value, list):
-            options = tuple(o for o in options if typing.get_origin(o) is list) or options
-        if len(options) == 1:
-            return _coerce(value, options[0], key, base_dir)
-        for option in options:
-            try:
-                return _coerce(value, option, key, base_dir)
-            except ConfigError:
-                continue
-        raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], n=1)
-        hint = f" (did you mean `{close[0]}`?)" if close else ""
-        raise ConfigError(f"`{key}` must be one of {_type_name(tp)}, got {value!r}{hint}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
-        (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, f"{key}[{i}]", base_dir) for i, v in enumerate(value)]
-    if tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        try:  # PyYAML reads 3e-4 (no dot) as a string
-            number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
-        except ValueError:
-            number = None
-        if number is not None:
-            if not math.isfinite(number):
-                raise ConfigError(f"`{key}` must be a finite number, got {value!r}")
-            return number
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
-
-
-def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
-    if value is None or isinstance(value, (str, list, bool)):
-        return
-    if meta.get("ge") is not None and value < meta["ge"]:
-        raise ConfigError(f"`{key}` must be >= {meta['ge']}, got {value}")
-    if meta.get("gt") is not None and value <= meta["gt"]:
-        raise ConfigError(f"`{key}` must be > {meta['gt']}, got {value}")
-    if meta.get("le") is not None and value > meta["le"]:
-        raise ConfigError(f"`{key}` must be <= {meta['le']}, got {value}")
-
-
-INT_LIMIT = 2**31 - 1     # every integer key: counts, sizes and seeds far beyond any real use are typos
-STORED_INT_LIMIT = 2**63 - 1    # in stored configs (earlier nmt versions had no INT_LIMIT): what torch can take
-
-
-def _build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
-    """Build dataclass `cls` from the mapping `raw`, checking every key (see `stored_config` for `stored`)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"`{prefix.rstrip('.') or 'config'}` must be a mapping of keys to values, got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for name, value in raw.items():
-        key = f"{prefix}{name}"
-        if name not in fields:
-            close = difflib.get_close_matches(str(name), list(fields), n=1)
-            hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
-            raise ConfigError(f"unknown key `{key}`{hint}")
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            values[name] = _build(tp, value, f"{key}.", base_dir, stored)
-            continue
-        value = _coerce(value, tp, key, base_dir)
-        meta = fields[name].metadata
-        if not (stored and meta.get("since_saved")):
-            _check_range(value, meta, key)
-        limit = STORED_INT_LIMIT if stored else INT_LIMIT
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
-            raise ConfigError(f"`{key}` must be at most {limit}, got {value}")
-        if meta.get("path") and value is not None and base_dir is not None:
-            value = _resolve_paths(value, base_dir)
-        values[name] = value
-    return cls(**values)
-
-
-def _resolve_paths(value: Any, base_dir: Path) -> Any:
-    """A path (or the plain paths in a list) resolved against `base_dir`; sections resolved themselves."""
-    if isinstance(value, list):
-        return [_resolve_paths(v, base_dir) for v in value]
-    if isinstance(value, str):
-        return str((base_dir / Path(value).expanduser()).resolve())
-    return value
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`training.lr=3e-4` -> (["training", "lr"], 0.0003); the value is parsed as YAML."""
     if "=" not in text:
@@ -356,7 +228,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set dotted keys in the raw mapping; validation happens afterwards in `_build`."""
+    """Set dotted keys in the raw mapping; validation happens afterwards in `build`."""
     for text in overrides:
         parts, value = parse_override(text)
         node = raw
@@ -370,7 +242,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def config_from_dict(raw: Any, base_dir: Path | None = None, stored: bool = False) -> Config:
-    config = _build(Config, raw, "", base_dir, stored)
+    config = build(Config, raw, "", base_dir, stored)
     if not stored:
         _check_together(config)
     return config
@@ -408,7 +280,7 @@ def check_decoding(decoding: DecodingConfig) -> None:
 def check_decoding_overrides(overrides: dict[str, Any]) -> None:
     """Decoding settings given for one run (command-line options, API arguments) meet every rule of the
     YAML file, even where the model's stored config is read more leniently (`stored_config`)."""
-    _build(DecodingConfig, {k: v for k, v in overrides.items() if v is not None}, "decoding.", None)
+    build(DecodingConfig, {k: v for k, v in overrides.items() if v is not None}, "decoding.", None)
 
 
 # Keys that earlier nmt versions wrote into checkpoints and model files and this one no longer has.

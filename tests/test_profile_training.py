@@ -1,4 +1,4 @@
-"""scripts/profile_training.py on the tiny test model: its phase split and products' count are real measurements."""
+"""bench/profile_training.py on the tiny test model: its phase split and products' count are real measurements."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_profile_training_script_small(prepared):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
+    result = subprocess.run([sys.executable, "-m", "bench.profile_training", "--config", str(prepared),
                              "--updates", "2", "--warmup", "1", "--threads", "1", "--shapes", "3"],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert out.startswith("# ") and "float32" in out.splitlines()[0]            # the machine and precision
@@ -32,22 +32,22 @@ def test_profile_training_script_small(prepared):
 
 
 def test_profile_training_says_when_an_epoch_is_too_short(prepared):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
-                             "--updates", "100000"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "bench.profile_training", "--config", str(prepared),
+                             "--updates", "100000"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode != 0 and "batches per epoch" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_profile_training_refuses_mixed_precision(prepared):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_training.py"), "--config", str(prepared),
+    result = subprocess.run([sys.executable, "-m", "bench.profile_training", "--config", str(prepared),
                              "--updates", "1", "--warmup", "1", "--precision", "bf16"],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode != 0 and "pass --precision fp32" in result.stderr
 
 
 def test_shapes_group_each_product_by_the_size_that_varies():
     """Step products differ in their rows, weight gradients in the tokens they sum over, attention sums in
     the source length: each kind becomes one entry, labelled with that size as '.'."""
-    spec = importlib.util.spec_from_file_location("profile_training", REPO / "scripts" / "profile_training.py")
+    spec = importlib.util.spec_from_file_location("profile_training", REPO / "bench" / "profile_training.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     event = lambda key, *shapes: SimpleNamespace(key=key, input_shapes=list(shapes))  # noqa: E731

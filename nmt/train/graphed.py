@@ -3,7 +3,7 @@
 An update of the reference model launches about 1,750 kernels (the decoder's step loop forward
 and backward, the optimiser); at 2,000 target tokens they compute for about 6 ms of a 59 ms
 update on an H200, and the GPU waits for Python and launches the rest of the time
-(scripts/profile_gpu_step.py). Here the whole update (forward, loss, backward, gradient
+(bench/profile_gpu_step.py). Here the whole update (forward, loss, backward, gradient
 clipping and the fused Adam step) is captured once per batch shape and replayed: one launch.
 
 A graph needs static shapes and no host synchronisation inside it, so:

@@ -1,7 +1,7 @@
 """The training loop: updates, logging, scheduled validation, checkpoints, budgets and stop signals.
 
 `train(config)` builds a run's pieces (nmt.train.parts) and hands them to a `Trainer`, which only
-trains; `train_step` is the one update (scripts/benchmark.py and profile_training.py time it).
+trains; `train_step` is the one update (bench/benchmark.py and bench/profile_training.py time it).
 
 Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, every RNG state
 and a data cursor (epoch, batch index, sampler seed); the sampler regenerates the epoch's batch

@@ -7,7 +7,7 @@ the optimiser step), then counts the floating-point work of every matrix product
 torch.profiler and measures this core's float32 GEMM speed, which together give the ceiling: the
 target tokens/s if nothing but the products took time, at that speed.
 
-    taskset -c 1 python scripts/profile_training.py --threads 1 --precision fp32 [--shapes 12]
+    taskset -c 1 python -m bench.profile_training --threads 1 --precision fp32 [--shapes 12]
 
 The phases are timed in the script's own loop (the trainer's update without batch collation), and
 the products' share of the time comes from updates under the profiler, whose overhead on the many
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,9 +84,7 @@ def main() -> None:
                         help="also list the N products that took the most time, by shape")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from machine_facts import describe, machine_facts
-
+    from bench.machine_facts import describe, machine_facts
     from nmt.config import load_config
     from nmt.process import configure_process
     from nmt.train.parts import build_parts

@@ -7,7 +7,7 @@ Measures, each in its own process so peak memory and start-up are counted per ta
   * decoding test_2016_flickr (1000 sentences), greedy and beam 5: sentences/s for the whole
     `nmt translate` process (start-up and model loading included) and for decoding alone.
 
-    python scripts/benchmark.py --threads 1 --checkpoint runs/m30k_de_en_bahdanau/best.pt
+    python -m bench.benchmark --threads 1 --checkpoint runs/m30k_de_en_bahdanau/best.pt
 
 Prints a table and writes JSON (--json-out). The data folder of the config must exist
 (`nmt preprocess --config ...`).
@@ -117,7 +117,7 @@ def shortlist_overrides(args: argparse.Namespace) -> dict:
 
 def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = ()) -> dict:
     """`pin`: a command prefix such as taskset -c 1."""
-    cmd = [*pin, sys.executable, __file__, "--child", task, "--config", str(args.config),
+    cmd = [*pin, sys.executable, "-m", "bench.benchmark", "--child", task, "--config", str(args.config),
            "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
            "--matmul-precision", args.matmul_precision,
            "--updates", str(args.updates), "--warmup", str(args.warmup), "--source", str(args.source)]
@@ -126,7 +126,7 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
     cmd += decoding_options(args)
     for item in args.set:
         cmd += ["--set", item]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"{task} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -174,7 +174,7 @@ def main() -> None:
                                                                     "(OpenNMT-py's stopping rule)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
-    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "benchmark.json")
+    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "out" / "benchmark.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -198,8 +198,7 @@ def main() -> None:
         results.sort(key=lambda r: next(v for k, v in r.items() if k in ("tgt_tokens_per_s", "sent_per_s")))
         return results[len(results) // 2]
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from machine_facts import machine_facts
+    from bench.machine_facts import machine_facts
 
     report: dict = {"config": str(args.config), "threads": args.threads, "device": args.device,
                     "precision": args.precision, "matmul_precision": args.matmul_precision,
@@ -218,7 +217,7 @@ def main() -> None:
 
 
 def print_table(report: dict) -> None:
-    from machine_facts import describe
+    from bench.machine_facts import describe
 
     print(f"nmt benchmark on {describe(report['machine'])}, device {report['device']}, "
           f"precision asked: {report['precision']}")
