@@ -115,6 +115,18 @@ def shortlist_overrides(args: argparse.Namespace) -> dict:
     return {} if args.shortlist_k is None else {"shortlist": True, "shortlist_k": args.shortlist_k}
 
 
+def add_decoding_arguments(parser: argparse.ArgumentParser, whose: str = "") -> None:
+    """The decoding settings these measurements pass on to `nmt translate` and to the child (see
+    `decoding_options`); `whose` prefixes their help ("our " where another system is measured too)."""
+    parser.add_argument("--batch-tokens", type=int, help=f"{whose}decoding.batch_tokens (default: the checkpoint's)")
+    parser.add_argument("--quantize", choices=["none", "int8"],
+                        help=f"{whose}decoding.quantize (default: the checkpoint's)")
+    parser.add_argument("--shortlist-k", type=int, help=f"{whose}decoding with the checkpoint's vocabulary "
+                                                          "shortlist, K target pieces per source piece (default: off)")
+    parser.add_argument("--early-stop", action="store_true",
+                        help=f"{whose}beam search with decoding.early_stop (OpenNMT-py's stopping rule)")
+
+
 def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = ()) -> dict:
     """`pin`: a command prefix such as taskset -c 1."""
     cmd = [*pin, sys.executable, "-m", "bench.benchmark", "--child", task, "--config", str(args.config),
@@ -166,12 +178,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, help="text to translate (default: the config's test source)")
     parser.add_argument("--reference", type=Path, help="its reference, for a BLEU sanity check")
     parser.add_argument("--length-penalty", type=float, help="decoding.length_penalty (default: the checkpoint's)")
-    parser.add_argument("--batch-tokens", type=int, help="decoding.batch_tokens (default: the checkpoint's)")
-    parser.add_argument("--quantize", choices=["none", "int8"], help="decoding.quantize (default: the checkpoint's)")
-    parser.add_argument("--shortlist-k", type=int, help="decode with the checkpoint's vocabulary shortlist, "
-                                                          "K target pieces per source piece (default: off)")
-    parser.add_argument("--early-stop", action="store_true", help="beam search with decoding.early_stop "
-                                                                    "(OpenNMT-py's stopping rule)")
+    add_decoding_arguments(parser)
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
     parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "out" / "benchmark.json")

@@ -35,10 +35,10 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from types import ModuleType
 
 import yaml
 
+from bench import benchmark
 from bench.harness import OUT, REPO, alternate, describe, machine_facts, medians, pin, write_result
 
 ONMT_CONFIG = {
@@ -107,16 +107,9 @@ def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace
                               matmul_precision="highest")
 
 
-def _benchmark() -> ModuleType:
-    """bench.benchmark, whose child processes measure our side."""
-    from bench import benchmark
-
-    return benchmark
-
-
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
     """benchmark.py's training measurement, in its own process: target tokens/s and the precision used."""
-    return _benchmark().run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)
+    return benchmark.run_child("train", benchmark_args(args, Path("/dev/null")), env, pin)
 
 
 ONMT_TIME = re.compile(r"Total translation time \(s\): ([0-9.]+)")
@@ -146,7 +139,6 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
 
 def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
     """benchmark.py's two measurements: `nmt translate` as a whole process, and decoding alone."""
-    benchmark = _benchmark()
     bench_args = benchmark_args(args, args.work / "test.raw")
     whole = benchmark.whole_process(bench_args, beam, env, refs, pin)
     alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
@@ -219,12 +211,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="our trained checkpoint, for --task decode")
     parser.add_argument("--onmt-checkpoint", type=Path, help="OpenNMT-py's trained model, for --task decode")
     parser.add_argument("--alpha", type=float, default=1.0, help="GNMT length penalty for both systems")
-    parser.add_argument("--batch-tokens", type=int, help="our decoding.batch_tokens (default: the checkpoint's)")
-    parser.add_argument("--quantize", choices=["none", "int8"], help="our decoding.quantize (default: checkpoint)")
-    parser.add_argument("--shortlist-k", type=int, help="ours with the checkpoint's vocabulary shortlist, "
-                                                          "K target pieces per source piece (default: off)")
-    parser.add_argument("--early-stop", action="store_true", help="our beam search with OpenNMT-py's stopping "
-                                                                    "rule (decoding.early_stop)")
+    benchmark.add_decoding_arguments(parser, whose="our ")
     parser.add_argument("--json-out", type=Path, default=OUT / "compare_opennmt.json")
     args = parser.parse_args()
     if args.task in ("decode", "all") and not (args.checkpoint and args.onmt_checkpoint):
