@@ -57,7 +57,7 @@ def main() -> None:
     from bench.harness import machine_facts, write_result
     from nmt.config import load_config
     from nmt.data.corpus import read_lines, resolve_text_file
-    from nmt.data.preprocess import DataFolder
+    from nmt.data.folder import DataFolder
     from nmt.evaluate import bleu
 
     data = load_config(args.config).data

@@ -282,7 +282,9 @@ def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict
     if validation is not None:
         dev_pairs = card.get("data", {}).get("dev", {}).get("pairs")
         sentences = min(val_max_sentences, dev_pairs or val_max_sentences) if val_max_sentences else dev_pairs
-        signature = validation.get("bleu_signature") or _bleu_signature()  # older runs: 13a
+        from nmt.evaluate import bleu_signature
+
+        signature = validation.get("bleu_signature") or bleu_signature()  # older runs: 13a
         card["dev"] = {"bleu": round(validation["bleu"], 2), "search": "greedy", "signature": signature,
                        "sentences": sentences,
                        **{k: round(validation[k], 4) for k in ("loss", "ppl") if k in validation},
@@ -290,15 +292,6 @@ def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict
         if "wall_time" in validation:
             card["training"]["seconds"] = round(validation["wall_time"], 1)
     return card
-
-
-def _bleu_signature() -> str:
-    """The signature of the BLEU training validates with: sacrebleu.corpus_bleu's defaults, one reference."""
-    import sacrebleu
-
-    metric = sacrebleu.BLEU()
-    metric.corpus_score(["a"], [["a"]])         # the signature counts references once a score was computed
-    return metric.get_signature().format()
 
 
 def _validation_at(metrics: Path, step: int) -> dict[str, Any] | None:
