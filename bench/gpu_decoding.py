@@ -35,10 +35,10 @@ import json; print(json.dumps({{"import_torch_s": t1 - t0, "load_s": t2 - t1, "f
 
 def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam: int, graphs: bool,
            runs: int, batch_tokens: int | None) -> dict:
-    import sacrebleu
     import torch
 
     from nmt.decode.translator import Translator
+    from nmt.evaluate import bleu
 
     overrides = {"batch_tokens": batch_tokens} if batch_tokens else {}
     translator = Translator.load(model, device="cuda", precision=precision, beam_size=beam, cuda_graphs=graphs,
@@ -59,7 +59,7 @@ def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam:
               "lines": len(lines),
               "graphs_captured": len(translator._graphs.graphs) if translator._graphs else 0}
     if refs:
-        result["bleu"] = sacrebleu.corpus_bleu(texts, [refs]).score
+        result["bleu"] = bleu(texts, refs)
     result["_texts"] = texts
     return result
 

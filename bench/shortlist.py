@@ -22,13 +22,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import sacrebleu
 import torch
 
 from nmt.data.folder import DataFolder
 from nmt.data.shortlist import CooccurrenceCounts
 from nmt.decode.shortlist import SPECIALS, Shortlist
 from nmt.decode.translator import Translator
+from nmt.evaluate import bleu
 
 
 class RecordingShortlist(Shortlist):
@@ -102,8 +102,8 @@ def main() -> None:
             speeds[name].append(len(lines) / (time.perf_counter() - start))
     base = statistics.median(speeds["full"])
     for name, shortlist in settings.items():
-        bleu = sacrebleu.corpus_bleu(outputs[name], [refs])
-        record = {"setting": name, "beam": args.beam_size, "bleu": round(bleu.score, 2),
+        score = bleu(outputs[name], refs)
+        record = {"setting": name, "beam": args.beam_size, "bleu": round(score, 2),
                   "sent_per_s": round(statistics.median(speeds[name]), 1),
                   "speedup": round(statistics.median(speeds[name]) / base, 3),
                   "mean_size": round(float(np.mean(shortlist.sizes)), 1) if shortlist is not None else
