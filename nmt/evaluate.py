@@ -52,12 +52,16 @@ def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypothe
         )
 
 
-def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]],
+                      *systems: tuple[list[str], str]) -> list[list[str]]:
     """One reference per hypothesis (a list of lines), or several (a list of such lists), as sacreBLEU's
-    list of reference streams; each stream is checked against the hypotheses by `check_lengths`."""
-    if not refs or isinstance(refs[0], str):
-        return [list(refs)]                                         # type: ignore[arg-type]
-    return [list(stream) for stream in refs]
+    list of reference streams; each stream is checked against each system's (hypotheses, name) by
+    `check_lengths`."""
+    streams = [list(refs)] if not refs or isinstance(refs[0], str) else [list(stream) for stream in refs]
+    for stream in streams:
+        for hyps, name in systems:
+            check_lengths(hyps, stream, name)
+    return streams
 
 
 def bleu_metric(tokenize: str = "13a", lowercase: bool = False, option: str = "--tokenize") -> BLEU:
@@ -109,9 +113,7 @@ def bleu_signature(tokenize: str = "13a", lowercase: bool = False, nrefs: int = 
 def bleu(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], tokenize: str = "13a",
          lowercase: bool = False) -> float:
     """Corpus BLEU (unrounded), sacreBLEU's defaults unless told, for scripts; refuses counts that differ."""
-    streams = reference_streams(refs)
-    for stream in streams:
-        check_lengths(hyps, stream)
+    streams = reference_streams(refs, (hyps, "the hypotheses"))
     return bleu_metric(tokenize, lowercase).corpus_score(hyps, streams).score
 
 
@@ -127,9 +129,7 @@ def make_metrics(ter: bool = False, tokenize: str = "13a", lowercase: bool = Fal
 def score(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], ter: bool = False,
           tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
     """Corpus scores against one or several references (`reference_streams`); each with its signature."""
-    streams = reference_streams(refs)
-    for stream in streams:
-        check_lengths(hyps, stream)
+    streams = reference_streams(refs, (hyps, "the hypotheses"))
     results: dict[str, Any] = {"sentences": len(hyps)}
     for name, metric in make_metrics(ter, tokenize, lowercase).items():
         result = metric.corpus_score(hyps, streams)
@@ -147,10 +147,7 @@ def compare(hyps: list[str], other: list[str], refs: Sequence[str] | Sequence[Se
 
     sacreBLEU draws all `samples` x sentences indices at once (8 bytes each): a count whose draw would
     not fit in a quarter of this machine's memory is refused before it starts."""
-    streams = reference_streams(refs)
-    for stream in streams:
-        check_lengths(hyps, stream, "the baseline")
-        check_lengths(other, stream, "the other system")
+    streams = reference_streams(refs, (hyps, "the baseline"), (other, "the other system"))
     if not 1 <= samples <= MAX_BOOTSTRAP:
         raise EvaluationError(f"--bootstrap-samples must be in 1..{MAX_BOOTSTRAP}, got {samples}")
     need = samples * len(hyps) * 8
