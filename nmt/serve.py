@@ -249,7 +249,6 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     import torch
 
     from nmt.device import reuse_freed_memory
-    from nmt.model.modelfile import describe, load_model
 
     settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -257,8 +256,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
         torch.set_num_threads(threads)
     reuse_freed_memory()
     translator = Translator.load(model, device, precision=precision, quantize=quantize)
-    languages = dict(describe(load_model(model))["languages"])        # the card's, else the config's
-    app = create_app(translator, settings, languages)
+    app = create_app(translator, settings, translator.languages)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

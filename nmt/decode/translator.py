@@ -75,12 +75,14 @@ class Translator:
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None,
-                 contexts: list[Inference] | None = None) -> None:
+                 contexts: list[Inference] | None = None, languages: dict[str, str] | None = None) -> None:
         """`contexts`: the inference contexts of the model (one per ensemble member), when they exist
-        already; else made here (with int8 products for decoding.quantize int8)."""
+        already; else made here (with int8 products for decoding.quantize int8). `languages`: the
+        model's {"src", "tgt"} codes, as its file names them (the server reports them)."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
+        self.languages = languages or {}
         self.shortlist = shortlist                                  # used when decoding.shortlist is on
         self.amp_dtype = autocast_dtype(decoding.precision, device,
                                         graphed=decoding.cuda_graphs and isinstance(self.model, Seq2Seq))
@@ -131,7 +133,7 @@ class Translator:
         check_applicable(loaded.config.decoding, decoding_overrides)
         shortlist = shortlist_for(loaded, shortlist_file)
         return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, resolve_device(device),
-                   shortlist)
+                   shortlist, languages=loaded.languages)
 
     from_checkpoint = load                            # the name before model files existed
 
@@ -159,7 +161,7 @@ class Translator:
         ensemble = Ensemble([member.model for member in members])
         contexts = [member.search_model.ctx for member in members]      # with their int8 products, if any
         return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device), first.shortlist,
-                   contexts)
+                   contexts, first.languages)
 
     from_checkpoints = load_ensemble
 

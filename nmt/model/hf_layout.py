@@ -146,7 +146,7 @@ def _write_files(folder: Path, loaded: LoadedModel, name: str, scores: list[Test
 def hf_config(loaded: LoadedModel) -> dict[str, Any]:
     """config.json: what a reader of the folder needs to know about the model without nmt."""
     c = loaded.config
-    languages = loaded.card.get("languages") or {"src": c.data.src_lang, "tgt": c.data.tgt_lang}
+    languages = loaded.languages
     return {
         "library_name": "nmt", "nmt_version": __version__, "model_type": "rnn-attention-seq2seq",
         "model_file": MODEL_FILE, "model_format": 2, "dtype": loaded.dtype,

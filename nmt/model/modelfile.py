@@ -80,6 +80,11 @@ class LoadedModel:
             raise ModelFileError(f"{self.path}: the weights do not fit its model config ({str(exc)[:200]})") from None
         return model.eval()
 
+    @property
+    def languages(self) -> dict[str, str]:
+        """{"src": code, "tgt": code}: the card's, else the config's."""
+        return self.card.get("languages") or {"src": self.config.data.src_lang, "tgt": self.config.data.tgt_lang}
+
 
 def read_file(path: str | Path, what: str, mmap: bool = False) -> dict[str, Any]:
     """`torch.load(weights_only=True)` with every failure a `ModelFileError` naming the file.
@@ -319,7 +324,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     """The model card as a dictionary: languages, vocabulary, architecture, parameters, data, scores."""
     c, card = loaded.config, loaded.card
     n_params = sum(t.numel() for t in loaded.weights.values())
-    languages = card.get("languages") or {"src": c.data.src_lang, "tgt": c.data.tgt_lang}
+    languages = loaded.languages
     return {
         "file": str(loaded.path),
         "kind": loaded.kind,
