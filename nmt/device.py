@@ -9,7 +9,6 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from nmt.config import ConfigError
-from nmt.process import configure_process
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,12 +92,6 @@ def make_optimizer(optimizer_class: type, parameters, **kwargs) -> torch.optim.O
 def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
     """torch.autocast for `dtype`, or a no-op context for plain float32 (dtype None)."""
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-def limit_kernel_cache() -> None:
-    """Cap ideep's kernel cache at 16 entries, unless LRU_CACHE_CAPACITY is already set (see
-    nmt.process.configure_process; `Translator.load` calls this, importing nmt does not)."""
-    configure_process()
 
 
 def reuse_freed_memory() -> None:

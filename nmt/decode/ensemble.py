@@ -48,14 +48,6 @@ class EnsembleDecoding:
 
     members: list[Decoding]
 
-    @property
-    def device(self) -> torch.device:
-        return self.members[0].device
-
-    @property
-    def plain(self) -> bool:
-        return False                               # nmt.decode.graphed captures single models only
-
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[EnsembleMemory,
                                                                                            EnsembleState]:
         encoded = [member.encode(src, src_lengths, fold_context) for member in self.members]

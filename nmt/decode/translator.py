@@ -50,10 +50,11 @@ from nmt.decode.search import (
 )
 from nmt.decode.shortlist import Shortlist, shortlist_for, subset_positions
 from nmt.decode.streaming import Line, translate_batches
-from nmt.device import autocast, autocast_dtype, limit_kernel_cache, resolve_device
+from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.inference import Inference
 from nmt.model.modelfile import ModelFileError, load_model
 from nmt.model.seq2seq import Seq2Seq
+from nmt.process import configure_process
 
 __all__ = ["Translation", "Translator"]
 
@@ -128,7 +129,7 @@ class Translator:
     @classmethod
     def _load_one(cls, path: str | Path, device: str, shortlist_file: str | Path | None,
                   decoding_overrides: dict[str, Any]) -> Translator:
-        limit_kernel_cache()
+        configure_process()                  # ideep's kernel cache capped before the first oneDNN call
         loaded = load_model(path, decoding_overrides)
         check_applicable(loaded.config.decoding, decoding_overrides)
         shortlist = shortlist_for(loaded, shortlist_file)
