@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import typer
@@ -41,11 +41,11 @@ def as_options(message: str) -> str:
     return re.sub(r"`decoding\.(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`", message)
 
 
-def check_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None],
-                   models: Sequence[Path] = (), stdin: bool = False) -> dict[str, Path]:
+def check_paths(outputs: dict[str, Path | None], inputs: Iterable[tuple[str, Path | None]] = (),
+                models: Sequence[Path] = ()) -> dict[str, Path]:
     """`check_outputs` (nmt.output_files) with the models as inputs; a problem is one `error:` line."""
     try:
-        return check_outputs(outputs, [*inputs.items(), *(("--model", model) for model in models)], stdin=stdin)
+        return check_outputs(outputs, [*inputs, *(("--model", model) for model in models)])
     except FolderError as exc:
         fail(str(exc))
         return {}

@@ -23,7 +23,7 @@ def average(
 
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
-    target = check_paths({}, {"--output": output}, checkpoints)["--output"]
+    target = check_paths({"--output": output}, models=checkpoints)["--output"]
     if len({os.path.realpath(path) for path in checkpoints}) < 2:   # one file's "average" is a mislabelled copy
         named = ", ".join(dict.fromkeys(map(str, checkpoints)))
         fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
@@ -73,7 +73,7 @@ def export(
              "(or --format hf to write a Hugging Face folder)")
     if not output.parent.is_dir():
         fail(f"--output {output}: folder {output.parent} does not exist")
-    target = check_paths({}, {"--output": output}, [checkpoint])["--output"]
+    target = check_paths({"--output": output}, models=[checkpoint])["--output"]
     if target.exists():
         if not force:
             fail(f"{output} exists; choose a new name, or pass --force to replace an nmt model file")

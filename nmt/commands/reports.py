@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from nmt.commands.common import MODEL_HELP, app, as_options, fail
+from nmt.commands.common import MODEL_HELP, app, as_options, check_paths, fail
 from nmt.config import ConfigError
 from nmt.folders import FolderError, remove_leftovers
 from nmt.output_files import check_outputs, output_target
@@ -43,10 +43,7 @@ def evaluate(
 
     if json_out is not None and str(json_out) != "-":
         inputs = [("--hyp", hyp), ("--src", src), ("--compare", compare), *(("--ref", r) for r in ref)]
-        try:
-            check_outputs({"--json": json_out}, [*inputs, *((("--model", checkpoint),) if checkpoint else ())])
-        except FolderError as exc:
-            fail(str(exc))
+        check_paths({"--json": json_out}, inputs, [checkpoint] if checkpoint else [])
     try:
         ev.bleu_metric(tokenize, lowercase)               # a tokenizer that cannot run here: before any work
         refs = [ev.read_text(path) for path in ref]
