@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from nmt.folders import plain_name
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
 
@@ -140,8 +142,7 @@ class Vocab:
         (ValueError)."""
         for key in ("model", "pieces"):
             name = entry.get(key)
-            if name is not None and (not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name
-                                     or "\\" in name):
+            if name is not None and (not plain_name(name) or "\\" in name):      # no Windows separator either
                 raise ValueError(f"vocabulary entry {key} {name!r} is not a plain file name inside {folder}")
         model_path = folder / entry["model"]
         if not model_path.is_file():
