@@ -24,7 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench import harness
+
+REPO = harness.REPO
 
 
 def measure_training(args: argparse.Namespace) -> dict:
@@ -138,10 +140,9 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
     cmd += decoding_options(args)
     for item in args.set:
         cmd += ["--set", item]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if proc.returncode != 0:
-        raise SystemExit(f"{task} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = harness.run_child(cmd, env=env, cwd=REPO)
+    result.pop("wall_s")                     # the child times itself; start-up is not part of its figure
+    return result
 
 
 def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str], pin: list[str] = ()) -> dict:
@@ -181,7 +182,7 @@ def main() -> None:
     add_decoding_arguments(parser)
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "greedy", "beam"])
     parser.add_argument("--set", action="append", default=[], help="config override for training")
-    parser.add_argument("--json-out", type=Path, default=REPO / "bench" / "out" / "benchmark.json")
+    parser.add_argument("--json-out", type=Path, default=harness.OUT / "benchmark.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -205,11 +206,8 @@ def main() -> None:
         results.sort(key=lambda r: next(v for k, v in r.items() if k in ("tgt_tokens_per_s", "sent_per_s")))
         return results[len(results) // 2]
 
-    from bench.machine_facts import machine_facts
-
     report: dict = {"config": str(args.config), "threads": args.threads, "device": args.device,
-                    "precision": args.precision, "matmul_precision": args.matmul_precision,
-                    "machine": machine_facts(args.threads)}
+                    "precision": args.precision, "matmul_precision": args.matmul_precision}
     if "train" not in args.skip:
         report["train"] = median_of(lambda: run_child("train", args, env))
     if args.checkpoint:
@@ -218,15 +216,11 @@ def main() -> None:
                 continue
             report[f"{name}_whole_process"] = median_of(lambda beam=beam: whole_process(args, beam, env, refs))
             report[f"{name}_decode_only"] = median_of(lambda beam=beam: run_child(f"decode-{beam}", args, env))
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print_table(report)
+    print_table(harness.write_result(args.json_out, report, threads=args.threads))   # with the machine's facts
 
 
 def print_table(report: dict) -> None:
-    from bench.machine_facts import describe
-
-    print(f"nmt benchmark on {describe(report['machine'])}, device {report['device']}, "
+    print(f"nmt benchmark on {harness.describe(report['machine'])}, device {report['device']}, "
           f"precision asked: {report['precision']}")
     if "train" in report:
         t = report["train"]
