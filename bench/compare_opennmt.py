@@ -86,6 +86,21 @@ def onmt_config(work: Path, steps: int, src: str, tgt: str, device: str = "cpu")
     return path
 
 
+def build_vocab(venv: Path, work: Path, config: Path, env: dict | None = None) -> None:
+    """OpenNMT's vocabularies of the pieces in `work`, once (WORK/run/vocab.*)."""
+    if not (work / "run" / "vocab.src").is_file():
+        subprocess.run([str(venv / "bin" / "onmt_build_vocab"), "-config", str(config), "-n_sample", "-1"],
+                       check=True, capture_output=True, env=env)
+
+
+def onmt_translate_cmd(venv: Path, model: Path, source: Path, out: Path, beam: int, device: str,
+                       alpha: float) -> list[str]:
+    """onmt_translate of the pieces in `source` into `out`, with our length penalty as GNMT's `wu`."""
+    return [str(venv / "bin" / "onmt_translate"), "-model", str(model), "-src", str(source), "-output", str(out),
+            "-beam_size", str(beam), "-gpu", "0" if device == "cuda" else "-1", "-length_penalty", "wu",
+            "-alpha", str(alpha)]
+
+
 def run_onmt(venv: Path, config: Path, warmup: int, env: dict, pin: list[str]) -> float:
     """Mean of OpenNMT's reported target tokens/s over the reports after warm-up."""
     proc = subprocess.run([*pin, str(venv / "bin" / "onmt_train"), "-config", str(config)],
@@ -121,10 +136,8 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     from nmt.evaluate import bleu
 
     out = args.work / f"onmt_hyp.b{beam}.sp"
-    cmd = [*pin, str(args.onmt_venv / "bin" / "onmt_translate"), "-model", str(args.onmt_checkpoint),
-           "-src", str(args.work / f"test.sp.{args.src}"), "-output", str(out), "-beam_size", str(beam),
-           "-gpu", "0" if args.device == "cuda" else "-1", "-report_time", "-length_penalty", "wu",
-           "-alpha", str(args.alpha)]
+    cmd = [*pin, *onmt_translate_cmd(args.onmt_venv, args.onmt_checkpoint, args.work / f"test.sp.{args.src}", out,
+                                     beam, args.device, args.alpha), "-report_time"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
@@ -225,9 +238,7 @@ def main() -> None:
     config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang, args.device)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     prefix = pin(args.core)
-    if not (args.work / "run" / "vocab.src").is_file():
-        subprocess.run([str(args.onmt_venv / "bin" / "onmt_build_vocab"), "-config", str(config), "-n_sample", "-1"],
-                       check=True, capture_output=True, env=env)
+    build_vocab(args.onmt_venv, args.work, config, env)
     if args.task == "train-model":
         subprocess.run([*prefix, str(args.onmt_venv / "bin" / "onmt_train"), "-config", str(config),
                         "-save_checkpoint_steps", str(args.steps)], check=True, env=env)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.compare_opennmt import build_vocab, onmt_config, onmt_translate_cmd, write_pieces
+from bench.harness import OUT, REPO, write_result
 
 ELAPSED = re.compile(r"Step (\d+)/.*?;\s+(\d+) sec")
 
@@ -33,10 +34,8 @@ def elapsed_by_step(log: str) -> dict[int, int]:
 
 
 def translate(venv: Path, model: Path, source: Path, out: Path, beam: int, device: str) -> list[str]:
-    cmd = [str(venv / "bin" / "onmt_translate"), "-model", str(model), "-src", str(source), "-output", str(out),
-           "-beam_size", str(beam), "-gpu", "0" if device == "cuda" else "-1", "-length_penalty", "wu",
-           "-alpha", "1.0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(onmt_translate_cmd(venv, model, source, out, beam, device, 1.0), capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         raise SystemExit(f"onmt_translate failed:\n{proc.stderr[-3000:]}")
     return out.read_text(encoding="utf-8").splitlines()
@@ -46,15 +45,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--onmt-venv", type=Path, required=True, help="OpenNMT-py 3.5.1 install (bin/onmt_*)")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
-    parser.add_argument("--work", type=Path, default=REPO / "bench" / "out" / "onmt_curve")
+    parser.add_argument("--work", type=Path, default=OUT / "onmt_curve")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--save-every", type=int, default=500)
     parser.add_argument("--json-out", type=Path, required=True)
     args = parser.parse_args()
 
-    from bench.compare_opennmt import onmt_config, write_pieces
-    from bench.harness import machine_facts, write_result
     from nmt.config import load_config
     from nmt.data.corpus import read_lines, resolve_text_file
     from nmt.data.folder import DataFolder
@@ -69,9 +66,7 @@ def main() -> None:
     config.update(label_smoothing=0.1, save_checkpoint_steps=args.save_every, keep_checkpoint=-1, report_every=50)
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     venv = args.onmt_venv
-    if not (args.work / "run" / "vocab.src").is_file():
-        subprocess.run([str(venv / "bin" / "onmt_build_vocab"), "-config", str(config_path), "-n_sample", "-1"],
-                       check=True, capture_output=True)
+    build_vocab(venv, args.work, config_path)
     proc = subprocess.run([str(venv / "bin" / "onmt_train"), "-config", str(config_path)],
                           capture_output=True, text=True)
     (args.work / "train.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
@@ -97,7 +92,7 @@ def main() -> None:
     best = max(curve, key=lambda point: point["bleu"])
     model = args.work / "run" / f"model_step_{best['step']}.pt"
     hyps = detok(translate(venv, model, args.work / f"test.sp.{src}", args.work / "test.hyp", 5, args.device))
-    result = {"machine": machine_facts(), "system": "OpenNMT-py 3.5.1", "onmt_config": config,
+    result = {"system": "OpenNMT-py 3.5.1", "onmt_config": config,
               "dev_bleu_curve": curve, "best_dev_step": best["step"], "best_dev_bleu": best["bleu"],
               "test_bleu_beam5": bleu(hyps, test_refs)}
     print(f"best dev {best['bleu']:.2f} at step {best['step']} ({best['minutes']} min); "
