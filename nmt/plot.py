@@ -94,12 +94,17 @@ class AttentionPlotter:
     def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
         fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
         path = self.out_dir / f"attention-{number:05d}.png"
-        try:
-            atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=DPI))
-        finally:
-            self.plt.close(fig)
+        save_figure(self.plt, fig, path, "png")
         self.written.append(path)
         return path
+
+
+def save_figure(plt: Any, fig: Any, path: Path, kind: str) -> None:
+    """Write `fig` to `path` atomically in format `kind`, and free it (pyplot keeps every open figure)."""
+    try:
+        atomic_write(path, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
+    finally:
+        plt.close(fig)
 
 
 class HeatmapFile:
@@ -116,11 +121,7 @@ class HeatmapFile:
         if self.written:
             raise PlotError(f"{self.option} {self.path} is one file and holds one heatmap; give a folder for more")
         fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
-        try:
-            atomic_write(output_target(self.path, self.option),
-                         lambda handle: fig.savefig(handle, format=self.kind, dpi=DPI))
-        finally:
-            self.plt.close(fig)
+        save_figure(self.plt, fig, output_target(self.path, self.option), self.kind)
         self.written.append(self.path)
         return self.path
 
@@ -219,11 +220,6 @@ def curves_figure(run_dirs: Sequence[Path]):
 def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
     """Draw the runs' curves into `out`, in the format its suffix names (png, pdf, svg, ...), atomically."""
     plt = _pyplot()
-    fig = curves_figure(run_dirs)
-    try:
-        kind = image_format(out)
-        target = output_target(out, "--out")
-        atomic_write(target, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
-    finally:
-        plt.close(fig)
+    kind, target = image_format(out), output_target(out, "--out")
+    save_figure(plt, curves_figure(run_dirs), target, kind)
     return out
