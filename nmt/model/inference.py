@@ -65,7 +65,7 @@ class Inference:
 
     def product(self, name: str) -> nn.Module | None:
         """The int8 replacement of product `name` (float in, float out), or None."""
-        return self.int8.get(name) if self.int8 else None
+        return self.int8.get(name)
 
     def with_output_rows(self, output: nn.Linear, keep: Tensor) -> Inference:
         """A view for one batch's vocabulary shortlist: the same cache and int8 products, and a subset.

@@ -10,7 +10,7 @@ from nmt.data.tokenizer import PAD
 from nmt.model.attention import Memory, build_attention
 from nmt.model.decoder import BahdanauDecoder, Decoder, DecoderState, LuongDecoder
 from nmt.model.encoder import Encoder, EncoderOutput
-from nmt.model.inference import Decoding, Inference
+from nmt.model.inference import Decoding, Inference, int8_product
 
 
 class Bridge(nn.Module):
@@ -84,7 +84,7 @@ class Seq2Seq(nn.Module):
                ctx: Inference | None = None) -> tuple[Memory, DecoderState]:
         """Run the encoder once and precompute the attention keys for every decoder step
         (`fold_context`: see `Decoder.memory`; `ctx`: the inference context, see nmt.model.inference)."""
-        encoded = self.encoder(src, src_lengths, ctx.product("encoder_rnn") if ctx is not None else None)
+        encoded = self.encoder(src, src_lengths, int8_product("encoder_rnn", ctx))
         memory = self.decoder.memory(encoded.outputs, src != PAD, fold_context, ctx)
         hidden, cell = self.bridge(encoded)
         return memory, self.decoder.initial_state(hidden, cell)
