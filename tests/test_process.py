@@ -71,3 +71,12 @@ def test_configure_process_caps_the_kernel_caches_it_is_asked_for_and_keeps_the_
             "os.environ['LRU_CACHE_CAPACITY'] = '1024'; configure_process(training=True); "
             "print(os.environ['LRU_CACHE_CAPACITY'], 'torch' in __import__('sys').modules)")
     assert run_python(code).split("\n")[:3] == ["16 None", "16 16", "1024 False"]
+
+
+def test_loading_a_model_leaves_the_compiler_stack_unimported(model_file: Path) -> None:
+    """torch._dynamo costs 0.7 s of start-up; checking a file's weights on the meta device must not pull it in."""
+    probe = ("import sys; from nmt.model.modelfile import load_model; load_model(sys.argv[1]); "
+             "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe, str(model_file)], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from nmt.config import MAX_VOCAB, Config, ConfigError, ModelConfig, memory_bytes, stored_config
 
@@ -143,6 +144,17 @@ def check_config(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> 
         raise ModelFileError(f"{path}: its config is unusable: {reason}") from None
 
 
+class _NoNormalInit(TorchFunctionMode):
+    """Skips `normal_` (nn.Embedding's default init): on the meta device it goes through torch's
+    reference implementations, whose first use imports torch._dynamo, 0.7 s of every `nmt translate`."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (torch.nn.init.normal_, Tensor.normal_):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 def expected_weights(model: ModelConfig, src_vocab: int, tgt_vocab: int, what: str, copies: int = 2,
                      error: type[ValueError] = ModelFileError) -> dict[str, tuple[torch.Size, torch.dtype]]:
     """Name -> (shape, float32) of every weight the model config describes with these vocabulary sizes.
@@ -153,7 +165,7 @@ def expected_weights(model: ModelConfig, src_vocab: int, tgt_vocab: int, what: s
     from nmt.model.seq2seq import Seq2Seq
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoNormalInit():
             built = Seq2Seq.from_config(model, src_vocab, tgt_vocab, initialize=False)
     except ConfigError as exc:
         raise error(f"{what}: {exc}") from None
