@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/benchmarks.md, on a machine with an NVIDIA GPU and a CUDA build of torch:
 #
-#   bash bench/gpu_benchmarks.sh OUT [MODEL]
+#   bash scripts/gpu_benchmarks.sh OUT [MODEL]
 #
 # OUT (e.g. docs/results/h200-DATE) gets one JSON per measurement, each with the machine's facts (GPU,
 # driver, CUDA, cuDNN, torch), the CUDA tests' log and the recipe run's logs; `python -m bench.gpu_table
@@ -93,6 +93,16 @@ with gzip.open("data/multi30k/train.de.gz", "rt", encoding="utf-8") as handle:
 source = tempfile.NamedTemporaryFile("w", suffix=".de", delete=False, encoding="utf-8")
 source.writelines(lines)
 source.close()
+startup = {}                         # what every process pays before nmt does anything
+for what, code in (("import_torch_s", "import torch"),
+                   ("cuda_init_s", "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()")):
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        times.append(time.perf_counter() - start)
+    startup[what] = sorted(times)[1]
+print(json.dumps(startup), flush=True)
 rows = []
 for beam in (1, 5):
     for run in range(2):
@@ -105,7 +115,8 @@ for beam in (1, 5):
         rows.append({"beam": beam, "run": run, "seconds": seconds, "lines_out": produced,
                      "sent_per_s": produced / seconds, "rc": proc.returncode, "stderr": proc.stderr[-500:]})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "stderr"}), flush=True)
-write_result(Path(out), {"sentences": len(lines), "batch_tokens": 64000, "precision": "auto", "runs": rows})
+write_result(Path(out), {"sentences": len(lines), "batch_tokens": 64000, "precision": "auto", "runs": rows,
+                         "startup_median_s": startup})
 PY
 fi
 
