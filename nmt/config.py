@@ -160,6 +160,8 @@ class TrainingConfig:
     val_max_sentences: int = _bounded(0, ge=0)           # 0 = whole dev set
     log_examples: int = _bounded(3, ge=0, le=1000)
     tensorboard: bool = False                            # event files in run_dir/tensorboard (nmt[tensorboard])
+    init_from: str | None = _path()                      # fine-tune: start from this model file or checkpoint
+    init_optimizer: bool = False                         # fine-tune: also its optimiser state (a checkpoint's)
 
 
 @dataclass

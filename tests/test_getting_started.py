@@ -58,12 +58,12 @@ def test_the_smoke_config_runs_end_to_end_on_the_data_its_header_fetches(tmp_pat
     assert len(translations) == 2 and translations[0] and translations[1] == ""   # one line out for one in
 
 
-def readme_steps() -> str:
-    """The bash block of the README's "Step by step" section."""
+def readme_steps(title: str = "Step by step") -> str:
+    """The bash block of a README section."""
     text = README.read_text(encoding="utf-8")
-    section = text.split("## Step by step", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert match, "README has no bash block under '## Step by step'"
+    assert match, f"README has no bash block under '## {title}'"
     return match.group(1)
 
 
@@ -113,6 +113,19 @@ def test_readme_step_by_step_runs_as_written(tmp_path):
     assert '"sentences": 20' in scores and "nrefs:1|case:mixed|eff:no|tok:13a" in scores
     assert len((root / "hyp.en").read_text(encoding="utf-8").split("\n")) == 21
 
+    # The fine-tuning recipe, after the step by step, on a "domain" of pairs from the mirror.
+    (root / "my_domain").mkdir()
+    for name, split, n in (("train", "train", 60), ("val", "val", 10), ("test", "test_2016_flickr", 10)):
+        for lang in ("de", "en"):
+            lines = read_gz(f"{split}.{lang}", 100)[-n:]                 # pairs the parent did not see
+            (root / "my_domain" / f"{name}.{lang}").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+    result = shell(small_nmt() + readme_steps("Fine-tune on your domain"), root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tuned = yaml.safe_load((root / "runs" / "my_domain" / "config.yaml").read_text(encoding="utf-8"))
+    assert tuned["training"]["init_from"] == str(run_dir / "best.pt")
+    for name in ("before.json", "after.json"):
+        assert '"sentences": 10' in (root / name).read_text(encoding="utf-8")
+
 
 def quickstart_run() -> str:
     """The run folder scripts/quickstart.sh trains by default: runs/quickstart_<config name>."""
@@ -124,10 +137,11 @@ def quickstart_run() -> str:
 
 
 def test_the_readme_names_the_checkpoints_the_quickstart_and_the_steps_write():
-    """Every `runs/.../best.pt` the README names is the quickstart's run or the step-by-step config's."""
+    """Every `runs/.../best.pt` the README names is the quickstart's run, the step-by-step config's, or the
+    fine-tuning recipe's (whose commands `test_readme_step_by_step_runs_as_written` runs)."""
     config = yaml.safe_load((REPO / "configs" / "multi30k_de_en_bahdanau.yaml").read_text(encoding="utf-8"))
     step_run = os.path.normpath(os.path.join("configs", config["training"]["run_dir"]))
-    known = {quickstart_run(), step_run}
+    known = {quickstart_run(), step_run, "runs/my_domain"}
     text = README.read_text(encoding="utf-8")
     start, end = text.index("## Step by step"), text.index("## Python API")    # steps, safety, ship a model
     named = set(re.findall(r"\b(runs/[\w.-]+)/best\.pt", text[start:end]))

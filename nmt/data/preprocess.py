@@ -173,6 +173,9 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     if data.out_dir is None:
         raise ConfigError("`data.out_dir` is required: the folder to write the preprocessed data to")
     out_dir = Path(data.out_dir)
+    if config.training.init_from and (data.src_spm_model or data.tgt_spm_model):
+        raise ConfigError("`data.src_spm_model` / `tgt_spm_model` conflict with `training.init_from`: fine-tuning "
+                          "data is encoded with the parent's SentencePiece models and vocabularies")
     files = _input_files(data)
     inputs = [path for pair in files.values() for path in pair]
     inputs += [Path(p) for p in (data.src_spm_model, data.tgt_spm_model) if p]
@@ -197,6 +200,12 @@ def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_
     for model_key in ("src_spm_model", "tgt_spm_model"):
         if getattr(data, model_key):
             digests[model_key] = file_digest(Path(getattr(data, model_key)))
+    parent = None
+    if config.training.init_from:                   # fine-tuning: the parent's vocabularies, not new ones
+        from nmt.model.parent import parent_vocabularies, vocabulary_digest
+
+        parent = parent_vocabularies(config.training.init_from)
+        digests["init_from"] = {"vocabularies": vocabulary_digest(*parent)}
     fingerprint = _fingerprint(data, digests)
 
     manifest_path = out_dir / "manifest.json"
@@ -211,7 +220,7 @@ def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_
 
     tmp = Path(tempfile.mkdtemp(prefix=f".build.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=out_dir))
     try:
-        manifest = _write_folder(config, files, digests, fingerprint, tmp)
+        manifest = _write_folder(config, files, digests, fingerprint, tmp, parent)
         _replace_folder(tmp, out_dir)
     except OSError as exc:              # a full disk: Python and numpy name no file
         raise write_error(exc.filename or out_dir, exc) from None
@@ -317,10 +326,14 @@ def _check_some_left(data: DataConfig, train: dict[str, Any]) -> None:
 
 
 def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: dict[str, Any], fingerprint: str,
-                  out: Path) -> dict[str, Any]:
+                  out: Path, parent: tuple[Vocab, Vocab] | None) -> dict[str, Any]:
     data = config.data
     train_files = [files[name] for name, _, _ in train_corpora(data)]
-    src_model, tgt_model = _build_vocabs(data, train_files, out)
+    if parent is None:
+        src_model, tgt_model = _build_vocabs(data, train_files, out)
+    else:
+        from nmt.model.parent import write_vocabularies
+        src_model, tgt_model = write_vocabularies(*parent, out)
     src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
     for vocab in (src_vocab, tgt_vocab):
         _check_specials(vocab, str(vocab.model_path))
@@ -335,10 +348,10 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
     _check_some_left(data, splits["train"])
     vocab_entries: dict[str, Any] = {"src": {"model": src_model.name, "pieces": None},
                                      "tgt": {"model": tgt_model.name, "pieces": None}}
-    if data.target_vocab_from_train:
-        # ... then the target side's vocabulary is those pieces, and its ids are mapped in place.
+    if data.target_vocab_from_train or parent is not None:
+        # ... then the target side's vocabulary is those pieces (or the parent's), and its ids are mapped in place.
         seen_tgt[[PAD, UNK, BOS, EOS]] = True
-        tgt_vocab = Vocab(tgt_model, np.flatnonzero(seen_tgt))
+        tgt_vocab = Vocab(tgt_model, np.flatnonzero(seen_tgt) if parent is None else parent[1].pieces)
         tgt_vocab.save_pieces(out / "tgt.pieces")
         vocab_entries["tgt"]["pieces"] = "tgt.pieces"
         map_ids_in_place(out / f"train.{data.tgt_lang}", dtypes["tgt"], tgt_vocab.to_side)

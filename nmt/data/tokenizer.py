@@ -10,6 +10,7 @@ in training (`Vocab.pieces`), which shrinks the target output layer to the piece
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import threading
@@ -130,6 +131,10 @@ class Vocab:
 
     def to_pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.sp.id_to_piece(int(i)) for i in self.pieces[np.asarray(ids, dtype=np.int64)]]
+
+    def digest(self) -> str:
+        """SHA-256 of the SentencePiece model and the pieces kept: equal digests, equal ids for every text."""
+        return hashlib.sha256(self.sp.serialized_model_proto() + self.pieces.astype("<i8").tobytes()).hexdigest()
 
     def save_pieces(self, path: Path) -> None:
         path.write_text("".join(f"{i}\n" for i in self.pieces.tolist()), encoding="utf-8")

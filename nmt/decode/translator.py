@@ -156,7 +156,7 @@ class Translator:
         for path, member in zip(paths[1:], members[1:], strict=True):
             for side, mine, theirs in (("source", first.src_vocab, member.src_vocab),
                                        ("target", first.tgt_vocab, member.tgt_vocab)):
-                if not _same_vocab(mine, theirs):
+                if mine.digest() != theirs.digest():
                     raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
                                          "the models of an ensemble must share their vocabularies")
         ensemble = Ensemble([member.model for member in members])
@@ -419,10 +419,6 @@ def _as_lines(name: str, lines: object) -> list[str]:
 
 def _whole(number: object) -> bool:
     return isinstance(number, int) and not isinstance(number, bool)
-
-
-def _same_vocab(a: Vocab, b: Vocab) -> bool:
-    return np.array_equal(a.pieces, b.pieces) and a.sp.serialized_model_proto() == b.sp.serialized_model_proto()
 
 
 def _flatten(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

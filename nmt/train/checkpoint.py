@@ -123,13 +123,7 @@ def _restore(path: Path, state: dict[str, Any], config: Config, optimizer: torch
              schedule: Any, scaler: Any) -> Progress:
     if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
         raise ValueError(f"step {state['step']!r} is not a count of updates")
-    lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
-    optimizer.load_state_dict(state["optimizer"])
-    t = config.training
-    for group in optimizer.param_groups:           # the state brings back the saved ones; the config wins
-        group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
-    for group, lr in zip(optimizer.param_groups, lr_tensors, strict=False):   # a capturable optimiser
-        group["lr"] = lr.fill_(float(group["lr"]))                          # keeps its lr tensor
+    load_optimizer_state(optimizer, state["optimizer"], config)
     schedule.load_state_dict(state["schedule"])
     scaler.load_state_dict(state["scaler"])
     rng = state["rng"]
@@ -145,6 +139,18 @@ def _restore(path: Path, state: dict[str, Any], config: Config, optimizer: torch
                     validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
                     window_loss=float(prog.get("window_loss", 0.0)),          # window empty
                     window_tokens=int(prog.get("window_tokens", 0)))
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], config: Config) -> None:
+    """Adam's moments and step counts from `saved`; betas and weight decay stay the config's, and a
+    capturable optimiser keeps its lr tensor (a captured update reads it there)."""
+    lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
+    optimizer.load_state_dict(saved)
+    t = config.training
+    for group in optimizer.param_groups:           # the state brings back the saved ones; the config wins
+        group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
+    for group, lr in zip(optimizer.param_groups, lr_tensors, strict=False):
+        group["lr"] = lr.fill_(float(group["lr"]))
 
 
 def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from nmt.device import autocast_dtype, grad_scaler, make_optimizer, resolve_devi
 from nmt.evaluate import bleu_metric
 from nmt.locks import lock_folder, release_folder
 from nmt.model.filecheck import expected_weights
+from nmt.model.parent import Parent, check_data_vocabularies, load_parent
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.checkpoint import (
     CheckpointError,
@@ -29,6 +30,7 @@ from nmt.train.checkpoint import (
     Progress,
     best_k_files,
     load_checkpoint,
+    load_optimizer_state,
     restore_training_state,
 )
 from nmt.train.distributed import Ranks
@@ -63,6 +65,7 @@ class TrainingParts:
     sampler: BucketBatchSampler
     dev_ids: ParallelIds | None
     progress: Progress                   # fresh, or as the resumed checkpoint left it
+    parent: Parent | None = None         # the model a new fine-tuning run started from (`training.init_from`)
     tensorboard: TensorBoardLog | None = None   # `training.tensorboard`, on rank 0
 
     def close(self) -> None:
@@ -106,6 +109,11 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
             use_deterministic_algorithms()
         if resume:
             _resume(parts)
+        elif parts.parent is not None:
+            loaded = parts.parent.loaded
+            parts.run.log({"event": "init_from", "path": str(loaded.path), "kind": loaded.kind,
+                           "parent_step": (loaded.card.get("training") or {}).get("step"),
+                           "optimizer": parts.parent.optimizer is not None})
         if t.tensorboard and ranks.is_main:
             parts.tensorboard = TensorBoardLog(parts.run.path, parts.progress.step)
     except BaseException:
@@ -125,11 +133,17 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> Tra
     if not resume:                                  # a resumed run checks its own data (RunFolder.data_mismatch)
         data.check_settings(config.data)
     src_vocab, tgt_vocab = data.vocab("src"), data.vocab("tgt")
+    parent = None                                   # a resumed run has its weights in last.pt
+    if (t.init_from or t.init_optimizer) and not resume:
+        parent = load_parent(config)
+        check_data_vocabularies(parent, src_vocab, tgt_vocab, data.root)
     expected_weights(config.model, len(src_vocab), len(tgt_vocab), "the config", copies=4,
                      error=ConfigError)             # a model this machine cannot train: before allocating
     torch.manual_seed(t.seed)
     random.seed(t.seed)
     model = Seq2Seq.from_config(config.model, len(src_vocab), len(tgt_vocab)).to(device)
+    if parent is not None:
+        model.load_state_dict(parent.loaded.weights)     # copied into float32 parameters
     train_model: torch.nn.Module = model
     if ranks.world_size > 1:
         train_model, device = ranks.wrap(model, device)
@@ -147,6 +161,12 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> Tra
     else:
         optimizer = make_optimizer(optim_class, model.parameters(), lr=t.lr,
                                    betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    if parent is not None and parent.optimizer is not None:
+        try:
+            load_optimizer_state(optimizer, parent.optimizer, config)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"`training.init_optimizer`: the optimiser state of {parent.loaded.path} does not "
+                              f"fit this run's optimiser ({str(exc)[:200]})") from None
     train_ids = ParallelIds(data.ids("train", "src"), data.ids("train", "tgt"))
     corpora = [(c["start"], c["end"], c["weight"]) for c in data.manifest["splits"]["train"]["corpora"]]
     sampler = BucketBatchSampler(train_ids.src_lengths, train_ids.tgt_lengths, t.batch_tokens, t.batch_size,
@@ -158,7 +178,7 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> Tra
         data_locked=data_locked, vocabs=(src_vocab, tgt_vocab), device=device, amp_dtype=amp_dtype,
         model=model, train_model=train_model, optimizer=optimizer, schedule=LrSchedule(optimizer, t),
         scaler=grad_scaler(enabled=amp_dtype == torch.float16), graphed=graphs, train_ids=train_ids,
-        sampler=sampler, dev_ids=dev_ids, progress=Progress(cursor=Cursor(seed=t.seed)))
+        sampler=sampler, dev_ids=dev_ids, progress=Progress(cursor=Cursor(seed=t.seed)), parent=parent)
 
 
 def _resume(parts: TrainingParts) -> None:
