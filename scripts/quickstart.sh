@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job, from nothing: install, get Multi30k, preprocess, train the reference model
-# (Bahdanau, de->en), translate test_2016_flickr with beam 5, score it with sacreBLEU.
+# (Bahdanau, de->en) for a fixed budget, translate test_2016_flickr with beam 5, score it with sacreBLEU.
 #
 #   bash scripts/quickstart.sh                 # 30 minutes of training
 #   MINUTES=5 bash scripts/quickstart.sh       # a shorter run
 #   CONFIG=configs/multi30k_de_en_luong.yaml bash scripts/quickstart.sh
+#   CONFIG=configs/multi30k_en_de_bahdanau.yaml bash scripts/quickstart.sh   # English -> German
 #
 # THREADS=N sets the CPU threads of training and translation (default 0: torch's default, one per
 # core); RUN=folder is where the run goes (default runs/quickstart_CONFIGNAME). Multi30k comes from
