@@ -50,7 +50,7 @@ def domain_config(tmp: Path, name: str, train: Path, dev: Path, **training: obje
     folder = tmp / name
     folder.mkdir()
     config = make_config(folder, train.parent, model=MODEL,
-                         training={"lr": 0.003, "batch_tokens": 1500, "validate_every": 1000,
+                         training={"lr": 0.003, "batch_tokens": 1500, "validate_every": 1000, "precision": "fp32",
                                    "val_max_sentences": 50, "log_examples": 0, **training})
     raw = config.read_text(encoding="utf-8").replace(str(train.parent / "train"), str(train))
     raw = raw.replace(str(train.parent / "val"), str(dev)).replace(str(train.parent / "test_2016_flickr"), str(dev))
@@ -65,7 +65,7 @@ def parent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     corpora = tmp / "corpora"
     general = write_corpus(corpora, "general", 0, 2000)
     dev = write_corpus(corpora, "dev", 0, 100, split="val")
-    config = domain_config(tmp, "parent", general, dev, max_updates=500)
+    config = domain_config(tmp, "parent", general, dev, max_updates=400)
     preprocess(load_config(config))
     Trainer(load_config(config)).train()
     return tmp / "parent" / "run" / "best.pt", corpora
@@ -95,8 +95,8 @@ def test_fine_tuning_on_a_shifted_domain_raises_bleu_there(parent, tmp_path):
     for name, path in (("parent", parent_path), ("tuned", tuned), ("control", control)):
         hyps = [t.text for t in Translator.load(path, "cpu", beam_size=1).translate(source)]
         scores[name] = bleu(hyps, domain_refs)
-    assert scores["tuned"] > scores["parent"] + 3.0, scores
-    assert scores["tuned"] > scores["control"] + 3.0, scores       # the domain, not the extra updates
+    assert scores["tuned"] > scores["parent"] + 2.5, scores
+    assert scores["tuned"] > scores["control"] + 2.5, scores       # the domain, not the extra updates
 
 
 def test_a_fine_tuning_run_starts_from_the_parent_with_a_fresh_schedule(parent, tmp_path):
