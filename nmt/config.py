@@ -192,7 +192,8 @@ class DecodingConfig:
         "none", "int8: int8 weights for the decoder's step products and the encoder RNN (CPU; BLEU within "
                 "0.3); none.")
     shortlist: bool = _described(False, "Score only the target pieces likely for each batch's source pieces "
-                                         "(the vocabulary shortlist the model embeds; greedy and beam).")
+                                         "(the vocabulary shortlist the model embeds; greedy and beam). On by "
+                                         "default on the CPU for a model that embeds one.")
     shortlist_k: int = _bounded(0, ge=0, le=MAX_VOCAB, help="Shortlist: target pieces per source piece; 0 = all "
                                 "stored (implies --shortlist unless --no-shortlist).")
     cuda_graphs: bool = _described(True, "On a GPU, replay greedy and beam steps as captured CUDA graphs.")

@@ -140,8 +140,9 @@ def _decoding(translator: Translator, **changes):
 
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_the_trained_models_shortlist_outputs_match_the_full_vocabulary(trained_run, sources, beam_size):
-    full = Translator.load(trained_run / "best.pt", "cpu", beam_size=beam_size)
+    full = Translator.load(trained_run / "best.pt", "cpu", beam_size=beam_size, shortlist=False)
     listed = Translator.load(trained_run / "best.pt", "cpu", beam_size=beam_size, shortlist=True)
+    assert full.shortlist is None
     assert listed.shortlist is not None
     same = [a.text == b.text for a, b in zip(full.translate(sources), listed.translate(sources), strict=True)]
     assert sum(same) >= 0.9 * len(same)
@@ -244,3 +245,25 @@ def test_refusals_are_one_line(trained_run, tmp_path):
 def test_manifest_records_the_shortlist_settings(prepared):
     manifest = json.loads((DataFolder.open(load_config(prepared).data.out_dir).root / "manifest.json").read_text())
     assert manifest["shortlist"]["score"] in ("dice", "prob") and manifest["shortlist"]["pairs"] > 0
+
+
+def test_the_cpu_decodes_with_the_embedded_shortlist_by_default(trained_run, sources, tmp_path):
+    """The fast path needs no flag: a model that embeds a shortlist uses it on the CPU; --no-shortlist, a model
+    without one, sampling and a GPU keep the full vocabulary."""
+    from nmt.decode.shortlist import shortlist_by_default
+    from nmt.model.modelfile import load_model
+
+    default = Translator.load(trained_run / "best.pt", "cpu", beam_size=3)
+    listed = Translator.load(trained_run / "best.pt", "cpu", beam_size=3, shortlist=True)
+    assert default.decoding.shortlist and default.shortlist is not None
+    assert [t.text for t in default.translate(sources)] == [t.text for t in listed.translate(sources)]
+    assert Translator.load(trained_run / "best.pt", "cpu", shortlist=False).shortlist is None
+    assert Translator.load(trained_run / "best.pt", "cpu", sampling=True).shortlist is None
+    loaded = load_model(trained_run / "best.pt")
+    assert not shortlist_by_default(loaded, torch.device("cuda"), {})
+    state = torch.load(trained_run / "best.pt", weights_only=True)
+    del state["shortlist"]
+    torch.save(state, tmp_path / "old.pt")
+    assert Translator.load(tmp_path / "old.pt", "cpu").shortlist is None             # nothing to use, no error
+    result = run_cli("info", str(trained_run / "best.pt"))
+    assert "used by default when decoding on the CPU" in result.stdout.decode()

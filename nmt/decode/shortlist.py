@@ -68,6 +68,15 @@ class Shortlist:
         return kept.nonzero().squeeze(1)                                # (subset,)
 
 
+def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[str, Any]) -> bool:
+    """The CPU's fast path: a model that embeds a shortlist decodes with it on the CPU (greedy and beam
+    search) unless `shortlist` is given, either way. Its BLEU stayed within 0.1 of the full vocabulary's
+    (docs/benchmarks.md, "Vocabulary shortlist"); on a GPU the full output layer costs less than leaving
+    the captured search graphs, so there it stays off."""
+    return (given.get("shortlist") is None and device.type == "cpu" and loaded.shortlist is not None
+            and not loaded.config.decoding.sampling)
+
+
 def shortlist_for(loaded: LoadedModel, shortlist_file: str | Path | None = None) -> Shortlist | None:
     """The shortlist a loaded model decodes with: None unless its `decoding.shortlist` is on; then the
     one in `shortlist_file` if given, else the one the model embeds. Raises `ShortlistError`, or

@@ -48,7 +48,7 @@ from nmt.decode.search import (
     length_penalty,
     sample,
 )
-from nmt.decode.shortlist import Shortlist, shortlist_for, subset_positions
+from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
 from nmt.decode.streaming import Line, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.inference import Inference
@@ -132,8 +132,11 @@ class Translator:
         configure_process()                  # ideep's kernel cache capped before the first oneDNN call
         loaded = load_model(path, decoding_overrides)
         check_applicable(loaded.config.decoding, decoding_overrides)
+        target = resolve_device(device)
+        if shortlist_by_default(loaded, target, decoding_overrides):
+            loaded.config.decoding.shortlist = True
         shortlist = shortlist_for(loaded, shortlist_file)
-        return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, resolve_device(device),
+        return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, target,
                    shortlist, languages=loaded.languages)
 
     from_checkpoint = load                            # the name before model files existed

@@ -353,7 +353,7 @@ def _describe_shortlist(shortlist: dict[str, Any] | None) -> dict[str, Any] | No
     if shortlist is None:
         return None
     return {"k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
-            "score": shortlist.get("score"), "pairs": shortlist.get("pairs")}
+            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"), "default_on_cpu": True}
 
 
 def format_card(info: dict[str, Any]) -> str:
@@ -379,9 +379,9 @@ def format_card(info: dict[str, Any]) -> str:
     ]
     shortlist = info.get("shortlist")
     if shortlist:
-        lines.append(f"- vocabulary shortlist (translate --shortlist): {shortlist['k']} target pieces per source "
-                     f"piece ({shortlist['score']}) + the {shortlist['frequent']} most frequent, from "
-                     f"{shortlist['pairs']} training pairs")
+        lines.append(f"- vocabulary shortlist: {shortlist['k']} target pieces per source piece ({shortlist['score']}) "
+                     f"+ the {shortlist['frequent']} most frequent, from {shortlist['pairs']} training pairs; "
+                     "used by default when decoding on the CPU (--no-shortlist: the full vocabulary)")
     data, files = info.get("data") or {}, info.get("data_files") or {}
     if data:
         parts = []
