@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from nmt.config import ModelConfig
 from nmt.decode.quantize import _int8_linear, quantize_int8
 from nmt.decode.translator import Translator
+from nmt.evaluate import bleu
 from nmt.model.inference import Inference
 from nmt.model.seq2seq import Seq2Seq
 
@@ -124,8 +125,11 @@ def test_int8_translations_match_float32(trained_run):
     fp32 = Translator.load(trained_run / "best.pt", device="cpu", precision="fp32", beam_size=3, shortlist=False)
     int8 = Translator.load(trained_run / "best.pt", device="cpu", quantize="int8", beam_size=3, shortlist=False)
     assert int8.amp_dtype is None
-    same = sum(a.text == b.text for a, b in zip(fp32.translate(sources), int8.translate(sources), strict=True))
-    assert same >= 0.8 * len(sources), same
+    full, quantized = [t.text for t in fp32.translate(sources)], [t.text for t in int8.translate(sources)]
+    # BLEU against the float32 outputs, not exact matches: this 40-update model repeats pieces ("a a a ..."),
+    # and a repetition one longer or shorter fails a whole line (35 to 50 of 60 equal, by thread count)
+    agreement = bleu(quantized, full)
+    assert agreement >= 95.0, agreement
 
 
 def test_cli_quantize_option(trained_run, tmp_path):
