@@ -49,13 +49,9 @@ def domain_config(tmp: Path, name: str, train: Path, dev: Path, **training: obje
     """A smoke-size config training on `train` (validating on `dev`) into tmp/name."""
     folder = tmp / name
     folder.mkdir()
-    config = make_config(folder, train.parent, model=MODEL,
-                         training={"lr": 0.003, "batch_tokens": 1500, "validate_every": 1000, "precision": "fp32",
-                                   "val_max_sentences": 50, "log_examples": 0, **training})
-    raw = config.read_text(encoding="utf-8").replace(str(train.parent / "train"), str(train))
-    raw = raw.replace(str(train.parent / "val"), str(dev)).replace(str(train.parent / "test_2016_flickr"), str(dev))
-    config.write_text(raw, encoding="utf-8")
-    return config
+    return make_config(folder, train.parent, model=MODEL, data={"train": str(train), "dev": str(dev), "test": str(dev)},
+                       training={"lr": 0.003, "batch_tokens": 1500, "validate_every": 1000, "precision": "fp32",
+                                 "val_max_sentences": 50, "log_examples": 0, **training})
 
 
 @pytest.fixture(scope="module")

@@ -79,10 +79,10 @@ def _load(path: str) -> LoadedModel:
 
 def _check_architecture(config: Config, loaded: LoadedModel) -> None:
     mine, theirs = dataclasses.asdict(config.model), dataclasses.asdict(loaded.config.model)
-    for key, value in mine.items():
-        if key not in TRAINING_ONLY and theirs.get(key) != value:
+    for key, value in mine.items():                  # the same dataclass: the same keys
+        if key not in TRAINING_ONLY and theirs[key] != value:
             raise ConfigError(f"`model.{key}` is {value!r} but `training.init_from` {loaded.path} has "
-                              f"{theirs.get(key)!r}: a fine-tuned model keeps its parent's architecture "
+                              f"{theirs[key]!r}: a fine-tuned model keeps its parent's architecture "
                               f"(`nmt info {loaded.path}` shows it)")
 
 
