@@ -267,6 +267,10 @@ def _check_together(config: Config) -> None:
     if training.batch_tokens == 0 and training.batch_size == 0:
         raise ConfigError("`training.batch_size` must be >= 1 when `training.batch_tokens` is 0 "
                           "(set one of them: tokens or sentences per batch)")
+    if config.model.attention == "bahdanau" and not config.model.input_feeding:
+        raise ConfigError("`model.input_feeding: false` does not apply to `model.attention: bahdanau`, whose decoder "
+                          "reads the context c_i in its RNN input by design; remove the key or choose a luong_* "
+                          "attention")
     betas = training.adam_betas
     if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
         raise ConfigError(f"`training.adam_betas` must be two numbers in [0, 1), got {betas!r}")

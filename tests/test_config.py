@@ -77,11 +77,18 @@ def test_unknown_section(tmp_path):
         ({"training": {"threads": 100000}}, r"`training.threads` must be <= 1024, got 100000"),
         ({"training": {"batch_tokens": 0}}, r"`training.batch_size` must be >= 1 when `training.batch_tokens` is 0"),
         ({"data": {"character_coverage": 0.5}}, r"`data.character_coverage` must be >= 0.98, got 0.5"),
+        ({"model": {"input_feeding": False}}, r"`model.input_feeding: false` does not apply to `model.attention: bahd"),
     ],
 )
 def test_wrong_types_and_ranges(tmp_path, raw, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, raw))
+
+
+def test_input_feeding_is_a_luong_key(tmp_path):
+    luong = {"model": {"attention": "luong_dot", "input_feeding": False}}
+    assert not load_config(write(tmp_path, luong)).model.input_feeding
+    assert load_config(write(tmp_path, {"model": {"attention": "bahdanau", "input_feeding": True}})).model.input_feeding
 
 
 def test_int_accepted_for_float(tmp_path):
