@@ -118,3 +118,31 @@ def test_preprocess_waits_for_no_training_and_training_for_no_preprocess(prepare
     assert holds_lock(data)
     trainer.train()
     assert not holds_lock(data)                                  # let go when training ends
+
+
+def test_preprocess_of_a_current_folder_runs_beside_trainings_and_a_rebuild_waits(tmp_path, capsys):
+    """A data folder that trainings read (shared lock) and that is up to date: `nmt preprocess` says so instead
+    of naming the readers, as the quickstart of a second config needs; new settings still wait for them."""
+    from nmt.config import load_config
+    from nmt.data.preprocess import preprocess
+
+    from .conftest import make_config, write_slice
+
+    corpus = tmp_path / "corpus"
+    write_slice(corpus, "train", 200)
+    config = load_config(make_config(tmp_path, corpus, data={"dev": None, "test": None, "vocab_size": 150}))
+    out = preprocess(config)
+    manifest = (out / "manifest.json").read_bytes()
+    reader = nmt_holder(out, "train", shared=True)
+    try:
+        capsys.readouterr()
+        assert preprocess(config) == out
+        assert "up to date" in capsys.readouterr().err and not holds_lock(out)
+        changed = load_config(make_config(tmp_path, corpus, data={"dev": None, "test": None, "vocab_size": 160}))
+        with pytest.raises(FolderError, match=rf"in use by process {reader.pid} \(nmt train\)"):
+            preprocess(changed)
+        assert (out / "manifest.json").read_bytes() == manifest           # nothing rewritten under the reader
+    finally:
+        stop(reader)
+    preprocess(changed)                                                   # free again: rebuilt
+    assert (out / "manifest.json").read_bytes() != manifest

@@ -9,13 +9,13 @@ after the other into one `train` split; the manifest gives each its rows and wei
 The output folder carries nmt's marker and is locked while a run works in it; the files are
 built in a temporary folder and moved into place at the end, the manifest last, so an
 interrupted run never leaves a half-written data folder. A fingerprint of the settings and the
-input files' hashes makes re-runs with unchanged inputs a no-op.
+input files' hashes makes re-runs with unchanged inputs a no-op, checked under the shared lock
+that trainings hold (nmt.data.fingerprint).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -34,7 +34,6 @@ from nmt.data.corpus import (
     FilterStats,
     IdWriter,
     ReservoirSample,
-    file_digest,
     id_dtype,
     length_filter,
     map_ids_in_place,
@@ -42,6 +41,7 @@ from nmt.data.corpus import (
     select_rows,
     write_error,
 )
+from nmt.data.fingerprint import Inputs, current_for_readers, inputs_of, recorded_fingerprint
 from nmt.data.folder import FORMAT_VERSION, SPLITS, input_prefixes, text_files, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
@@ -74,12 +74,6 @@ def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
     if data.joint_vocab and data.tgt_spm_model and data.tgt_spm_model != data.src_spm_model:
         raise ConfigError("`data.tgt_spm_model` differs from `data.src_spm_model` but `data.joint_vocab` is true")
     return files
-
-
-def _fingerprint(data: DataConfig, digests: dict[str, Any]) -> str:
-    settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "out_dir"}
-    blob = json.dumps({"format": FORMAT_VERSION, "settings": settings, "inputs": digests}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _sample_for_sentencepiece(data: DataConfig, train_files: list[tuple[Path, Path]],
@@ -180,10 +174,14 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     inputs = [path for pair in files.values() for path in pair]
     inputs += [Path(p) for p in (data.src_spm_model, data.tgt_spm_model) if p]
     check_overlap(out_dir, "data.out_dir", inputs, config_path)
+    built_from = inputs_of(config, files)
     held = holds_lock(out_dir)
+    if not force and not held and current_for_readers(out_dir, built_from.fingerprint):
+        log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
+        return out_dir
     created, _ = open_work_folder(out_dir, "data", "data.out_dir", "preprocess", "remove them yourself")
     try:
-        return _preprocess_locked(config, files, out_dir, force)
+        return _preprocess_locked(config, files, out_dir, force, built_from)
     except BaseException:
         if created:                     # holds only our marker, lock and temporary folder
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -193,34 +191,15 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
             release_folder(out_dir)
 
 
-def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_dir: Path, force: bool) -> Path:
-    data = config.data
-    digests = {f"{split}.{side}": file_digest(path) | {"path": str(path)}
-               for split, pair in files.items() for side, path in zip(("src", "tgt"), pair, strict=True)}
-    for model_key in ("src_spm_model", "tgt_spm_model"):
-        if getattr(data, model_key):
-            digests[model_key] = file_digest(Path(getattr(data, model_key)))
-    parent = None
-    if config.training.init_from:                   # fine-tuning: the parent's vocabularies, not new ones
-        from nmt.model.parent import parent_vocabularies, vocabulary_digest
-
-        parent = parent_vocabularies(config.training.init_from)
-        digests["init_from"] = {"vocabularies": vocabulary_digest(*parent)}
-    fingerprint = _fingerprint(data, digests)
-
-    manifest_path = out_dir / "manifest.json"
-    if not force and manifest_path.is_file():
-        try:
-            previous = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            previous = {}
-        if isinstance(previous, dict) and previous.get("fingerprint") == fingerprint:
-            log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
-            return out_dir
+def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_dir: Path, force: bool,
+                       built_from: Inputs) -> Path:
+    if not force and recorded_fingerprint(out_dir) == built_from.fingerprint:   # built while we waited
+        log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
+        return out_dir
 
     tmp = Path(tempfile.mkdtemp(prefix=f".build.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=out_dir))
     try:
-        manifest = _write_folder(config, files, digests, fingerprint, tmp, parent)
+        manifest = _write_folder(config, files, built_from.digests, built_from.fingerprint, tmp, built_from.parent)
         _replace_folder(tmp, out_dir)
     except OSError as exc:              # a full disk: Python and numpy name no file
         raise write_error(exc.filename or out_dir, exc) from None

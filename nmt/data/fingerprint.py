@@ -1,0 +1,78 @@
+"""Whether a data folder is current: a SHA-256 over the preprocessing settings, the input files' hashes and,
+when fine-tuning, the parent model's vocabularies, compared with the fingerprint its manifest records.
+
+The comparison needs only a shared lock, the one trainings hold while they read the folder: `nmt preprocess`
+of a folder that is already up to date (the quickstart runs it before every training) succeeds while other
+trainings read it, and only a rebuild waits for the folder to be free."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from nmt.config import Config
+from nmt.data.corpus import file_digest
+from nmt.data.folder import FORMAT_VERSION
+from nmt.folders import FolderError, read_marker, refuse_foreign
+from nmt.locks import lock_folder, release_folder
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a data folder is built from: `digests` goes into its manifest, `parent` holds the fine-tuned
+    model's (SentencePiece models, target vocabulary) or None."""
+
+    fingerprint: str
+    digests: dict[str, Any]
+    parent: tuple | None
+
+
+def inputs_of(config: Config, files: dict[str, tuple[Path, Path]]) -> Inputs:
+    """Hash every input file (source and target of each split, given SentencePiece models) and the settings."""
+    data = config.data
+    digests = {f"{split}.{side}": file_digest(path) | {"path": str(path)}
+               for split, pair in files.items() for side, path in zip(("src", "tgt"), pair, strict=True)}
+    for model_key in ("src_spm_model", "tgt_spm_model"):
+        if getattr(data, model_key):
+            digests[model_key] = file_digest(Path(getattr(data, model_key)))
+    parent = None
+    if config.training.init_from:                   # fine-tuning: the parent's vocabularies, not new ones
+        from nmt.model.parent import parent_vocabularies, vocabulary_digest
+
+        parent = parent_vocabularies(config.training.init_from)
+        digests["init_from"] = {"vocabularies": vocabulary_digest(*parent)}
+    settings = {k: v for k, v in dataclasses.asdict(data).items() if k != "out_dir"}
+    blob = json.dumps({"format": FORMAT_VERSION, "settings": settings, "inputs": digests}, sort_keys=True)
+    return Inputs(hashlib.sha256(blob.encode()).hexdigest(), digests, parent)
+
+
+def recorded_fingerprint(out_dir: Path) -> str | None:
+    """The fingerprint in `out_dir`'s manifest; None without a readable one."""
+    try:
+        manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return manifest.get("fingerprint") if isinstance(manifest, dict) else None
+
+
+def current_for_readers(out_dir: Path, fingerprint: str) -> bool:
+    """Whether nmt's data folder `out_dir` already holds the data of `fingerprint`, read under a shared lock.
+
+    False when there is no such folder yet or a writer holds it: the exclusive path then builds it or names the
+    writer. A folder with files nmt did not write is refused here as there."""
+    marker = read_marker(out_dir) if (out_dir / "manifest.json").is_file() else None
+    if marker is None or marker.get("kind") != "data":
+        return False
+    refuse_foreign(out_dir, "data", "data.out_dir", "remove them yourself")
+    try:
+        took = lock_folder(out_dir, "preprocess", shared=True)
+    except FolderError:
+        return False
+    try:
+        return recorded_fingerprint(out_dir) == fingerprint
+    finally:
+        if took:
+            release_folder(out_dir)
