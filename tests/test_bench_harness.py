@@ -105,3 +105,14 @@ def test_the_own_command_is_relative_to_the_repository():
                             cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout) == "python -c bench/harness.py --x 1"
+
+
+def test_the_onmt_curve_reads_each_checkpoints_minute_from_opennmts_report_lines():
+    """OpenNMT-py 3.5.1's report format (a real line of `bench.onmt_curve --device cpu`): update -> seconds."""
+    from bench.onmt_curve import elapsed_by_step
+
+    log = ("[2026-11-24 17:57:57,158 INFO] Step 50/  100; acc: 15.5; ppl: 514.9; xent: 6.2; lr: 0.00100; sents:    "
+           "6092; bsz: 1697/1807/122; 1422/1514 tok/s;     60 sec;\n[2026-11-24 17:58:01,000 INFO] Saving checkpoint\n"
+           "[2026-11-24 17:58:40,939 INFO] Step 100/  100; acc: 28.5; ppl: 177.5; xent: 5.2; lr: 0.00100; sents:    "
+           "5853; bsz: 1737/1816/117; 1984/2074 tok/s;    103 sec;\n")
+    assert elapsed_by_step(log) == {50: 60, 100: 103}
