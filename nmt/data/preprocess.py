@@ -177,8 +177,7 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     built_from = inputs_of(config, files)
     held = holds_lock(out_dir)
     if not force and not held and current_for_readers(out_dir, built_from.fingerprint):
-        log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
-        return out_dir
+        return _up_to_date(out_dir)
     created, _ = open_work_folder(out_dir, "data", "data.out_dir", "preprocess", "remove them yourself")
     try:
         return _preprocess_locked(config, files, out_dir, force, built_from)
@@ -191,11 +190,17 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
             release_folder(out_dir)
 
 
+def _up_to_date(out_dir: Path) -> Path:
+    log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
+    return out_dir
+
+
 def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_dir: Path, force: bool,
                        built_from: Inputs) -> Path:
-    if not force and recorded_fingerprint(out_dir) == built_from.fingerprint:   # built while we waited
-        log(f"{out_dir} is up to date with its inputs and settings; nothing to do")
-        return out_dir
+    # Checked again under the exclusive lock: a caller that held it skipped the shared check, and another
+    # preprocess may have finished between the two.
+    if not force and recorded_fingerprint(out_dir) == built_from.fingerprint:
+        return _up_to_date(out_dir)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".build.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=out_dir))
     try:
