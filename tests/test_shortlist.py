@@ -267,3 +267,18 @@ def test_the_cpu_decodes_with_the_embedded_shortlist_by_default(trained_run, sou
     assert Translator.load(tmp_path / "old.pt", "cpu").shortlist is None             # nothing to use, no error
     result = run_cli("info", str(trained_run / "best.pt"))
     assert "used by default when decoding on the CPU" in result.stdout.decode()
+
+
+def test_info_says_a_sampling_model_keeps_the_full_vocabulary(trained_run, tmp_path):
+    """`nmt info` reports the CPU default the translator applies: on for a model that searches, off for one
+    whose stored decoding samples."""
+    searching = json.loads(run_cli("info", str(trained_run / "best.pt"), "--json").stdout)
+    assert searching["shortlist"]["default_on_cpu"] is True
+    state = torch.load(trained_run / "best.pt", weights_only=True)
+    state["config"]["decoding"]["sampling"] = True
+    torch.save(state, tmp_path / "sampler.pt")
+    assert Translator.load(tmp_path / "sampler.pt", "cpu").shortlist is None
+    sampling = run_cli("info", str(tmp_path / "sampler.pt"), "--json")
+    assert sampling.returncode == 0 and json.loads(sampling.stdout)["shortlist"]["default_on_cpu"] is False
+    card = run_cli("info", str(tmp_path / "sampler.pt")).stdout.decode()
+    assert "off by default: this model samples" in card and "used by default" not in card

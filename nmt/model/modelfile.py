@@ -340,7 +340,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision", "quantize")},
-        "shortlist": _describe_shortlist(loaded.shortlist),
+        "shortlist": _describe_shortlist(loaded.shortlist, sampling=c.decoding.sampling),
         "data": card.get("data"),
         "data_files": card.get("data_files"),
         "dev": card.get("dev"),
@@ -349,11 +349,13 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _describe_shortlist(shortlist: dict[str, Any] | None) -> dict[str, Any] | None:
+def _describe_shortlist(shortlist: dict[str, Any] | None, sampling: bool) -> dict[str, Any] | None:
+    """The embedded shortlist; `default_on_cpu` as nmt.decode.shortlist.shortlist_by_default decides it
+    (sampling keeps the full vocabulary)."""
     if shortlist is None:
         return None
     return {"k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
-            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"), "default_on_cpu": True}
+            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"), "default_on_cpu": not sampling}
 
 
 def format_card(info: dict[str, Any]) -> str:
@@ -381,7 +383,9 @@ def format_card(info: dict[str, Any]) -> str:
     if shortlist:
         lines.append(f"- vocabulary shortlist: {shortlist['k']} target pieces per source piece ({shortlist['score']}) "
                      f"+ the {shortlist['frequent']} most frequent, from {shortlist['pairs']} training pairs; "
-                     "used by default when decoding on the CPU (--no-shortlist: the full vocabulary)")
+                     + ("used by default when decoding on the CPU (--no-shortlist: the full vocabulary)"
+                        if shortlist["default_on_cpu"] else "off by default: this model samples (--shortlist is "
+                        "refused with sampling; --no-sampling --shortlist uses it)"))
     data, files = info.get("data") or {}, info.get("data_files") or {}
     if data:
         parts = []
