@@ -93,6 +93,29 @@ def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
     assert _calls(root) == [] and not (root / "data").exists()
 
 
+@pytest.mark.parametrize(("answer", "batch"), [("de en bahdanau cpu-fp32", 1000), ("de en bahdanau cpu-bf16", 1000),
+                                               ("de en luong_general cpu-bf16", 4000), ("de en luong_dot cuda", 4000),
+                                               ("de en luong_dot cpu-fp32", 2000)])
+def test_the_quickstart_batch_follows_the_attention_and_the_compute(tmp_path, answer, batch):
+    """Bahdanau trains on 1,000-token batches; Luong on 4,000 on a GPU or a bf16 CPU and on 2,000 on a
+    float32 CPU, where the budget holds half the tokens (docs/benchmarks.md, "Quality per minute")."""
+    root = _fake_checkout(tmp_path)
+    bin_dir = root / ".venv" / "bin"
+    # the config question gets `answer` (source, target, attention, compute); every command logs its call
+    _executable(bin_dir / "python", f'#!/bin/sh\necho "python $*" >> "{root}/calls.log"\n'
+                                    f'case "$*" in *load_config*) echo "{answer}";; esac\n')
+    _executable(bin_dir / "nmt", f'#!/bin/sh\necho "nmt $*" >> "{root}/calls.log"\n')
+    _executable(root / "scripts" / "get_multi30k.sh",
+                'mkdir -p "$1" && for f in de en; do echo x | gzip > "$1/test_2016_flickr.$f.gz"; done\n')
+    result = subprocess.run(["bash", "scripts/quickstart.sh"], cwd=root, env={**_clean_env(), "MINUTES": "3"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    train = [call for call in _calls(root) if call.startswith("nmt train")]
+    assert len(train) == 1 and "training.max_minutes=3" in train[0]
+    assert [arg for arg in train[0].split() if arg.startswith("training.batch_tokens=")] == [
+        f"training.batch_tokens={batch}"]
+
+
 def _path(script: str) -> Path:
     """Every script a user runs is in scripts/ (gpu_benchmarks.sh runs bench/gpu_benchmarks.sh)."""
     return REPO / "scripts" / script
