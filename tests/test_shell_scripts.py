@@ -93,12 +93,14 @@ def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
     assert _calls(root) == [] and not (root / "data").exists()
 
 
-@pytest.mark.parametrize(("answer", "batch"), [("de en bahdanau cpu-fp32", 1000), ("de en bahdanau cpu-bf16", 1000),
-                                               ("de en luong_general cpu-bf16", 4000), ("de en luong_dot cuda", 4000),
-                                               ("de en luong_dot cpu-fp32", 2000)])
-def test_the_quickstart_batch_follows_the_attention_and_the_compute(tmp_path, answer, batch):
-    """Bahdanau trains on 1,000-token batches; Luong on 4,000 on a GPU or a bf16 CPU and on 2,000 on a
-    float32 CPU, where the budget holds half the tokens (docs/benchmarks.md, "Quality per minute")."""
+@pytest.mark.parametrize(("answer", "batch", "dropout"), [
+    ("de en bahdanau cpu-fp32", 1000, ["model.dropout=0.2"]), ("de en bahdanau cpu-bf16", 1000, []),
+    ("en de bahdanau cuda", 1000, []), ("de en luong_general cpu-bf16", 4000, []), ("de en luong_dot cuda", 4000, []),
+    ("de en luong_dot cpu-fp32", 2000, [])])
+def test_the_quickstart_recipe_follows_the_attention_and_the_compute(tmp_path, answer, batch, dropout):
+    """Bahdanau trains on 1,000-token batches, with dropout 0.2 on a float32 CPU, whose budget holds about
+    four epochs; Luong on 4,000 on a GPU or a bf16 CPU and on 2,000 on a float32 CPU, where the budget holds
+    half the tokens (docs/benchmarks.md, "Quality per minute")."""
     root = _fake_checkout(tmp_path)
     bin_dir = root / ".venv" / "bin"
     # the config question gets `answer` (source, target, attention, compute); every command logs its call
@@ -114,6 +116,7 @@ def test_the_quickstart_batch_follows_the_attention_and_the_compute(tmp_path, an
     assert len(train) == 1 and "training.max_minutes=3" in train[0]
     assert [arg for arg in train[0].split() if arg.startswith("training.batch_tokens=")] == [
         f"training.batch_tokens={batch}"]
+    assert [arg for arg in train[0].split() if arg.startswith("model.")] == dropout
 
 
 def _path(script: str) -> Path:
