@@ -73,8 +73,7 @@ def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[
     search) unless `shortlist` is given, either way. Its BLEU stayed within 0.1 of the full vocabulary's
     (docs/benchmarks.md, "Vocabulary shortlist"); on a GPU the full output layer costs less than leaving
     the captured search graphs, so there it stays off."""
-    return (given.get("shortlist") is None and device.type == "cpu" and loaded.shortlist is not None
-            and not loaded.config.decoding.sampling)
+    return given.get("shortlist") is None and device.type == "cpu" and loaded.shortlist_on_cpu
 
 
 def shortlist_for(loaded: LoadedModel, shortlist_file: str | Path | None = None) -> Shortlist | None:

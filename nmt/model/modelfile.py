@@ -81,6 +81,12 @@ class LoadedModel:
         return model.eval()
 
     @property
+    def shortlist_on_cpu(self) -> bool:
+        """Whether CPU decoding uses the embedded shortlist unless told otherwise: a model that embeds one
+        and searches (sampling keeps the full vocabulary)."""
+        return self.shortlist is not None and not self.config.decoding.sampling
+
+    @property
     def languages(self) -> dict[str, str]:
         """{"src": code, "tgt": code}: the card's, else the config's."""
         return self.card.get("languages") or {"src": self.config.data.src_lang, "tgt": self.config.data.tgt_lang}
@@ -340,7 +346,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision", "quantize")},
-        "shortlist": _describe_shortlist(loaded.shortlist, sampling=c.decoding.sampling),
+        "shortlist": _describe_shortlist(loaded),
         "data": card.get("data"),
         "data_files": card.get("data_files"),
         "dev": card.get("dev"),
@@ -349,13 +355,13 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _describe_shortlist(shortlist: dict[str, Any] | None, sampling: bool) -> dict[str, Any] | None:
-    """The embedded shortlist; `default_on_cpu` as nmt.decode.shortlist.shortlist_by_default decides it
-    (sampling keeps the full vocabulary)."""
+def _describe_shortlist(loaded: LoadedModel) -> dict[str, Any] | None:
+    shortlist = loaded.shortlist
     if shortlist is None:
         return None
     return {"k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
-            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"), "default_on_cpu": not sampling}
+            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"),
+            "default_on_cpu": loaded.shortlist_on_cpu}
 
 
 def format_card(info: dict[str, Any]) -> str:
