@@ -93,15 +93,16 @@ def test_an_argument_is_an_error_before_anything_runs(tmp_path, script):
     assert _calls(root) == [] and not (root / "data").exists()
 
 
-@pytest.mark.parametrize(("answer", "model"), [
-    ("de en bahdanau cpu-fp32", ["model.dropout=0.2"]), ("de en bahdanau cpu-bf16", []), ("en de bahdanau cuda", []),
-    ("de en luong_general cpu-bf16", ["model.input_feeding=false"]),
-    ("de en luong_dot cuda", ["model.input_feeding=false"]),
-    ("de en luong_general cpu-fp32", ["model.input_feeding=false"])])
-def test_the_quickstart_recipe_follows_the_attention_and_the_compute(tmp_path, answer, model):
+@pytest.mark.parametrize(("answer", "model", "lr"), [
+    ("de en bahdanau cpu-fp32", ["model.dropout=0.2"], "0.003"), ("de en bahdanau cpu-bf16", [], "0.002"),
+    ("en de bahdanau cuda", [], "0.002"),
+    ("de en luong_general cpu-bf16", ["model.input_feeding=false"], "0.002"),
+    ("de en luong_dot cuda", ["model.input_feeding=false"], "0.002"),
+    ("de en luong_general cpu-fp32", ["model.input_feeding=false"], "0.002")])
+def test_the_quickstart_recipe_follows_the_attention_and_the_compute(tmp_path, answer, model, lr):
     """Every model trains on 1,000-token batches; Luong models without input feeding, which lets the budget
-    hold more updates; Bahdanau models with dropout 0.2 on a float32 CPU, whose budget holds about four
-    epochs (docs/benchmarks.md, "Quality per minute")."""
+    hold more updates; Bahdanau models with dropout 0.2 and a peak lr of 3e-3 on a float32 CPU, whose
+    budget holds about four epochs (docs/benchmarks.md, "Quality per minute")."""
     root = _fake_checkout(tmp_path)
     bin_dir = root / ".venv" / "bin"
     # the config question gets `answer` (source, target, attention, compute); every command logs its call
@@ -118,6 +119,7 @@ def test_the_quickstart_recipe_follows_the_attention_and_the_compute(tmp_path, a
     assert [arg for arg in train[0].split() if arg.startswith("training.batch_tokens=")] == [
         "training.batch_tokens=1000"]
     assert [arg for arg in train[0].split() if arg.startswith("model.")] == model
+    assert [arg for arg in train[0].split() if arg.startswith("training.lr=")] == [f"training.lr={lr}"]
 
 
 def _path(script: str) -> Path:
