@@ -43,18 +43,14 @@ print(c.data.src_lang, c.data.tgt_lang, c.model.attention, \
 # every model peaks at 3e-3 (dev 39.1 against 38.2 with 2e-3 for Bahdanau, 39.7 against 39.2 for Luong,
 # 34.5 against 33.6 for en->de; means over four, four and three seeds) and Bahdanau models train with
 # dropout 0.2 (dev 38.2 against 37.7 with 0.3, mean of four seeds).
-lr=0.002
-RECIPE=(--set training.lr_schedule=budget --set training.warmup_updates=200
+if [[ "$compute" == cpu-fp32 ]]; then lr=0.003; else lr=0.002; fi
+RECIPE=(--set training.lr_schedule=budget --set training.lr=$lr --set training.warmup_updates=200
         --set training.label_smoothing=0.1 --set training.keep_best=5 --set training.batch_tokens=1000)
 if [[ "$attention" != bahdanau ]]; then
   RECIPE+=(--set model.input_feeding=false)
 elif [[ "$compute" == cpu-fp32 ]]; then
   RECIPE+=(--set model.dropout=0.2)
 fi
-if [[ "$compute" == cpu-fp32 ]]; then
-  lr=0.003
-fi
-RECIPE+=(--set training.lr=$lr)
 
 nmt preprocess --config "$CONFIG"
 nmt train --config "$CONFIG" --overwrite "${RECIPE[@]}" \
