@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nmt.model.attention import Memory, build_attention, masked_softmax
+from nmt.model.attention import Memory, build_attention, masked_softmax, padding_bias
 
 VARIANTS = ["bahdanau", "luong_dot", "luong_general", "luong_concat"]
 
@@ -44,7 +44,7 @@ def test_all_steps_at_once_equals_step_by_step(kind):
 def test_masked_softmax_ignores_masked_scores():
     scores = torch.tensor([[1.0, 2.0, 1e9]])
     mask = torch.tensor([[True, True, False]])
-    weights = masked_softmax(scores, mask)
+    weights = masked_softmax(scores, padding_bias(mask))
     assert weights[0, 2] == 0.0
     assert torch.allclose(weights[0, :2], torch.softmax(torch.tensor([1.0, 2.0]), -1))
 

@@ -25,10 +25,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def masked_softmax(scores: Tensor, src_mask: Tensor) -> Tensor:
-    """scores: (batch, [queries,] src_len); src_mask: (batch, src_len), True at real tokens."""
-    mask = src_mask if scores.dim() == 2 else src_mask.unsqueeze(1)
-    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+def padding_bias(src_mask: Tensor) -> Tensor:
+    """(batch, src_len) True at real tokens -> float32 0 there and -inf at the padding: added to the scores
+    before the softmax, it gives the padding exactly zero weight in one addition per step, where a mask
+    takes a negation and a fill (each a kernel launch on a GPU)."""
+    return torch.zeros(src_mask.shape, device=src_mask.device).masked_fill_(~src_mask, float("-inf"))
+
+
+def masked_softmax(scores: Tensor, pad_bias: Tensor, scale: float = 1.0) -> Tensor:
+    """softmax_j(scale · scores_j), exactly zero at the padding: scores (batch, [queries,] src_len);
+    pad_bias (batch, src_len) from `padding_bias`, added in the same operation as the scale."""
+    bias = pad_bias if scores.dim() == 2 else pad_bias.unsqueeze(1)
+    return torch.add(bias, scores, alpha=scale).softmax(dim=-1)
 
 
 def at_real_positions(values: Tensor, mask: Tensor, *projections: Callable[[Tensor], Tensor]) -> list[Tensor]:
@@ -58,12 +66,17 @@ class Memory:
     values_in: Tensor | None = None   # (batch, src_len, gates*dec_hidden) W_ctx h_j, for Bahdanau's RNN input
     values_out: Tensor | None = None  # (batch, src_len, dec_hidden) W_cc h_j, for Bahdanau's pre-output
     # (both None for Luong, and for Bahdanau's unfolded memory in greedy search: Decoder.memory)
+    pad_bias: Tensor | None = None    # (batch, src_len) padding_bias(mask); made from the mask when not given
+
+    def __post_init__(self) -> None:
+        if self.pad_bias is None:
+            self.pad_bias = padding_bias(self.mask)
 
     def index_select(self, index: Tensor) -> Memory:
         """Sentences `index` of the batch, e.g. to drop those whose search is over."""
         pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
         return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.values_in),
-                      pick(self.values_out))
+                      pick(self.values_out), pick(self.pad_bias))
 
     def group(self, queries: Tensor) -> Tensor:
         """Queries as (batch, queries per sentence, d): (rows, d) with rows = batch*beam becomes
@@ -93,12 +106,16 @@ class Attention(nn.Module):
         """query: (batch, queries, d); keys: (batch, src_len, key_dim) -> energies (batch, queries, src_len)."""
         raise NotImplementedError
 
+    def weights(self, queries: Tensor, memory: Memory) -> Tensor:
+        """α: queries (batch, queries, d) -> (batch, queries, src_len), exactly zero at the padding."""
+        return masked_softmax(self.score(queries, memory.keys), memory.pad_bias)
+
     def forward(self, query: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
         """query: (rows, dec_hidden) or (batch, tgt_len, dec_hidden).
 
         returns context (rows | batch, [tgt_len,] enc_out) and weights (rows | batch, [tgt_len,] src_len)
         """
-        weights = masked_softmax(self.score(memory.group(query), memory.keys), memory.mask)  # (batch, queries, src_len)
+        weights = self.weights(memory.group(query), memory)                # (batch, queries, src_len)
         context = memory.weighted_sum(weights, memory.values, query.shape)
         return context, weights.view(*query.shape[:-1], weights.size(-1))
 
@@ -125,20 +142,34 @@ class AdditiveAttention(Attention):
         """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
         return self.energies(self.query_proj(query), keys)
 
+    def weights(self, queries: Tensor, memory: Memory) -> Tensor:
+        return self.projected_weights(self.query_proj(queries), memory)
+
     def energies(self, projected: Tensor, keys: Tensor) -> Tensor:
         """v_aᵀ tanh(q + k_j) for queries already W-projected: (batch, queries, attn_dim) -> (batch, queries, src_len).
 
         Evaluated as 2 v_aᵀ σ(2q + 2k_j) − Σ v_a, since tanh(x) = 2σ(2x) − 1: this elementwise
         pass over (batch, queries, src_len, attn_dim) is the largest one of a decoder step, and
         PyTorch's CPU sigmoid is about 5x faster than its tanh. The keys already hold 2k_j.
-        The pass runs in the keys' dtype: fp32 in inference, also under autocast (CPU elementwise
-        kernels are slower in bf16), and the autocast dtype in training, where it halves the
-        activations kept for the backward pass.
         """
+        return 2 * self._v_sigmoid(projected, keys) - self.v.weight.sum()
+
+    def projected_weights(self, projected: Tensor, memory: Memory) -> Tensor:
+        """α for queries already W-projected: (batch, queries, attn_dim) -> (batch, queries, src_len).
+
+        A softmax is blind to a constant added to every score of a row, so the energies' − Σ v_a is
+        left out, and their factor 2 rides on the addition of the padding bias: five operations
+        where `energies` and a plain softmax take eight."""
+        return masked_softmax(self._v_sigmoid(projected, memory.keys), memory.pad_bias, scale=2.0)
+
+    def _v_sigmoid(self, projected: Tensor, keys: Tensor) -> Tensor:
+        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: fp32 in inference,
+        also under autocast (CPU elementwise kernels are slower in bf16), and the autocast dtype in
+        training, where it halves the activations kept for the backward pass."""
         with torch.autocast(keys.device.type, enabled=False):
             sums = torch.add(keys.unsqueeze(1), projected.to(keys.dtype).unsqueeze(2), alpha=2)
             gates = sums.sigmoid_()                                          # (batch, queries, src_len, attn_dim)
-            return 2 * F.linear(gates, self.v.weight.to(gates.dtype)).squeeze(-1) - self.v.weight.sum()
+            return F.linear(gates, self.v.weight.to(gates.dtype)).squeeze(-1)
 
 
 class BahdanauAttention(AdditiveAttention):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model.attention import AdditiveAttention, Attention, Memory, at_real_positions, masked_softmax
+from nmt.model.attention import AdditiveAttention, Attention, Memory, at_real_positions
 from nmt.model.dropout import Dropout
 from nmt.model.inference import Inference, active, autocast_once, int8_product
 from nmt.model.output_rows import padded_rows
@@ -296,8 +296,7 @@ class BahdanauDecoder(Decoder):
             gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
         else:
             gh0, query = None, self.attention.query_proj(s_prev)
-        energies = self.attention.energies(memory.group(query), memory.keys)
-        weights = masked_softmax(energies, memory.mask)                  # (batch, rows per sentence, src_len)
+        weights = self.attention.projected_weights(memory.group(query), memory)   # (batch, rows per sentence, src_len)
         context_term = None
         if shared is not None:
             context_in = shared.weighted_sum(weights, s_prev.shape)
