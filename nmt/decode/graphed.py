@@ -65,7 +65,6 @@ class _Static:
     scores: Tensor              # greedy: (rows,) log p; beam: (rows,) alive log p
     out_tokens: Tensor          # (rows, STEPS_PER_GRAPH) each step's token
     going: Tensor               # greedy: (rows,) not ended; beam: (sentences,) still searching
-    lengths: Tensor | None = None      # greedy: (rows,) tokens recorded
     out_parents: Tensor | None = None  # beam: (rows, STEPS_PER_GRAPH) each step's parent row
     fin_scores: Tensor | None = None   # beam: (sentences, beam) normalised scores of the finished
     fin_step: Tensor | None = None     # beam: (sentences, beam) the step each finished at
@@ -102,8 +101,6 @@ class _Static:
             static.out_parents, static.top_ended = whole(rows, STEPS_PER_GRAPH), whole(sentences, dtype=torch.bool)
             static.fin_scores = whole(sentences, beam, dtype=torch.float32)
             static.fin_step, static.fin_row = whole(sentences, beam), whole(sentences, beam)
-        else:
-            static.lengths = whole(rows)
         return static
 
     def load(self, memory: Memory, state: DecoderState, limits: Tensor) -> None:
@@ -124,7 +121,7 @@ class _Static:
         if self.feed is not None:
             self.feed.zero_()
             self.feed[: state.feed.size(0)] = state.feed
-        for counter in (self.prev, self.step, self.scores, self.going, self.lengths, self.top_ended):
+        for counter in (self.prev, self.step, self.scores, self.going, self.top_ended):
             if counter is not None:
                 counter.zero_()
         self.prev.fill_(BOS)
@@ -135,15 +132,38 @@ class _Static:
             self.fin_scores.fill_(NEG_INF)
 
 
-def _constrain_static(logp: Tensor, step: Tensor, min_len: int, limits: Tensor) -> None:
-    """nmt.decode.search._constrain with the position t on the device. In place; logp: (rows, vocab)."""
-    logp[:, PAD] = NEG_INF
-    logp[:, BOS] = NEG_INF
-    at_limit = limits - 1 <= step                                            # (rows,)
+@dataclass
+class _ChunkConstants:
+    """What every step of a chunk reads and no step changes, made once per chunk inside the graph: a
+    step's operations are its kernel launches, and each one kept out of the step loop is 8 fewer."""
+
+    positions: Tensor           # (STEPS_PER_GRAPH,) the output position t of each step
+    last: Tensor                # (rows,) each row's last allowed position: limits - 1
+    banned: Tensor              # (2,) PAD and BOS, never produced
+    not_eos: Tensor             # (vocab,) True but at EOS
+    pad: Tensor                 # () PAD, and the two below: `torch.where` with a Python number
+    zero: Tensor                # () 0.0     makes a tensor of it at every call, one more kernel
+    neg_inf: Tensor             # () -inf
+
+    @classmethod
+    def make(cls, s: _Static, row_limits: Tensor, vocab: int) -> _ChunkConstants:
+        # made inside the graph: a tensor from outside must outlive it, this call's would not (and a
+        # tensor from a Python list is a host copy, which a capture does not allow)
+        device = row_limits.device
+        full = lambda value, dtype: torch.full((), value, dtype=dtype, device=device)  # noqa: E731
+        return cls(s.step + torch.arange(STEPS_PER_GRAPH, device=device), row_limits - 1,
+                   torch.arange(2, device=device) * (BOS - PAD) + PAD, torch.arange(vocab, device=device) != EOS,
+                   full(PAD, torch.long), full(0.0, torch.float32), full(NEG_INF, torch.float32))
+
+
+def _constrain_static(logp: Tensor, t: Tensor, min_len: int, c: _ChunkConstants) -> None:
+    """nmt.decode.search._constrain with the position t (a 0-dim tensor) on the device. In place; logp:
+    (rows, vocab)."""
+    logp.index_fill_(1, c.banned, NEG_INF)
+    at_limit = c.last <= t                                                   # (rows,)
     if min_len:
-        logp[:, EOS] = logp[:, EOS].masked_fill((step < min_len) & ~at_limit, NEG_INF)
-    not_eos = torch.arange(logp.size(1), device=logp.device) != EOS
-    logp.masked_fill_(at_limit.unsqueeze(1) & not_eos, NEG_INF)
+        logp[:, EOS] = logp[:, EOS].masked_fill((t < min_len) & ~at_limit, NEG_INF)
+    logp.masked_fill_(at_limit.unsqueeze(1) & c.not_eos, NEG_INF)
 
 
 class SearchGraphs:
@@ -208,14 +228,15 @@ class SearchGraphs:
             for k in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                        # (rows, vocab)
-                _constrain_static(logp, s.step, min_len, s.limits)
+                if k == 0:
+                    constants = _ChunkConstants.make(s, s.limits, logp.size(1))
+                _constrain_static(logp, constants.positions[k], min_len, constants)
                 best, prev = logp.max(-1)                                    # (rows,)
-                prev = prev.masked_fill(~s.going, PAD)                      # ended rows record nothing
-                s.out_tokens[:, k] = prev
-                s.scores.add_(best.masked_fill(~s.going, 0.0))
-                s.lengths.add_(s.going)
+                # ended rows record PAD (which no live row outputs: its length is its non-PAD tokens)
+                prev = torch.where(s.going, prev, constants.pad, out=s.out_tokens[:, k])
+                s.scores.add_(torch.where(s.going, best, constants.zero))
                 s.going.logical_and_(prev != EOS)
-                s.step.add_(1)
+            s.step.add_(STEPS_PER_GRAPH)
             s.store_state(state)
             s.prev.copy_(prev)
 
@@ -229,7 +250,7 @@ class SearchGraphs:
             if not bool(s.going.any()):
                 break
         tokens = torch.cat(chunks, 1)[:, :steps]                           # (batch, steps)
-        return _collect(tokens, s.lengths[:batch], s.scores[:batch], None, src_lengths)
+        return _collect(tokens, (tokens != PAD).sum(1), s.scores[:batch], None, src_lengths)
 
     # ------------------------------------------------------------------ beam
 
@@ -252,43 +273,48 @@ class SearchGraphs:
             state, prev, alive = s.state(), s.prev, s.scores
             # made inside the graph: a tensor from outside must outlive it, this call's would not
             base = (torch.arange(sentences, device=device) * k).unsqueeze(1)  # (sentences, 1)
-            rank = torch.arange(2 * k, device=device).unsqueeze(0)            # (1, 2k)
+            in_top_k = torch.arange(2 * k, device=device).unsqueeze(0) < k    # (1, 2k)
             row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
             lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                         # (rows, vocab)
                 vocab = logp.size(1)
-                _constrain_static(logp, s.step, min_len, row_limits)
+                if j == 0:
+                    constants = _ChunkConstants.make(s, row_limits, vocab)
+                    penalties = length_penalty(constants.positions.float() + 1, alpha)   # (STEPS_PER_GRAPH,)
+                t = constants.positions[j]
+                _constrain_static(logp, t, min_len, constants)
                 candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
                 top_scores, top_ids = candidates.topk(2 * k, dim=1)            # (sentences, 2k)
                 top_beam, top_token = top_ids // vocab, top_ids % vocab
-                is_eos = (top_token == EOS) & (top_scores > NEG_INF)
+                ends = top_token == EOS
                 source_rows = base + top_beam                                  # (sentences, 2k)
-                # 1. EOS candidates ranked within the top k finish; the pool keeps the best k.
-                norm = top_scores / length_penalty(s.step.float() + 1, alpha)
-                new_fin = norm.masked_fill(~(is_eos & (rank < k)), NEG_INF)
+                # 1. EOS candidates ranked within the top k finish; the pool keeps the best k (a dead
+                #    beam's candidate scores -inf, and -inf / penalty stays -inf: it never gets in).
+                #    The pool's steps and rows are picked from old and new side by side, as its scores.
+                new_fin = torch.where(ends & in_top_k, top_scores / penalties[j], constants.neg_inf)
                 fin_best, fin_pick = torch.cat([s.fin_scores, new_fin], 1).topk(k, dim=1)
-                from_new, new_idx, old_idx = fin_pick >= k, (fin_pick - k).clamp(min=0), fin_pick.clamp(max=k - 1)
-                s.fin_step.copy_(torch.where(from_new, s.step, s.fin_step.gather(1, old_idx)))
-                s.fin_row.copy_(torch.where(from_new, source_rows.gather(1, new_idx), s.fin_row.gather(1, old_idx)))
+                torch.gather(torch.cat([s.fin_step, t.expand_as(new_fin)], 1), 1, fin_pick, out=s.fin_step)
+                torch.gather(torch.cat([s.fin_row, source_rows], 1), 1, fin_pick, out=s.fin_row)
                 s.fin_scores.copy_(fin_best)
-                # 2. The best k candidates that do not end continue.
-                alive_best, alive_pick = top_scores.masked_fill(top_token == EOS, NEG_INF).topk(k, dim=1)
-                parents = source_rows.gather(1, alive_pick).view(-1)          # (rows,)
-                prev = top_token.gather(1, alive_pick).view(-1)
+                # 2. The best k candidates that do not end continue: their tokens and parent rows are
+                #    gathered straight into this step's records.
+                alive_best, alive_pick = top_scores.masked_fill(ends, NEG_INF).topk(k, dim=1)
+                prev = torch.gather(top_token, 1, alive_pick, out=s.out_tokens[:, j].view(sentences, k)).view(-1)
+                parents = torch.gather(source_rows, 1, alive_pick,
+                                       out=s.out_parents[:, j].view(sentences, k)).view(-1)   # (rows,)
                 state = state.index_select(parents)
-                s.out_tokens[:, j] = prev
-                s.out_parents[:, j] = parents
-                # 3. A sentence is done when no alive beam can beat its n_best-th finished.
+                # 3. A sentence goes on while its best alive beam can beat its n_best-th finished; with
+                #    none alive, -inf / penalty = -inf, and with none finished, -inf wins nothing.
                 best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
-                done = ((last_kept > NEG_INF) & (last_kept >= best_alive / lp_limit)) | (best_alive == NEG_INF)
+                going = last_kept < best_alive / lp_limit
                 if early_stop:
-                    s.top_ended.logical_or_(is_eos[:, 0])
-                    done |= s.top_ended & (last_kept > NEG_INF)
-                s.going.logical_and_(~done)
-                alive = alive_best.masked_fill(~s.going.unsqueeze(1), NEG_INF).view(-1)
-                s.step.add_(1)
+                    s.top_ended.logical_or_(ends[:, 0] & (top_scores[:, 0] > NEG_INF))
+                    going &= ~(s.top_ended & (last_kept > NEG_INF))
+                s.going.logical_and_(going)
+                alive = torch.where(s.going.unsqueeze(1), alive_best, constants.neg_inf).view(-1)
+            s.step.add_(STEPS_PER_GRAPH)
             s.store_state(state)
             s.prev.copy_(prev)
             s.scores.copy_(alive)
