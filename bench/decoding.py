@@ -44,6 +44,8 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     overrides, ensemble, _ = MODES[args.child]
+    if args.precision:
+        overrides = {**overrides, "precision": args.precision}
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.lines]
     if ensemble:
         translator = Translator.from_checkpoints([args.checkpoint, args.second], "cpu", **overrides)
@@ -64,6 +66,8 @@ def measure(args: argparse.Namespace, mode: str, root: Path) -> float:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)]), "OMP_NUM_THREADS": str(args.threads)}
     cmd = [sys.executable, "-m", "bench.decoding", "--child", mode, "--checkpoint", str(args.checkpoint),
            "--source", str(args.source), "--lines", str(args.lines), "--threads", str(args.threads)]
+    if args.precision:
+        cmd += ["--precision", args.precision]
     if args.second:
         cmd += ["--second", str(args.second)]
     result = run_child(cmd, env=env, cwd=root)
@@ -82,6 +86,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                        help="decoding.precision (default: the model's)")
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()

@@ -134,3 +134,17 @@ def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
                           ("coverage", 0.2), ("return_attention", True)):
         assert not graphable(model, cuda, **{**plain, option: value}), option
     assert not graphable(model.with_output_subset(torch.arange(10)), cuda, **plain)
+
+
+@pytest.mark.parametrize(("attention", "rnn", "greedy_budget", "beam_budget"),
+                         [("bahdanau", "gru", 36, 57), ("luong_general", "gru", 32, 54),
+                          ("luong_concat", "lstm", 36, 59)])
+def test_a_captured_step_stays_within_its_kernel_budget(attention, rnn, greedy_budget, beam_budget):
+    """On a GPU a captured step costs about one launch per ATen operation that does work (views are
+    free). Counted with the bench's dispatch counter: a change that adds operations to the step loop fails
+    here before it costs time on a GPU (bench/step_kernels.py gives the whole breakdown)."""
+    from bench.step_kernels import search_step
+
+    model = random_model(attention, rnn)
+    assert search_step(model, 1, sentences=5, src_len=9)["kernels_per_step"] <= greedy_budget
+    assert search_step(model, 5, sentences=5, src_len=9)["kernels_per_step"] <= beam_budget

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Kernels per decoder step, counted on any machine: the ATen operations that do work, as dispatched.
+
+    python -m bench.step_kernels [--config configs/multi30k_de_en_bahdanau.yaml ...] --json-out F
+
+At the reference batch a decoder step on a GPU costs about one launch, or one slot in a CUDA graph,
+per operation: its time follows the number of operations more than their size. That number does not
+need a GPU to be known: every operation passes PyTorch's dispatcher, on the CPU as on CUDA, and a
+TorchDispatchMode sees it. Views (reshapes, slices, transposes) launch nothing and are not counted.
+On CUDA some operations take two kernels (topk), and cuBLAS may add one; the counts here are the
+GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphed` captures them.
+
+Counted per step, with the model's random initial weights (the counts do not depend on them):
+  * greedy and beam 5 as captured (`SearchGraphs` run eagerly: the same operations);
+  * one training step of the decoder, forward and backward (the difference between two target
+    lengths, so the encoder and the loss drop out). The CPU's training path differs from CUDA's in
+    one place: it folds some gradients after the loop (nmt.model.shared_grads), so the training figure
+    is the CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.harness import OUT, write_result
+
+
+class KernelCount(TorchDispatchMode):
+    """Counts the operations dispatched inside it that are not views, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ != "_unsafe_view":
+            self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+def _batch(model, sentences: int, src_len: int, tgt_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ids of the model's vocabularies (no PAD, BOS, EOS), every sentence `src_len` long."""
+    generator = torch.Generator().manual_seed(0)
+    src = torch.randint(4, model.encoder.embed.num_embeddings, (sentences, src_len), generator=generator)
+    tgt = torch.randint(4, model.decoder.output.out_features, (sentences, tgt_len), generator=generator)
+    return src, torch.full((sentences,), src_len), tgt
+
+
+def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dict:
+    """Operations per step of the captured greedy (beam 1) or beam search chunk."""
+    from nmt.decode import graphed
+    from nmt.model.inference import Inference
+
+    graphs = graphed.SearchGraphs(model.decoding(Inference()), capture=False)
+    src, lengths, _ = _batch(model, sentences, src_len, 1)
+    counter = KernelCount()
+    original = graphs._graph
+
+    def counted(key, build, chunk):                  # every replay of a chunk runs under the counter
+        replay, static = original(key, build, chunk)
+
+        def run() -> None:
+            with counter:
+                replay()
+        return run, static
+
+    graphs._graph = counted
+    with torch.no_grad():
+        if beam == 1:
+            graphs.greedy(src, lengths, max_len=graphed.STEPS_PER_GRAPH)
+        else:
+            graphs.beam(src, lengths, beam_size=beam, max_len=graphed.STEPS_PER_GRAPH)
+    steps = graphed.STEPS_PER_GRAPH
+    return {"beam": beam, "kernels_per_step": counter.total / steps,
+            "by_op": {name: n / steps for name, n in counter.ops.most_common()}}
+
+
+def training_step(model, sentences: int = 32, src_len: int = 20, tgt_lens: tuple[int, int] = (16, 24)) -> dict:
+    """Forward and backward operations per target position of teacher-forced training."""
+    totals = []
+    for tgt_len in tgt_lens:
+        src, lengths, tgt = _batch(model, sentences, src_len, tgt_len)
+        counter = KernelCount()
+        with counter:
+            logits, _ = model(src, lengths, tgt)
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+        model.zero_grad(set_to_none=True)
+        totals.append(counter)
+    steps = tgt_lens[1] - tgt_lens[0]
+    by_op = {name: (totals[1].ops[name] - totals[0].ops[name]) / steps for name in totals[1].ops}
+    return {"kernels_per_step": (totals[1].total - totals[0].total) / steps,
+            "by_op": {k: v for k, v in sorted(by_op.items(), key=lambda kv: -kv[1]) if v}}
+
+
+def count(config_path: str) -> dict:
+    from nmt.config import load_config
+    from nmt.model.seq2seq import Seq2Seq
+
+    config = load_config(config_path, [])
+    torch.manual_seed(0)
+    vocab = config.data.vocab_size                       # its SentencePiece size; the counts do not depend on it
+    model = Seq2Seq.from_config(config.model, vocab, vocab).eval()
+    result = {"config": config_path, "model": {k: getattr(config.model, k) for k in
+                                               ("rnn_type", "attention", "decoder_layers", "input_feeding")},
+              "greedy": search_step(model, 1), "beam": search_step(model, 5)}
+    model.train()
+    result["training"] = training_step(model)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", nargs="+", default=["configs/multi30k_de_en_bahdanau.yaml",
+                                                        "configs/multi30k_de_en_luong.yaml"])
+    parser.add_argument("--json-out", type=Path, default=OUT / "step_kernels.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = [count(path) for path in args.config]
+    for row in rows:
+        print(f"{row['config']}: greedy {row['greedy']['kernels_per_step']:.1f}, "
+              f"beam 5 {row['beam']['kernels_per_step']:.1f}, "
+              f"training {row['training']['kernels_per_step']:.1f} kernels per step")
+    write_result(args.json_out, {"counted": "ATen operations that are not views, per decoder step", "models": rows},
+                 threads=1, precision="fp32", command=sys.argv)
+
+
+if __name__ == "__main__":
+    main()
