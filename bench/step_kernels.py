@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 from pathlib import Path
 
 import torch
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
               f"beam 5 {row['beam']['kernels_per_step']:.1f}, "
               f"training {row['training']['kernels_per_step']:.1f} kernels per step")
     write_result(args.json_out, {"counted": "ATen operations that are not views, per decoder step", "models": rows},
-                 threads=1, precision="fp32", command=sys.argv)
+                 threads=1, precision="fp32")
 
 
 if __name__ == "__main__":
