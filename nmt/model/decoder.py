@@ -101,7 +101,9 @@ class Decoder(nn.Module):
         Σ_j α_ij W h_j, W h_j once per batch; Bahdanau's decoder does). That pays when a sentence's memory
         serves several rows per step (beam search) or all steps at once (training: `teacher_forced` needs
         it). Greedy search passes False: with one row per sentence, W c_i per step costs about as many
-        products as W h_j per batch, and a step reads a 4x narrower memory."""
+        products as W h_j per batch, and a step reads a 4x narrower memory.
+        Under autocast the annotations are cast here, once: every step's products would cast them again."""
+        values = autocast_once(values)                                   # (batch, src_len, enc_out)
         if not self.attention.projects_keys:
             return Memory(values, values, mask)
         keys, = at_real_positions(values, mask, self._keys_product(self.context(ctx)))
