@@ -10,7 +10,8 @@ TorchDispatchMode sees it. Views (reshapes, slices, transposes) launch nothing a
 On CUDA some operations take two kernels (topk), and cuBLAS may add one; the counts here are the
 GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphed` captures them.
 
-Counted per step, with the model's random initial weights (the counts do not depend on them):
+Counted per step, in float32 and under bf16 autocast, with the model's random initial weights (the
+counts do not depend on them):
   * greedy and beam 5 as captured (`SearchGraphs` run eagerly: the same operations);
   * one training step of the decoder, forward and backward (the difference between two target
     lengths, so the encoder and the loss drop out). The CPU's training path differs from CUDA's in
@@ -101,7 +102,9 @@ def training_step(model, sentences: int = 32, src_len: int = 20, tgt_lens: tuple
             "by_op": {k: v for k, v in sorted(by_op.items(), key=lambda kv: -kv[1]) if v}}
 
 
-def count(config_path: str) -> dict:
+def count(config_path: str, precision: str) -> dict:
+    """The three counts for a config's model, in float32 or under bf16 autocast (whose casts are
+    operations too: the GPU's default precision with CUDA graphs is bf16)."""
     from nmt.config import load_config
     from nmt.model.seq2seq import Seq2Seq
 
@@ -109,11 +112,13 @@ def count(config_path: str) -> dict:
     torch.manual_seed(0)
     vocab = config.data.vocab_size                       # its SentencePiece size; the counts do not depend on it
     model = Seq2Seq.from_config(config.model, vocab, vocab).eval()
-    result = {"config": config_path, "model": {k: getattr(config.model, k) for k in
-                                               ("rnn_type", "attention", "decoder_layers", "input_feeding")},
-              "greedy": search_step(model, 1), "beam": search_step(model, 5)}
-    model.train()
-    result["training"] = training_step(model)
+    result = {"config": config_path, "precision": precision,
+              "model": {k: getattr(config.model, k) for k in ("rnn_type", "attention", "decoder_layers",
+                                                              "input_feeding")}}
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        result |= {"greedy": search_step(model, 1), "beam": search_step(model, 5)}
+        model.train()
+        result["training"] = training_step(model)
     return result
 
 
@@ -124,13 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-out", type=Path, default=OUT / "step_kernels.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [count(path) for path in args.config]
+    rows = [count(path, precision) for path in args.config for precision in ("fp32", "bf16")]
     for row in rows:
-        print(f"{row['config']}: greedy {row['greedy']['kernels_per_step']:.1f}, "
+        print(f"{row['config']} ({row['precision']}): greedy {row['greedy']['kernels_per_step']:.1f}, "
               f"beam 5 {row['beam']['kernels_per_step']:.1f}, "
               f"training {row['training']['kernels_per_step']:.1f} kernels per step")
     write_result(args.json_out, {"counted": "ATen operations that are not views, per decoder step", "models": rows},
-                 threads=1, precision="fp32")
+                 threads=1)
 
 
 if __name__ == "__main__":
