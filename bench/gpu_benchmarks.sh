@@ -120,10 +120,12 @@ write_result(Path(out), {"sentences": len(lines), "batch_tokens": 64000, "precis
 PY
 fi
 
-# Kernels per training update and per decoded batch, and how busy they keep the GPU.
+# Kernels per training update and per decoded batch, and how busy they keep the GPU; beside them the
+# operations per step the code dispatches (bench/step_kernels.py, counted on the CPU).
 if has profile; then
   python -m bench.profile_gpu_step ${model:+--model "$model" --source "$test_src"} \
     --json-out "$out/profile.json" || true
+  python -m bench.step_kernels --json-out "$out/step-kernels.json" || true
 fi
 
 # The GPU recipe from nothing to its test BLEU: trains until its schedule ends it, averages, chooses on dev.
