@@ -134,26 +134,28 @@ class _Static:
 
 @dataclass
 class _ChunkConstants:
-    """What every step of a chunk reads and no step changes, made once per chunk inside the graph: a
-    step's operations are its kernel launches, and each one kept out of the step loop is 8 fewer."""
+    """What every step of a chunk reads and no step changes, made once per chunk inside the graph (a
+    tensor made outside would have to outlive the graph, and one from a Python list is a copy from the
+    host, which a capture does not allow). A step's operations are its kernels: each one kept out of
+    the step loop is STEPS_PER_GRAPH fewer."""
 
-    positions: Tensor           # (STEPS_PER_GRAPH,) the output position t of each step
-    last: Tensor                # (rows,) each row's last allowed position: limits - 1
-    banned: Tensor              # (2,) PAD and BOS, never produced
-    not_eos: Tensor             # (vocab,) True but at EOS
-    pad: Tensor                 # () PAD, and the two below: `torch.where` with a Python number
-    zero: Tensor                # () 0.0     makes a tensor of it at every call, one more kernel
-    neg_inf: Tensor             # () -inf
+    positions: Tensor       # (STEPS_PER_GRAPH,) the output position t of each step
+    last: Tensor            # (rows,) each row's last allowed position: limits - 1
+    banned: Tensor          # (2,) PAD and BOS, never produced
+    not_eos: Tensor         # (vocab,) True but at EOS
+    pad: Tensor             # () the values `torch.where` fills in: given a Python number, it would
+    zero: Tensor            # () make a tensor of it at every call, one kernel more
+    neg_inf: Tensor         # ()
 
     @classmethod
     def make(cls, s: _Static, row_limits: Tensor, vocab: int) -> _ChunkConstants:
-        # made inside the graph: a tensor from outside must outlive it, this call's would not (and a
-        # tensor from a Python list is a host copy, which a capture does not allow)
         device = row_limits.device
-        full = lambda value, dtype: torch.full((), value, dtype=dtype, device=device)  # noqa: E731
-        return cls(s.step + torch.arange(STEPS_PER_GRAPH, device=device), row_limits - 1,
-                   torch.arange(2, device=device) * (BOS - PAD) + PAD, torch.arange(vocab, device=device) != EOS,
-                   full(PAD, torch.long), full(0.0, torch.float32), full(NEG_INF, torch.float32))
+        banned = torch.full((2,), PAD, device=device)
+        banned[1] = BOS
+        scalar = lambda value, dtype: torch.full((), value, dtype=dtype, device=device)  # noqa: E731
+        return cls(positions=s.step + torch.arange(STEPS_PER_GRAPH, device=device), last=row_limits - 1,
+                   banned=banned, not_eos=torch.arange(vocab, device=device) != EOS, pad=scalar(PAD, torch.long),
+                   zero=scalar(0.0, torch.float32), neg_inf=scalar(NEG_INF, torch.float32))
 
 
 def _constrain_static(logp: Tensor, t: Tensor, min_len: int, c: _ChunkConstants) -> None:
@@ -225,11 +227,10 @@ class SearchGraphs:
 
         def chunk(s: _Static) -> None:
             state, prev = s.state(), s.prev
+            constants = _ChunkConstants.make(s, s.limits, model.vocab_size)
             for k in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                        # (rows, vocab)
-                if k == 0:
-                    constants = _ChunkConstants.make(s, s.limits, logp.size(1))
                 _constrain_static(logp, constants.positions[k], min_len, constants)
                 best, prev = logp.max(-1)                                    # (rows,)
                 # ended rows record PAD (which no live row outputs: its length is its non-PAD tokens)
@@ -276,13 +277,12 @@ class SearchGraphs:
             in_top_k = torch.arange(2 * k, device=device).unsqueeze(0) < k    # (1, 2k)
             row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
             lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
+            vocab = model.vocab_size
+            constants = _ChunkConstants.make(s, row_limits, vocab)
+            penalties = length_penalty(constants.positions.float() + 1, alpha)   # (STEPS_PER_GRAPH,)
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                         # (rows, vocab)
-                vocab = logp.size(1)
-                if j == 0:
-                    constants = _ChunkConstants.make(s, row_limits, vocab)
-                    penalties = length_penalty(constants.positions.float() + 1, alpha)   # (STEPS_PER_GRAPH,)
                 t = constants.positions[j]
                 _constrain_static(logp, t, min_len, constants)
                 candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
@@ -346,11 +346,13 @@ def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tenso
     from. A hypothesis that finished at step s from alive row r holds the tokens of row r after step s-1,
     then EOS. fin_step, fin_row: (batch, beam). Returns (batch, beam, steps). Walks back over the steps on
     the host (one vectorised pass per step over all hypotheses), after one copy of the records.
+    A slot no hypothesis filled (score -inf, never read) may name a step past the last one, since the
+    search decodes on to the end of its chunk: steps are clamped to the last.
     """
     tok, par = tokens.cpu().numpy(), parents.cpu().numpy()
-    end, row = fin_step.cpu().numpy(), fin_row.cpu().numpy()
+    end, row = np.minimum(fin_step.cpu().numpy(), steps - 1), fin_row.cpu().numpy()
     out = np.full((*end.shape, steps), PAD, dtype=np.int64)
-    np.put_along_axis(out, np.minimum(end, steps - 1)[..., None], EOS, axis=2)
+    np.put_along_axis(out, end[..., None], EOS, axis=2)
     current = row.copy()                                        # the row holding position t of each hypothesis
     for t in range(int(end.max(initial=0)) - 1, -1, -1):
         inside = end > t                                        # hypotheses with a token at position t

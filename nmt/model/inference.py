@@ -115,6 +115,11 @@ class Decoding:
     def device(self) -> torch.device:
         return self.model.decoder.output.weight.device
 
+    @property
+    def vocab_size(self) -> int:
+        """How many target ids a step scores: the whole vocabulary, or an output subset's size."""
+        return self.model.decoder.output.out_features if self.ctx.subset is None else self.ctx.subset[0].numel()
+
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Memory, DecoderState]:
         return self.model.encode(src, src_lengths, fold_context, self.ctx)
 
