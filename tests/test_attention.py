@@ -84,3 +84,9 @@ def test_beams_sharing_one_memory_row_equal_a_repeated_memory(kind):
     assert shared_weights.shape == (3 * beam, 7) and shared_context.shape == (3 * beam, 16)
     assert torch.allclose(shared_weights, weights, atol=1e-6)
     assert torch.allclose(shared_context, context, atol=1e-6)
+
+
+def test_masked_softmax_refuses_a_mask_for_the_bias():
+    """Added to the scores, a bool mask would shift them by 1 and 0 and mask nothing."""
+    with pytest.raises(TypeError, match="padding_bias"):
+        masked_softmax(torch.zeros(1, 3), torch.tensor([[True, True, False]]))

@@ -27,7 +27,7 @@ def gru_gates(gi: Tensor, gh: Tensor, hidden: Tensor) -> Tensor:
 
     Six operations where the gates one by one take ten: on a GPU each is a kernel launch of a
     step. Both gates' sigmoid in one; n = tanh(gi_n + r ⊙ gh_n) and s' = n + z ⊙ (s - n) with
-    addcmul (which, unlike lerp, keeps a float32 state under autocast)."""
+    addcmul, which (unlike lerp) takes operands of mixed dtypes under autocast and promotes them."""
     sizes = [2 * hidden.size(-1), hidden.size(-1)]              # r and z, then n
     (i_rz, i_n), (h_rz, h_n) = gi.split(sizes, dim=-1), gh.split(sizes, dim=-1)
     reset, update = torch.sigmoid(i_rz + h_rz).chunk(2, dim=-1)
