@@ -74,12 +74,16 @@ def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dic
                 replay()
         return run, static
 
-    graphs._graph = counted
-    with torch.no_grad():
+    def search() -> None:                          # one chunk of steps
         if beam == 1:
             graphs.greedy(src, lengths, max_len=graphed.STEPS_PER_GRAPH)
         else:
             graphs.beam(src, lengths, beam_size=beam, max_len=graphed.STEPS_PER_GRAPH)
+
+    with torch.no_grad():
+        search()                                     # warm-up, as before a capture: builds the derived weights
+        graphs._graph = counted
+        search()
     steps = graphed.STEPS_PER_GRAPH
     return {"beam": beam, "kernels_per_step": counter.total / steps,
             "by_op": {name: n / steps for name, n in counter.ops.most_common()}}

@@ -56,6 +56,20 @@ def test_min_len_and_length_cap_in_beam():
         assert 4 <= len(f[0].tokens) <= 5
 
 
+@pytest.mark.parametrize("cap", [1, 2])
+def test_a_cap_shorter_than_a_chunk_in_beam(cap):
+    """The search decodes on to the end of its chunk of steps: a slot of the finished pool still empty by
+    then may name a step past the cap, which the backtrack must not read."""
+    model = random_model("bahdanau")
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model.decoding(), capture=False)
+    found = graphs.beam(src, lengths, 5, 1.0, 2.0, n_best=3, max_len=cap)
+    expected = beam_search(model, src, lengths, beam_size=5, alpha=1.0, max_len_ratio=2.0, n_best=3, max_len=cap)
+    for e, f in zip(expected, found, strict=True):
+        assert_same(e, f)
+        assert all(len(h.tokens) < cap for h in f)
+
+
 def test_a_shape_is_built_once_and_serves_smaller_batches():
     """Batches that fall into one bucket reuse one set of static tensors; the padding changes nothing."""
     model = random_model("luong_general")
@@ -137,12 +151,13 @@ def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
 
 
 @pytest.mark.parametrize(("attention", "rnn", "greedy_budget", "beam_budget"),
-                         [("bahdanau", "gru", 36, 57), ("luong_general", "gru", 32, 54),
-                          ("luong_concat", "lstm", 36, 59)])
+                         [("bahdanau", "gru", 37, 58), ("luong_general", "gru", 33, 55),
+                          ("luong_concat", "lstm", 37, 60)])
 def test_a_captured_step_stays_within_its_kernel_budget(attention, rnn, greedy_budget, beam_budget):
     """On a GPU a captured step costs about one launch per ATen operation that does work (views are
     free). Counted with the bench's dispatch counter: a change that adds operations to the step loop fails
-    here before it costs time on a GPU (bench/step_kernels.py gives the whole breakdown)."""
+    here before it costs time on a GPU (bench/step_kernels.py gives the whole breakdown). Each budget is
+    the count when written plus about two, for a torch release that dispatches an operation differently."""
     from bench.step_kernels import search_step
 
     model = random_model(attention, rnn)
