@@ -83,12 +83,11 @@ class _Static:
 
     @classmethod
     def allocate(cls, memory: Memory, state: DecoderState, sentences: int, src_len: int, beam: int = 0) -> _Static:
-        """Zeros for `sentences` padded to `src_len`, with `beam` rows each (0: greedy search, one row)."""
+        """Zeros for `sentences` padded to `src_len`, with `beam` rows each (0: greedy search, one row). A
+        capture's warm-up runs on them (a zero padding bias: a finite softmax); `load` puts a batch in."""
         rows, device = sentences * max(beam, 1), memory.mask.device
         padded = {f.name: None if (t := getattr(memory, f.name)) is None
                   else t.new_zeros(sentences, src_len, *t.shape[2:]) for f in fields(Memory)}
-        padded["mask"][:, 0] = True                # a padded sentence attends to one zero position: a finite softmax
-        padded["pad_bias"].fill_(NEG_INF)[:, 0] = 0.0
         layers, _, hidden = state.hidden.shape
         zeros = lambda t, *shape: None if t is None else t.new_zeros(shape)  # noqa: E731
         whole = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
@@ -112,7 +111,7 @@ class _Static:
             if target is not None:
                 target.fill_(NEG_INF if f.name == "pad_bias" else 0)
                 target[: value.size(0), : value.size(1)] = value
-        self.memory.mask[batch:, 0] = True
+        self.memory.mask[batch:, 0] = True          # a padded sentence attends to one zero position: a finite softmax
         self.memory.pad_bias[batch:, 0] = 0.0
         for target, value in ((self.hidden, state.hidden), (self.cell, state.cell)):
             if target is not None:
