@@ -272,12 +272,17 @@ class BahdanauDecoder(Decoder):
     def _hidden_and_query(self) -> Tensor:
         return torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight])
 
+    def _hidden_and_query_bias(self) -> Tensor:
+        """[b_h; 0]: the RNN's hidden bias and none for W_a s_{i-1}, added inside the product in inference."""
+        bias = self.rnn.hidden_bias(0)
+        return torch.cat([bias, bias.new_zeros(self.attention.query_proj.out_features)])
+
     def int8_weights(self) -> dict[str, tuple[Tensor, Tensor | None]]:
         weights = super().int8_weights()
         weights["context"] = (self._context_weight(), None)
         weights["pre_output_state"] = (self._pre_output_weight("state"), None)
         if self.rnn.layers == 1:
-            weights["hidden_and_query"] = (self._hidden_and_query(), None)
+            weights["hidden_and_query"] = (self._hidden_and_query(), self._hidden_and_query_bias())
         return weights
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, fused: Tensor | None,
@@ -288,14 +293,16 @@ class BahdanauDecoder(Decoder):
         Returns the new state, the weights (rows, src_len) and, for an unfolded memory, W_cc c_i (else None)."""
         s_prev = state.top                                              # (rows, dec_hidden)
         if fused is not None:
-            if shared is not None:
-                projected = shared.linear(s_prev)                       # (rows, gates*dec_hidden + attn_dim)
-            elif int8 := int8_product("hidden_and_query", ctx):
-                projected = int8(s_prev)
-            else:
-                projected = F.linear(s_prev, fused)
             gates = self.rnn.hidden_weight(0).size(0)
-            gh0, query = projected[:, :gates] + self.rnn.hidden_bias(0), projected[:, gates:]
+            if ctx is not None:                                         # inference: b_h inside the product
+                int8 = int8_product("hidden_and_query", ctx)
+                projected = int8(s_prev) if int8 else F.linear(s_prev, fused, self.derived_weight(
+                    "hidden_and_query_bias", self._hidden_and_query_bias, ctx))   # (rows, gates*dec_hidden + attn_dim)
+                gh0 = projected[:, :gates]
+            else:
+                projected = shared.linear(s_prev) if shared is not None else F.linear(s_prev, fused)
+                gh0 = projected[:, :gates] + self.rnn.hidden_bias(0)
+            query = projected[:, gates:]
         else:
             gh0, query = None, self.attention.query_proj(s_prev)
         weights = self.attention.projected_weights(memory.group(query), memory)   # (batch, rows per sentence, src_len)
