@@ -6,8 +6,10 @@
 # OUT (e.g. docs/results/h200-DATE) gets one JSON per measurement, each with the machine's facts (GPU,
 # driver, CUDA, cuDNN, torch), the CUDA tests' log and the recipe run's logs; `python -m bench.gpu_table
 # OUT` prints the tables of docs/benchmarks.md from them. MODEL (a model file or checkpoint of the
-# reference model) adds the decoding figures. The data folder of configs/multi30k_de_en_bahdanau.yaml
-# must exist (nmt preprocess). ONMT=folder of an OpenNMT-py 3.5.1 install (its bin/onmt_* commands, as
+# reference model) is what the decoding stages translate with; without one, the `model` stage trains
+# it on the GPU for MODEL_MINUTES (default 2.5) with the GPU recipe's settings. The data folder of
+# configs/multi30k_de_en_bahdanau.yaml must exist (nmt preprocess). On a machine without a network,
+# bench/gpu_kit.sh brings what this needs beyond the checkout. ONMT=folder of an OpenNMT-py 3.5.1 install (its bin/onmt_* commands, as
 # ../shared/peers/opennmt-setup.sh makes) adds the side-by-side stage. STAGES picks the stages (default:
 # all, in this order); BUDGET_S skips what would start after that many seconds, so a time-limited machine
 # still returns the figures taken so far.
@@ -19,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 out="$1"
 model="${2:-}"
-stages="${STAGES:-facts tests train decode whole profile recipe curve compare}"
+stages="${STAGES:-facts tests train model decode whole profile recipe curve compare}"
 deadline=$((SECONDS + ${BUDGET_S:-1000000}))
 mkdir -p "$out"
 test_src="$(mktemp)" test_ref="$(mktemp)"
@@ -58,6 +60,14 @@ if has train; then
       done
     done
   done
+fi
+
+# No MODEL: one trained here, the reference model with the GPU recipe's settings, for a fixed time.
+if [[ -z "$model" ]] && has model; then
+  model_run="$(mktemp -d)/run"
+  nmt train --config configs/multi30k_de_en_bahdanau_gpu.yaml --set training.max_minutes="${MODEL_MINUTES:-2.5}" \
+    --set training.run_dir="$model_run" 2>&1 | tr '\r' '\n' | grep -v 'upd/s' > "$out/model.log" || true
+  if [[ -f "$model_run/best.pt" ]]; then model="$model_run/best.pt"; fi
 fi
 
 # Decoding test_2016_flickr and 100,000 sentences (the training source, repeated): decoding alone, graphs

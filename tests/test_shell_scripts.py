@@ -132,6 +132,7 @@ def _path(script: str) -> Path:
     ("get_multi30k.sh", ["--help"], "MULTI30K_MIRROR=/path"),
     ("get_iwslt14.sh", ["-h"], "IWSLT14_MIRROR=/path"),
     ("gpu_benchmarks.sh", ["--help"], "bash scripts/gpu_benchmarks.sh OUT [MODEL]"),
+    ("gpu_kit.sh", ["--help"], "bash scripts/gpu_kit.sh fetch KIT"),
     ("docker_base.sh", ["--help"], "bash scripts/docker_base.sh [TAG]"),
     ("docker_check.sh", ["-h"], "bash scripts/docker_check.sh BASE"),
 ])
@@ -149,6 +150,8 @@ def test_the_download_and_gpu_scripts_answer_help_with_their_header(tmp_path, sc
     ("get_iwslt14.sh", ["--force"], "takes [--mirror FOLDER] [DEST], got '--force'"),
     ("gpu_benchmarks.sh", [], "takes OUT [MODEL], got ''"),
     ("gpu_benchmarks.sh", ["--stages", "train"], "takes OUT [MODEL], got '--stages train'"),
+    ("gpu_kit.sh", ["fetch"], "takes fetch KIT or install KIT, got 'fetch'"),
+    ("gpu_kit.sh", ["get", "kit"], "takes fetch KIT or install KIT, got 'get kit'"),
     ("docker_base.sh", ["a", "b"], "takes [TAG], got 'a b'"),
     ("docker_check.sh", [], "takes BASE, got ''"),
     ("docker_check.sh", ["--no-cache"], "takes BASE, got '--no-cache'"),
@@ -167,3 +170,12 @@ def test_a_script_run_through_a_link_finds_its_helper(tmp_path):
     link.symlink_to(REPO / "scripts" / "get_multi30k.sh")
     result = subprocess.run(["bash", str(link), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "MULTI30K_MIRROR=/path" in result.stdout, result.stderr
+
+
+def test_the_gpu_kit_refuses_to_install_without_wheels(tmp_path):
+    result = subprocess.run(["bash", str(_path("gpu_kit.sh")), "install", str(tmp_path / "kit")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: gpu_kit.sh install: {tmp_path / 'kit'}/wheels holds no wheels "
+        f"(bash scripts/gpu_kit.sh fetch {tmp_path / 'kit'})"]
