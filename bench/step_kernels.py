@@ -7,8 +7,11 @@ At the reference batch a decoder step on a GPU costs about one launch, or one sl
 per operation: its time follows the number of operations more than their size. That number does not
 need a GPU to be known: every operation passes PyTorch's dispatcher, on the CPU as on CUDA, and a
 TorchDispatchMode sees it. Views (reshapes, slices, transposes) launch nothing and are not counted.
-On CUDA some operations take two kernels (topk), and cuBLAS may add one; the counts here are the
-GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphed` captures them.
+A matrix product that adds a matrix (addmm with a 2-D addend, baddbmm) counts two: on CUDA, cuBLAS
+gets the addend copied into its output first (a 1-D bias rides in the product's epilogue: one).
+Some other operations take two kernels on CUDA (topk), and cuBLAS may add one; the counts here are
+the GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphed` captures
+them.
 
 Counted per step, in float32 and under bf16 autocast, with the model's random initial weights (the
 counts do not depend on them):
@@ -39,8 +42,9 @@ class KernelCount(TorchDispatchMode):
         self.ops: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ != "_unsafe_view":
-            self.ops[func.overloadpacket.__name__] += 1
+        name = func.overloadpacket.__name__
+        if not func.is_view and name != "_unsafe_view":
+            self.ops[name] += 2 if name == "baddbmm" or (name == "addmm" and args[0].dim() == 2) else 1
         return func(*args, **(kwargs or {}))
 
     @property
