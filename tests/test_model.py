@@ -138,7 +138,7 @@ def test_inference_memory_projects_only_the_real_positions(attention):
         real = model.decoder.memory(values, mask)
     if not model.decoder.attention.projects_keys:
         assert real.keys is values
-    projected = ["values_in", "values_out"] if attention == "bahdanau" else []
+    projected = ["context_terms"] if attention == "bahdanau" else []
     for name in projected + (["keys"] if model.decoder.attention.projects_keys else []):
         whole, skipped = getattr(full, name), getattr(real, name)
         torch.testing.assert_close(skipped[mask], whole[mask].to(skipped.dtype), rtol=1e-5, atol=1e-6)
@@ -306,7 +306,7 @@ def test_bahdanau_steps_over_an_unfolded_memory_equal_the_folded_ones(small_batc
     with torch.no_grad(), model.decoder.frozen_weights():
         folded, state = model.encode(batch.src, batch.src_lengths)
         unfolded, _ = model.encode(batch.src, batch.src_lengths, fold_context=False)
-        assert folded.values_in is not None and unfolded.values_in is None and unfolded.values_out is None
+        assert folded.context_terms is not None and unfolded.context_terms is None
         state_f = state_u = state
         for i in range(batch.tgt_in.size(1)):
             logits_f, state_f, weights_f = model.decoder.step(batch.tgt_in[:, i], state_f, folded)

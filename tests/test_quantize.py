@@ -109,8 +109,8 @@ def test_int8_memory_is_close_to_float32(attention, products, options, padded, f
         assert all(product in ctx.int8 for product in products)
         approx = model.decoder.memory(values, mask, fold_context, ctx)
     if attention == "bahdanau":
-        assert (approx.values_in is None) == (not fold_context)
-    for name in ("keys", "values_in", "values_out"):
+        assert (approx.context_terms is None) == (not fold_context)
+    for name in ("keys", "context_terms"):
         a, b = getattr(approx, name), getattr(exact, name)
         if b is None:
             assert a is None

@@ -70,9 +70,9 @@ class Memory:
     values: Tensor                    # (batch, src_len, enc_out) the annotations h_j
     keys: Tensor                      # (batch, src_len, key_dim) project_keys(h_j)
     mask: Tensor                      # (batch, src_len) True at real tokens
-    values_in: Tensor | None = None   # (batch, src_len, gates*dec_hidden) W_ctx h_j, for Bahdanau's RNN input
-    values_out: Tensor | None = None  # (batch, src_len, dec_hidden) W_cc h_j, for Bahdanau's pre-output
-    # (both None for Luong, and for Bahdanau's unfolded memory in greedy search: Decoder.memory)
+    # (batch, src_len, gates*dec_hidden + dec_hidden) [W_ctx; W_cc] h_j, for Bahdanau's RNN input and pre-output;
+    # None for Luong, and for Bahdanau's unfolded memory in greedy search (Decoder.memory)
+    context_terms: Tensor | None = None
     pad_bias: Tensor | None = None    # (batch, src_len) padding_bias(mask); made from the mask when not given
 
     def __post_init__(self) -> None:
@@ -82,8 +82,8 @@ class Memory:
     def index_select(self, index: Tensor) -> Memory:
         """Sentences `index` of the batch, e.g. to drop those whose search is over."""
         pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.values_in),
-                      pick(self.values_out), pick(self.pad_bias))
+        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.context_terms),
+                      pick(self.pad_bias))
 
     def group(self, queries: Tensor) -> Tensor:
         """Queries as (batch, queries per sentence, d): (rows, d) with rows = batch*beam becomes
@@ -174,7 +174,9 @@ class AdditiveAttention(Attention):
         also under autocast (CPU elementwise kernels are slower in bf16), and the autocast dtype in
         training, where it halves the activations kept for the backward pass."""
         with torch.autocast(keys.device.type, enabled=False):
-            sums = torch.add(keys.unsqueeze(1), projected.to(keys.dtype).unsqueeze(2), alpha=2)
+            # float32 keys promote a bf16 query inside the addition (on CUDA without a cast kernel of its own)
+            query = projected if keys.dtype == torch.float32 else projected.to(keys.dtype)
+            sums = torch.add(keys.unsqueeze(1), query.unsqueeze(2), alpha=2)
             gates = sums.sigmoid_()                                          # (batch, queries, src_len, attn_dim)
             return F.linear(gates, self.v.weight.to(gates.dtype)).squeeze(-1)
 
