@@ -33,6 +33,14 @@ import json; print(json.dumps({{"import_torch_s": t1 - t0, "load_s": t2 - t1, "f
 """
 
 
+def _capture_costs(translator) -> dict:
+    """Shapes captured so far, and the seconds their warm-up runs and captures took (none without graphs)."""
+    graphs = translator._graphs
+    if graphs is None:
+        return {"captured": 0, "warmup_s": 0.0, "capture_s": 0.0}
+    return {"captured": graphs.captured, "warmup_s": graphs.warmup_seconds, "capture_s": graphs.capture_seconds}
+
+
 def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam: int, graphs: bool,
            runs: int, batch_tokens: int | None) -> dict:
     import torch
@@ -47,17 +55,20 @@ def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam:
     translator.translate(lines[:50])                                        # warm-up (and first captures)
     torch.cuda.synchronize()
     warmup = time.perf_counter() - start
-    times, out = [], []
+    times, out, captures = [], [], []
     for _ in range(runs):
+        before = _capture_costs(translator)
         start = time.perf_counter()
         out = translator.translate(lines)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        captures.append({k: v - before[k] for k, v in _capture_costs(translator).items()})
     texts = [t.text for t in out]
     result = {"precision": precision, "beam": beam, "graphs": graphs,
               "sent_per_s": len(lines) / statistics.median(times), "seconds": times, "warmup_s": warmup,
               "lines": len(lines),
-              "graphs_captured": len(translator._graphs.graphs) if translator._graphs else 0}
+              "graphs_captured": len(translator._graphs.graphs) if translator._graphs else 0,
+              "captures_per_run": captures}      # each run's new shapes: how many, warm-up and capture seconds
     if refs:
         result["bleu"] = bleu(texts, refs)
     result["_texts"] = texts

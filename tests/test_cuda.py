@@ -124,8 +124,9 @@ def test_graphs_are_captured_once_per_shape(trained_run, corpus_dir):
     translator = Translator.load(trained_run / "best.pt", device="cuda", precision="fp32", beam_size=4)
     first = [t.text for t in translator.translate(lines)]
     captured = len(translator._graphs.graphs)
+    assert translator._graphs.captured == captured and translator._graphs.capture_seconds > 0
     assert [t.text for t in translator.translate(lines)] == first       # replayed graphs, same results
-    assert len(translator._graphs.graphs) == captured
+    assert len(translator._graphs.graphs) == captured == translator._graphs.captured
 
 
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_dot", "luong_general", "luong_concat"])

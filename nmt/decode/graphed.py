@@ -24,6 +24,7 @@ output, shortlists and ensembles take the eager path (`graphable`).
 from __future__ import annotations
 
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -182,6 +183,8 @@ class SearchGraphs:
         self.model, self.capture = model, capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: OrderedDict[tuple, tuple[Callable[[], None], _Static]] = OrderedDict()   # oldest use first
+        # what capturing has cost so far (a new shape's warm-up run, then its capture and instantiation)
+        self.captured, self.warmup_seconds, self.capture_seconds = 0, 0.0, 0.0
 
     def _graph(self, key: tuple, build: Callable[[], _Static], chunk: Callable[[_Static], None]
                ) -> tuple[Callable[[], None], _Static]:
@@ -196,8 +199,10 @@ class SearchGraphs:
             if not self.capture:
                 self.graphs[key] = (lambda: chunk(static), static)
                 return self.graphs[key]
+            start = time.perf_counter()
             chunk(static)                                # warm-up: builds derived weights, cuBLAS workspaces
             torch.cuda.synchronize()
+            warmed = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             dtype = active_autocast_dtype("cuda")
             # autocast's cast cache does not survive a capture: off inside it
@@ -205,6 +210,9 @@ class SearchGraphs:
                   torch.cuda.graph(graph, pool=self.pool)):
                 chunk(static)
             self.graphs[key] = (graph.replay, static)
+            self.captured += 1
+            self.warmup_seconds += warmed - start
+            self.capture_seconds += time.perf_counter() - warmed
         return self.graphs[key]
 
     def close(self) -> None:
