@@ -11,7 +11,7 @@
 # (onmt's metadata pins torch<2.3, so it goes in without its dependencies, as ../shared/peers/opennmt-setup.sh
 # does, with the same patches). KIT must travel with the checkout: keep it in an ignored folder (.gpu/ is)
 # and carry it. The Multi30k data folder travels the same way (carry `data`, made by `nmt preprocess`).
-# PYTHON picks the interpreter `install` uses (default python3).
+# PYTHON picks the interpreter `install` uses (default python3); its `python` then comes first on PATH.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../scripts/script_usage.sh"   # links followed
@@ -40,11 +40,16 @@ fetch() {
 install() {
   compgen -G "$kit/wheels/*.whl" > /dev/null \
     || { echo "error: gpu_kit.sh install: $kit/wheels holds no wheels (bash scripts/gpu_kit.sh fetch $kit)" >&2; exit 2; }
-  rm -rf "$target"
-  mkdir -p "$target/bin" "$target/onmt/bin"
-  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target/site" \
-    "$kit"/wheels/*.whl
-  local onmt="$target/site/onmt"
+  [[ "$(realpath "$kit")/" != "$target/"* ]] \
+    || { echo "error: gpu_kit.sh install: KIT must lie outside $target, which install replaces" >&2; exit 2; }
+  local py build
+  py="$("$python" -c 'import sys; print(sys.executable)')"          # absolute, as the wrappers need it
+  build="$target.new.$$"                                                # swapped in whole, or not at all
+  rm -rf "$build"
+  mkdir -p "$build/bin" "$build/onmt/bin"
+  "$py" -m pip install -q --no-index --find-links "$kit/wheels" --no-deps --no-compile --no-cache-dir \
+    --target "$build/site" "${WHEELS[@]}"
+  local onmt="$build/site/onmt"
   # spacy and fasttext are imported at the top of optional transforms: optional here too
   sed -i 's/^import spacy$/try:\n    import spacy\nexcept ImportError:\n    spacy = None/' "$onmt/transforms/terminology.py"
   sed -i 's/^import fasttext$/try:\n    import fasttext\nexcept ImportError:\n    fasttext = None/' \
@@ -53,18 +58,21 @@ install() {
   sed -i 's/torch.load(ckpt_path, map_location=torch.device("cpu"))/torch.load(ckpt_path, map_location=torch.device("cpu"), weights_only=False)/' \
     "$onmt/models/model_saver.py"
   sed -i 's/torch.load(transforms_path)/torch.load(transforms_path, weights_only=False)/' "$onmt/transforms/transform.py"
-  local py
-  py="$(command -v "$python")"
   for name in build_vocab train translate; do
     printf '#!/bin/sh\nexec "%s" -c "import sys; from onmt.bin.%s import main; sys.argv[0] = \\"onmt_%s\\"; main()" "$@"\n' \
-      "$py" "$name" "$name" > "$target/onmt/bin/onmt_$name"
+      "$py" "$name" "$name" > "$build/onmt/bin/onmt_$name"
   done
-  printf '#!/bin/sh\nexec "%s" -m nmt "$@"\n' "$py" > "$target/bin/nmt"
-  chmod +x "$target/bin/nmt" "$target/onmt/bin/"onmt_*
-  cat > "$target/env.sh" <<EOF
+  printf '#!/bin/sh\nexec "%s" -m nmt "$@"\n' "$py" > "$build/bin/nmt"
+  # the scripts' `python` is the one the wrappers run (a wrapper, not a link: a venv's python finds its
+  # packages from the path it was started by)
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$py" | tee "$build/bin/python" > "$build/bin/python3"
+  chmod +x "$build/bin/"* "$build/onmt/bin/"onmt_*
+  cat > "$build/env.sh" <<EOF
 export PYTHONPATH="$repo:$target/site\${PYTHONPATH:+:\$PYTHONPATH}"
 export PATH="$target/bin:\$PATH" ONMT="$target/onmt" PYTHONUNBUFFERED=1
 EOF
+  rm -rf "$target"
+  mv "$build" "$target"
   # shellcheck disable=SC1091
   source "$target/env.sh"
   "$target/onmt/bin/onmt_train" -h > /dev/null
