@@ -8,9 +8,11 @@ from torch import Tensor, nn
 from nmt.config import ConfigError, ModelConfig
 from nmt.data.tokenizer import PAD
 from nmt.model.attention import Memory, build_attention
-from nmt.model.decoder import BahdanauDecoder, Decoder, DecoderState, LuongDecoder
+from nmt.model.bahdanau import BahdanauDecoder
+from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.encoder import Encoder, EncoderOutput
 from nmt.model.inference import Decoding, Inference, int8_product
+from nmt.model.luong import LuongDecoder
 
 
 class Bridge(nn.Module):
