@@ -7,7 +7,9 @@
 # driver, CUDA, cuDNN, torch), the CUDA tests' log and the recipe run's logs; `python -m bench.gpu_table
 # OUT` prints the tables of docs/benchmarks.md from them. MODEL (a model file or checkpoint of the
 # reference model) is what the decoding stages translate with; without one, the `model` stage trains
-# it on the GPU for MODEL_MINUTES (default 2.5) with the GPU recipe's settings. The data folder of
+# it on the GPU for MODEL_MINUTES (default 2.5) with the GPU recipe's settings, into MODEL_RUN (default
+# a temporary folder; a MODEL_RUN that holds a best.pt already is used as it is, so later calls on the
+# same machine need not train again). The data folder of
 # configs/multi30k_de_en_bahdanau.yaml must exist (nmt preprocess). On a machine without a network,
 # bench/gpu_kit.sh brings what this needs beyond the checkout. ONMT=folder of an OpenNMT-py 3.5.1 install (its bin/onmt_* commands, as
 # ../shared/peers/opennmt-setup.sh makes) adds the side-by-side stage. STAGES picks the stages (default:
@@ -64,10 +66,12 @@ fi
 
 # No MODEL: one trained here, the reference model with the GPU recipe's settings, for a fixed time.
 if [[ -z "$model" ]] && has model; then
-  model_run="$(mktemp -d)/run"
-  nmt train --config configs/multi30k_de_en_bahdanau_gpu.yaml --set training.max_minutes="${MODEL_MINUTES:-2.5}" \
-    --set training.run_dir="$model_run" 2>&1 | tr '\r' '\n' | grep -v 'upd/s' > "$out/model.log" || true
-  if [[ -f "$model_run/best.pt" ]]; then model="$model_run/best.pt"; fi
+  model_run="${MODEL_RUN:-$(mktemp -d)/run}"
+  if [[ ! -f "$model_run/best.pt" ]]; then
+    nmt train --config configs/multi30k_de_en_bahdanau_gpu.yaml --set training.max_minutes="${MODEL_MINUTES:-2.5}" \
+      --set training.run_dir="$model_run" 2>&1 | tr '\r' '\n' | grep -v 'upd/s' > "$out/model.log" || true
+  fi
+  if [[ -f "$model_run/best.pt" ]]; then model="$model_run/best.pt"; else echo "no model: see $out/model.log"; fi
 fi
 
 # Decoding test_2016_flickr and 100,000 sentences (the training source, repeated): decoding alone, graphs
