@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -25,10 +26,23 @@ SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
 
 
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now (for torchrun's rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on loopback that nothing listens on now (for torchrun's rendezvous), below the kernel's
+    ephemeral range: a client that dials a port of that range before its server listens can be given
+    that very port as its own and connect to itself (TCP simultaneous open), and then waits forever."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768                                                        # Linux's default
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 def randomize_feed_weights(model, scale: float = 0.1) -> None:

@@ -25,7 +25,13 @@ def test_two_nodes_train_to_identical_parameters_and_only_global_rank0_writes(pr
                "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
                str(WORKER), str(prepared), str(run), str(tmp_path)]
         nodes.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        raise AssertionError("the two nodes did not finish in 300 s:\n" + "\n---\n".join(
+            node.communicate()[0][-3000:] for node in nodes)) from None
     for node, output in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, output[-3000:]
 
