@@ -117,17 +117,19 @@ class BahdanauDecoder(Decoder):
             gh0 = projected[:, :gates] + self.rnn.hidden_bias(0)
         return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory)
 
-    def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, fused: Tensor | None,
-                    ctx: Inference | None, shared: SharedGrads | None = None) -> tuple[DecoderState, Tensor]:
+    def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, values_in: Tensor,
+                    fused: Tensor | None, ctx: Inference | None, shared: SharedGrads | None = None
+                    ) -> tuple[DecoderState, Tensor]:
         """Teacher forcing's step: attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) =
-        W_e E y_{i-1} + b_i. `shared`: in training on the CPU, the products with [W_h; W_a] and W_ctx h_j go
-        through it. Returns the new state and the weights (rows, src_len); W_cc c_i is left to the caller."""
+        W_e E y_{i-1} + b_i; values_in: (batch, src_len, gates*dec_hidden) W_ctx h_j. `shared`: in training on
+        the CPU, the products with [W_h; W_a] and W_ctx h_j go through it. Returns the new state and the
+        weights (rows, src_len); W_cc c_i is left to the caller."""
         s_prev = state.top                                              # (rows, dec_hidden)
         gh0, weights = self._attend(s_prev, memory, fused, ctx, shared)
         if shared is not None:
             context_in = shared.weighted_sum(weights, s_prev.shape)
         else:                                                           # Σ_j α_ij W_ctx h_j
-            context_in = memory.weighted_sum(weights, self._split_terms(memory.context_terms)[0], s_prev.shape)
+            context_in = memory.weighted_sum(weights, values_in, s_prev.shape)
         _, hidden, cell = self.rnn.step(input_proj + context_in, state.hidden, state.cell, gh0)
         return DecoderState(hidden, cell), weights.view(s_prev.size(0), -1)
 
@@ -168,19 +170,20 @@ class BahdanauDecoder(Decoder):
         if memory.context_terms is None:
             raise ValueError("teacher-forced decoding needs a folded memory (Decoder.memory(fold_context=True))")
         token_in, token_out = self._split_terms(self.token_terms(tgt_in, ctx))   # (batch, tgt_len, ...), all steps
+        values_in, values_out = self._split_terms(memory.context_terms)   # W_ctx h_j, W_cc h_j
         fused = self._step_weights(ctx)
         shared = None
         # Their gradients once, after the loop: on the CPU, where per-step products with `batch` rows are slow.
         # A CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save.
         if fused is not None and torch.is_grad_enabled() and tgt_in.device.type == "cpu":
-            shared = SharedGrads(fused, self._split_terms(memory.context_terms)[0])
+            shared = SharedGrads(fused, values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
         states, weights = [], []
         for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
-            state, alpha = self._recurrence(input_t, state, memory, fused, ctx, shared)
+            state, alpha = self._recurrence(input_t, state, memory, values_in, fused, ctx, shared)
             states.append(state.top)
             weights.append(alpha)
         s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
         # W_ce E y + b_c + W_cc c_i for all steps, one product
-        terms = torch.baddbmm(token_out, alphas, self._split_terms(memory.context_terms)[1])
+        terms = torch.baddbmm(token_out, alphas, values_out)
         return self._pre_output(s_all, terms, ctx), alphas
