@@ -10,10 +10,13 @@ A graph needs static shapes and no host synchronisation inside, so the searches 
 nmt.decode.search in how they keep their books, not in what they compute:
   * the batch is padded to a row bucket and a source-length bucket (`bucket_size`), so that a few graphs
     serve every batch; padded rows start ended, padded source positions are masked;
-  * rows whose search is over are masked (they keep decoding, record nothing), never dropped;
-  * beam search records each step's tokens and parent rows and rebuilds the finished hypotheses
-    afterwards, instead of copying token histories at every step; its first step runs all `beam`
-    rows with every beam but the first at log p = -inf, which selects exactly what one row would.
+  * rows whose search is over are never dropped: greedy rows decode on and what follows their first
+    EOS is cut afterwards; beam search masks the beams of a sentence that is done;
+  * each step only records (greedy: token and log p; beam: the alive beams' tokens and parent rows, the
+    finishing candidates' scores and rows), and the hypotheses are put together once, after the last
+    step: a step's operations are its kernels, so everything that can wait for the end does;
+  * beam search's first step runs all `beam` rows with every beam but the first at log p = -inf, which
+    selects exactly what one row would.
 Their outputs equal the eager searches' (`tests/test_cuda.py`), up to the last bits that another
 batch shape may change in a matrix product.
 
@@ -63,13 +66,16 @@ class _Static:
     prev: Tensor                # (rows,) the previous output token
     limits: Tensor              # (rows,) output length limits, EOS included
     step: Tensor                # () the output position t of the chunk's next step
-    scores: Tensor              # greedy: (rows,) log p; beam: (rows,) alive log p
     out_tokens: Tensor          # (rows, STEPS_PER_GRAPH) each step's token
     going: Tensor               # greedy: (rows,) not ended; beam: (sentences,) still searching
+    out_logp: Tensor | None = None     # greedy: (rows, STEPS_PER_GRAPH) each step's log p
+    scores: Tensor | None = None       # beam: (rows,) alive log p
     out_parents: Tensor | None = None  # beam: (rows, STEPS_PER_GRAPH) each step's parent row
-    fin_scores: Tensor | None = None   # beam: (sentences, beam) normalised scores of the finished
-    fin_step: Tensor | None = None     # beam: (sentences, beam) the step each finished at
-    fin_row: Tensor | None = None      # beam: (sentences, beam) the alive row it finished from
+    out_fin: Tensor | None = None      # beam: (sentences, STEPS_PER_GRAPH, beam) normalised scores of the
+    #                                    step's finishing candidates, -inf for the others
+    out_fin_rows: Tensor | None = None  # beam: (sentences, STEPS_PER_GRAPH, 2 beam) the alive rows the step's
+    #                                     candidates come from (the first `beam` can finish)
+    kept: Tensor | None = None         # beam: (sentences, n_best) the best finished scores so far
     top_ended: Tensor | None = None    # beam, early_stop: (sentences,) a best candidate ended
 
     def state(self) -> DecoderState:
@@ -83,7 +89,8 @@ class _Static:
             self.feed.copy_(state.feed)
 
     @classmethod
-    def allocate(cls, memory: Memory, state: DecoderState, sentences: int, src_len: int, beam: int = 0) -> _Static:
+    def allocate(cls, memory: Memory, state: DecoderState, sentences: int, src_len: int, beam: int = 0,
+                 n_best: int = 1) -> _Static:
         """Zeros for `sentences` padded to `src_len`, with `beam` rows each (0: greedy search, one row). A
         capture's warm-up runs on them (a zero padding bias: a finite softmax); `load` puts a batch in."""
         rows, device = sentences * max(beam, 1), memory.mask.device
@@ -95,12 +102,15 @@ class _Static:
         static = cls(Memory(**padded), zeros(state.hidden, layers, rows, hidden),
                      zeros(state.cell, layers, rows, hidden), zeros(state.feed, rows, hidden),
                      prev=whole(rows), limits=whole(sentences), step=whole(),
-                     scores=whole(rows, dtype=torch.float32), out_tokens=whole(rows, STEPS_PER_GRAPH),
-                     going=whole(sentences, dtype=torch.bool))
+                     out_tokens=whole(rows, STEPS_PER_GRAPH), going=whole(sentences, dtype=torch.bool))
         if beam:
+            static.scores = whole(rows, dtype=torch.float32)
             static.out_parents, static.top_ended = whole(rows, STEPS_PER_GRAPH), whole(sentences, dtype=torch.bool)
-            static.fin_scores = whole(sentences, beam, dtype=torch.float32)
-            static.fin_step, static.fin_row = whole(sentences, beam), whole(sentences, beam)
+            static.out_fin = whole(sentences, STEPS_PER_GRAPH, beam, dtype=torch.float32)
+            static.out_fin_rows = whole(sentences, STEPS_PER_GRAPH, 2 * beam)
+            static.kept = whole(sentences, n_best, dtype=torch.float32)
+        else:
+            static.out_logp = whole(rows, STEPS_PER_GRAPH, dtype=torch.float32)
         return static
 
     def load(self, memory: Memory, state: DecoderState, limits: Tensor) -> None:
@@ -128,8 +138,8 @@ class _Static:
         self.limits.fill_(1)
         self.limits[:batch] = limits
         self.going[:batch] = True
-        if self.fin_scores is not None:
-            self.fin_scores.fill_(NEG_INF)
+        if self.kept is not None:
+            self.kept.fill_(NEG_INF)
 
 
 @dataclass
@@ -140,31 +150,30 @@ class _ChunkConstants:
     the step loop is STEPS_PER_GRAPH fewer."""
 
     positions: Tensor       # (STEPS_PER_GRAPH,) the output position t of each step
-    last: Tensor            # (rows,) each row's last allowed position: limits - 1
+    at_limit: Tensor        # (rows, STEPS_PER_GRAPH) whether step k is the row's last allowed position (or past it)
     banned: Tensor          # (2,) PAD and BOS, never produced
     not_eos: Tensor         # (vocab,) True but at EOS
-    pad: Tensor             # () the values `torch.where` fills in: given a Python number, it would
-    zero: Tensor            # () make a tensor of it at every call, one kernel more
-    neg_inf: Tensor         # ()
+    neg_inf: Tensor         # () what `torch.where` fills in: given a Python number, it would make a tensor
+    #                         of it at every call, one kernel more
 
     @classmethod
     def make(cls, s: _Static, row_limits: Tensor, vocab: int) -> _ChunkConstants:
         device = row_limits.device
         banned = torch.full((2,), PAD, device=device)
         banned[1] = BOS
-        scalar = lambda value, dtype: torch.full((), value, dtype=dtype, device=device)  # noqa: E731
-        return cls(positions=s.step + torch.arange(STEPS_PER_GRAPH, device=device), last=row_limits - 1,
-                   banned=banned, not_eos=torch.arange(vocab, device=device) != EOS, pad=scalar(PAD, torch.long),
-                   zero=scalar(0.0, torch.float32), neg_inf=scalar(NEG_INF, torch.float32))
+        positions = s.step + torch.arange(STEPS_PER_GRAPH, device=device)
+        return cls(positions=positions, at_limit=(row_limits - 1).unsqueeze(1) <= positions, banned=banned,
+                   not_eos=torch.arange(vocab, device=device) != EOS,
+                   neg_inf=torch.full((), NEG_INF, dtype=torch.float32, device=device))
 
 
-def _constrain_static(logp: Tensor, t: Tensor, min_len: int, c: _ChunkConstants) -> None:
-    """nmt.decode.search._constrain with the position t (a 0-dim tensor) on the device. In place; logp:
-    (rows, vocab)."""
+def _constrain_static(logp: Tensor, k: int, min_len: int, c: _ChunkConstants) -> None:
+    """nmt.decode.search._constrain for the chunk's step k, whose position is on the device. In place;
+    logp: (rows, vocab)."""
     logp.index_fill_(1, c.banned, NEG_INF)
-    at_limit = c.last <= t                                                   # (rows,)
+    at_limit = c.at_limit[:, k]                                              # (rows,)
     if min_len:
-        logp[:, EOS] = logp[:, EOS].masked_fill((t < min_len) & ~at_limit, NEG_INF)
+        logp[:, EOS] = logp[:, EOS].masked_fill((c.positions[k] < min_len) & ~at_limit, NEG_INF)
     logp.masked_fill_(at_limit.unsqueeze(1) & c.not_eos, NEG_INF)
 
 
@@ -238,12 +247,10 @@ class SearchGraphs:
             for k in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                        # (rows, vocab)
-                _constrain_static(logp, constants.positions[k], min_len, constants)
-                best, prev = logp.max(-1)                                    # (rows,)
-                # ended rows record PAD (which no live row outputs: its length is its non-PAD tokens)
-                prev = torch.where(s.going, prev, constants.pad, out=s.out_tokens[:, k])
-                s.scores.add_(torch.where(s.going, best, constants.zero))
-                s.going.logical_and_(prev != EOS)
+                _constrain_static(logp, k, min_len, constants)
+                # every row records its best token and log p; an ended row's are cut afterwards
+                _, prev = torch.max(logp, -1, out=(s.out_logp[:, k], s.out_tokens[:, k]))   # (rows,)
+            s.going.logical_and_((s.out_tokens != EOS).all(1))
             s.step.add_(STEPS_PER_GRAPH)
             s.store_state(state)
             s.prev.copy_(prev)
@@ -251,14 +258,20 @@ class SearchGraphs:
         replay, s = self._graph(("greedy", rows, padded_len, min_len),
                                 lambda: _Static.allocate(memory, state, rows, padded_len), chunk)
         s.load(memory, state, limits)
-        chunks = []
+        chunks, logps = [], []
         for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
             replay()
             chunks.append(s.out_tokens[:batch].clone())
+            logps.append(s.out_logp[:batch].clone())
             if not bool(s.going.any()):
                 break
         tokens = torch.cat(chunks, 1)[:, :steps]                           # (batch, steps)
-        return _collect(tokens, (tokens != PAD).sum(1), s.scores[:batch], None, src_lengths)
+        # a row's output ends at its first EOS, which every row reaches by its limit (at most `steps`)
+        ends = tokens == EOS
+        lengths = torch.where(ends.any(1), ends.int().argmax(1) + 1, tokens.size(1))     # (batch,) EOS included
+        after = torch.arange(tokens.size(1), device=tokens.device) >= lengths.unsqueeze(1)
+        scores = torch.cat(logps, 1)[:, :steps].masked_fill(after, 0.0).sum(1)
+        return _collect(tokens.masked_fill(after, PAD), lengths, scores, None, src_lengths)
 
     # ------------------------------------------------------------------ beam
 
@@ -281,7 +294,6 @@ class SearchGraphs:
             state, prev, alive = s.state(), s.prev, s.scores
             # made inside the graph: a tensor from outside must outlive it, this call's would not
             base = (torch.arange(sentences, device=device) * k).unsqueeze(1)  # (sentences, 1)
-            in_top_k = torch.arange(2 * k, device=device).unsqueeze(0) < k    # (1, 2k)
             row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
             lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
             vocab = model.vocab_size
@@ -290,21 +302,21 @@ class SearchGraphs:
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                         # (rows, vocab)
-                t = constants.positions[j]
-                _constrain_static(logp, t, min_len, constants)
+                _constrain_static(logp, j, min_len, constants)
                 candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
                 top_scores, top_ids = candidates.topk(2 * k, dim=1)            # (sentences, 2k)
                 top_beam, top_token = top_ids // vocab, top_ids % vocab
                 ends = top_token == EOS
-                source_rows = base + top_beam                                  # (sentences, 2k)
-                # 1. EOS candidates ranked within the top k finish; the pool keeps the best k (a dead
-                #    beam's candidate scores -inf, and -inf / penalty stays -inf: it never gets in).
-                #    The pool's steps and rows are picked from old and new side by side, as its scores.
-                new_fin = torch.where(ends & in_top_k, top_scores / penalties[j], constants.neg_inf)
-                fin_best, fin_pick = torch.cat([s.fin_scores, new_fin], 1).topk(k, dim=1)
-                torch.gather(torch.cat([s.fin_step, t.expand_as(new_fin)], 1), 1, fin_pick, out=s.fin_step)
-                torch.gather(torch.cat([s.fin_row, source_rows], 1), 1, fin_pick, out=s.fin_row)
-                s.fin_scores.copy_(fin_best)
+                source_rows = torch.add(base, top_beam, out=s.out_fin_rows[:, j])     # (sentences, 2k)
+                # 1. EOS candidates ranked within the top k finish: recorded with their normalised scores
+                #    (a dead beam's candidate scores -inf, and -inf / penalty stays -inf: it never finishes).
+                #    Only the n_best best scores so far are kept here, for step 3.
+                new_fin = torch.where(ends[:, :k], top_scores[:, :k] / penalties[j], constants.neg_inf,
+                                      out=s.out_fin[:, j])                    # (sentences, k)
+                if n_best == 1:
+                    torch.maximum(s.kept, new_fin.amax(1, keepdim=True), out=s.kept)
+                else:
+                    s.kept.copy_(torch.cat([s.kept, new_fin], 1).topk(n_best, dim=1).values)
                 # 2. The best k candidates that do not end continue: their tokens and parent rows are
                 #    gathered straight into this step's records.
                 alive_best, alive_pick = top_scores.masked_fill(ends, NEG_INF).topk(k, dim=1)
@@ -314,7 +326,7 @@ class SearchGraphs:
                 state = state.index_select(parents)
                 # 3. A sentence goes on while its best alive beam can beat its n_best-th finished; with
                 #    none alive, -inf / penalty = -inf, and with none finished, -inf wins nothing.
-                best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
+                best_alive, last_kept = alive_best[:, 0], s.kept[:, n_best - 1]
                 going = last_kept < best_alive / lp_limit
                 if early_stop:
                     s.top_ended.logical_or_(ends[:, 0] & (top_scores[:, 0] > NEG_INF))
@@ -327,21 +339,26 @@ class SearchGraphs:
             s.scores.copy_(alive)
 
         replay, s = self._graph(("beam", sentences, padded_len, k, alpha, min_len, n_best, early_stop),
-                                lambda: _Static.allocate(memory, state, sentences, padded_len, beam=k), chunk)
+                                lambda: _Static.allocate(memory, state, sentences, padded_len, k, n_best), chunk)
         s.load(memory, state, limits)
         alive = s.scores.view(sentences, k)
         alive[:, 1:] = NEG_INF                                               # one live beam per sentence
         alive[batch:] = NEG_INF                                              # none for the padded ones
-        tokens, parents = [], []
+        tokens, parents, fin, fin_rows = [], [], [], []
         for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
             replay()
             tokens.append(s.out_tokens.clone())
             parents.append(s.out_parents.clone())
+            fin.append(s.out_fin[:batch].clone())
+            fin_rows.append(s.out_fin_rows[:batch, :, :k].clone())
             if not bool(s.going.any()):
                 break
-        fin = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), s.fin_step[:batch], s.fin_row[:batch], steps)
-        fin_lengths = (s.fin_step[:batch] + 1).masked_fill(s.fin_scores[:batch] == NEG_INF, 0)
-        fin_scores = s.fin_scores[:batch]
+        # the best k finished over all steps, as eager search's pool keeps them (none finishes past `steps`)
+        fin_scores, pick = torch.cat(fin, 1)[:, :steps].reshape(batch, -1).topk(k, dim=1)     # (batch, k)
+        fin_step = pick // k
+        fin_row = torch.cat(fin_rows, 1)[:, :steps].reshape(batch, -1).gather(1, pick)
+        fin = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), fin_step, fin_row, steps)
+        fin_lengths = (fin_step + 1).masked_fill(fin_scores == NEG_INF, 0)
         fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
         return _collect_beams(fin, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
 
@@ -353,8 +370,8 @@ def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tenso
     from. A hypothesis that finished at step s from alive row r holds the tokens of row r after step s-1,
     then EOS. fin_step, fin_row: (batch, beam). Returns (batch, beam, steps). Walks back over the steps on
     the host (one vectorised pass per step over all hypotheses), after one copy of the records.
-    A slot no hypothesis filled (score -inf, never read) may name a step past the last one, since the
-    search decodes on to the end of its chunk: steps are clamped to the last.
+    A slot no hypothesis filled (score -inf, never read) names whichever step the ranking put there: steps
+    are clamped to the last.
     """
     tok, par = tokens.cpu().numpy(), parents.cpu().numpy()
     end, row = np.minimum(fin_step.cpu().numpy(), steps - 1), fin_row.cpu().numpy()
