@@ -325,14 +325,20 @@ class SearchGraphs:
                                        out=s.out_parents[:, j].view(sentences, k)).view(-1)   # (rows,)
                 state = state.index_select(parents)
                 # 3. A sentence goes on while its best alive beam can beat its n_best-th finished; with
-                #    none alive, -inf / penalty = -inf, and with none finished, -inf wins nothing.
-                best_alive, last_kept = alive_best[:, 0], s.kept[:, n_best - 1]
-                going = last_kept < best_alive / lp_limit
+                #    none alive, -inf / penalty = -inf, and with none finished, -inf wins nothing. Once it
+                #    cannot, nothing its beams finish later ranks above that n_best-th (the bound of
+                #    nmt.decode.search): they decode on unmasked, and the rule is checked once per chunk,
+                #    for the host to stop. early_stop ends sentences that could still gain: every step.
                 if early_stop:
+                    last_kept = s.kept[:, n_best - 1]
                     s.top_ended.logical_or_(ends[:, 0] & (top_scores[:, 0] > NEG_INF))
-                    going &= ~(s.top_ended & (last_kept > NEG_INF))
-                s.going.logical_and_(going)
-                alive = torch.where(s.going.unsqueeze(1), alive_best, constants.neg_inf).view(-1)
+                    s.going.logical_and_((last_kept < alive_best[:, 0] / lp_limit)
+                                         & ~(s.top_ended & (last_kept > NEG_INF)))
+                    alive = torch.where(s.going.unsqueeze(1), alive_best, constants.neg_inf).view(-1)
+                else:
+                    alive = alive_best.view(-1)
+            if not early_stop:
+                s.going.logical_and_(s.kept[:, n_best - 1] < alive_best[:, 0] / lp_limit)
             s.step.add_(STEPS_PER_GRAPH)
             s.store_state(state)
             s.prev.copy_(prev)
@@ -353,8 +359,10 @@ class SearchGraphs:
             fin_rows.append(s.out_fin_rows[:batch, :, :k].clone())
             if not bool(s.going.any()):
                 break
-        # the best k finished over all steps, as eager search's pool keeps them (none finishes past `steps`)
-        fin_scores, pick = torch.cat(fin, 1)[:, :steps].reshape(batch, -1).topk(k, dim=1)     # (batch, k)
+        # the best k finished over all steps, as eager search's pool keeps them (none finishes past `steps`);
+        # of equal scores, the one that finished first
+        ranked, order = torch.cat(fin, 1)[:, :steps].reshape(batch, -1).sort(dim=1, descending=True, stable=True)
+        fin_scores, pick = ranked[:, :k], order[:, :k]                                     # (batch, k)
         fin_step = pick // k
         fin_row = torch.cat(fin_rows, 1)[:, :steps].reshape(batch, -1).gather(1, pick)
         fin = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), fin_step, fin_row, steps)
