@@ -310,13 +310,8 @@ class SearchGraphs:
                 source_rows = torch.add(base, top_beam, out=s.out_fin_rows[:, j])     # (sentences, 2k)
                 # 1. EOS candidates ranked within the top k finish: recorded with their normalised scores
                 #    (a dead beam's candidate scores -inf, and -inf / penalty stays -inf: it never finishes).
-                #    Only the n_best best scores so far are kept here, for step 3.
                 new_fin = torch.where(ends[:, :k], top_scores[:, :k] / penalties[j], constants.neg_inf,
                                       out=s.out_fin[:, j])                    # (sentences, k)
-                if n_best == 1:
-                    torch.maximum(s.kept, new_fin.amax(1, keepdim=True), out=s.kept)
-                else:
-                    s.kept.copy_(torch.cat([s.kept, new_fin], 1).topk(n_best, dim=1).values)
                 # 2. The best k candidates that do not end continue: their tokens and parent rows are
                 #    gathered straight into this step's records.
                 alive_best, alive_pick = top_scores.masked_fill(ends, NEG_INF).topk(k, dim=1)
@@ -330,6 +325,7 @@ class SearchGraphs:
                 #    nmt.decode.search): they decode on unmasked, and the rule is checked once per chunk,
                 #    for the host to stop. early_stop ends sentences that could still gain: every step.
                 if early_stop:
+                    _keep_best(s.kept, new_fin)
                     last_kept = s.kept[:, n_best - 1]
                     s.top_ended.logical_or_(ends[:, 0] & (top_scores[:, 0] > NEG_INF))
                     s.going.logical_and_((last_kept < alive_best[:, 0] / lp_limit)
@@ -338,6 +334,7 @@ class SearchGraphs:
                 else:
                     alive = alive_best.view(-1)
             if not early_stop:
+                _keep_best(s.kept, s.out_fin.view(sentences, -1))
                 s.going.logical_and_(s.kept[:, n_best - 1] < alive_best[:, 0] / lp_limit)
             s.step.add_(STEPS_PER_GRAPH)
             s.store_state(state)
@@ -369,6 +366,15 @@ class SearchGraphs:
         fin_lengths = (fin_step + 1).masked_fill(fin_scores == NEG_INF, 0)
         fin_logp = fin_scores * length_penalty(fin_lengths.float(), alpha)
         return _collect_beams(fin, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
+
+
+def _keep_best(kept: Tensor, finished: Tensor) -> None:
+    """kept: (sentences, n) the n best finished scores so far, best first, updated in place with
+    finished: (sentences, m) new ones (-inf: none)."""
+    if kept.size(1) == 1:
+        torch.maximum(kept, finished.amax(1, keepdim=True), out=kept)
+    else:
+        kept.copy_(torch.cat([kept, finished], 1).topk(kept.size(1), dim=1).values)
 
 
 def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tensor, steps: int) -> Tensor:
