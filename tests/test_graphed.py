@@ -45,6 +45,21 @@ def test_static_beam_equals_beam(attention, beam, alpha, n_best, early_stop):
         assert_same(e, f)
 
 
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_a_sentence_that_is_done_decodes_on_without_changing_its_n_best(n_best):
+    """Without early_stop a sentence whose n best can no longer change is not masked: its beams decode on
+    with the others' and finish more hypotheses, which must not reach its n best. This model ends some
+    sentences' searches chunks before the batch's last (their outputs short, others' at the limit)."""
+    model = random_model("bahdanau", seed=1, sharpen=0.5)
+    src, lengths = source_batch()
+    expected = beam_search(model, src, lengths, beam_size=4, alpha=1.0, n_best=n_best, max_len_ratio=3.5)
+    found = SearchGraphs(model.decoding(), capture=False).beam(src, lengths, 4, 1.0, 3.5, n_best=n_best)
+    for e, f in zip(expected, found, strict=True):
+        assert_same(e, f)
+    best = [len(hyps[0].tokens) for hyps in found]
+    assert max(best) - min(best) > 2 * STEPS_PER_GRAPH
+
+
 def test_min_len_and_length_cap_in_beam():
     model = random_model("bahdanau")
     src, lengths = source_batch()

@@ -11,7 +11,8 @@ nmt.decode.search in how they keep their books, not in what they compute:
   * the batch is padded to a row bucket and a source-length bucket (`bucket_size`), so that a few graphs
     serve every batch; padded rows start ended, padded source positions are masked;
   * rows whose search is over are never dropped: greedy rows decode on and what follows their first
-    EOS is cut afterwards; beam search masks the beams of a sentence that is done;
+    EOS is cut afterwards; a beam search sentence that is done decodes on unmasked, as nothing it finishes
+    later can rank among its n best (with early_stop, which ends sentences that could still gain, masked);
   * each step only records (greedy: token and log p; beam: the alive beams' tokens and parent rows, the
     finishing candidates' scores and rows), and the hypotheses are put together once, after the last
     step: a step's operations are its kernels, so everything that can wait for the end does;
@@ -64,7 +65,7 @@ class _Static:
     cell: Tensor | None         # (layers, rows, dec_hidden), LSTM
     feed: Tensor | None         # (rows, dec_hidden), Luong input feeding
     prev: Tensor                # (rows,) the previous output token
-    limits: Tensor              # (rows,) output length limits, EOS included
+    limits: Tensor              # (sentences,) output length limits, EOS included
     step: Tensor                # () the output position t of the chunk's next step
     out_tokens: Tensor          # (rows, STEPS_PER_GRAPH) each step's token
     going: Tensor               # greedy: (rows,) not ended; beam: (sentences,) still searching
@@ -150,7 +151,7 @@ class _ChunkConstants:
     the step loop is STEPS_PER_GRAPH fewer."""
 
     positions: Tensor       # (STEPS_PER_GRAPH,) the output position t of each step
-    at_limit: Tensor        # (rows, STEPS_PER_GRAPH) whether step k is the row's last allowed position (or past it)
+    at_limit: Tensor        # (rows, STEPS_PER_GRAPH) whether step j is the row's last allowed position (or past it)
     banned: Tensor          # (2,) PAD and BOS, never produced
     not_eos: Tensor         # (vocab,) True but at EOS
     neg_inf: Tensor         # () what `torch.where` fills in: given a Python number, it would make a tensor
@@ -167,13 +168,13 @@ class _ChunkConstants:
                    neg_inf=torch.full((), NEG_INF, dtype=torch.float32, device=device))
 
 
-def _constrain_static(logp: Tensor, k: int, min_len: int, c: _ChunkConstants) -> None:
-    """nmt.decode.search._constrain for the chunk's step k, whose position is on the device. In place;
+def _constrain_static(logp: Tensor, j: int, min_len: int, c: _ChunkConstants) -> None:
+    """nmt.decode.search._constrain for the chunk's step j, whose position is on the device. In place;
     logp: (rows, vocab)."""
     logp.index_fill_(1, c.banned, NEG_INF)
-    at_limit = c.at_limit[:, k]                                              # (rows,)
+    at_limit = c.at_limit[:, j]                                              # (rows,)
     if min_len:
-        logp[:, EOS] = logp[:, EOS].masked_fill((c.positions[k] < min_len) & ~at_limit, NEG_INF)
+        logp[:, EOS] = logp[:, EOS].masked_fill((c.positions[j] < min_len) & ~at_limit, NEG_INF)
     logp.masked_fill_(at_limit.unsqueeze(1) & c.not_eos, NEG_INF)
 
 
@@ -244,12 +245,13 @@ class SearchGraphs:
         def chunk(s: _Static) -> None:
             state, prev = s.state(), s.prev
             constants = _ChunkConstants.make(s, s.limits, model.vocab_size)
-            for k in range(STEPS_PER_GRAPH):
+            for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.float().log_softmax(-1)                        # (rows, vocab)
-                _constrain_static(logp, k, min_len, constants)
-                # every row records its best token and log p; an ended row's are cut afterwards
-                _, prev = torch.max(logp, -1, out=(s.out_logp[:, k], s.out_tokens[:, k]))   # (rows,)
+                _constrain_static(logp, j, min_len, constants)
+                # every row records its best token and log p; an ended row's are cut afterwards. (On CUDA
+                # a reduction's two outputs must have the same strides: both records are (rows, steps).)
+                _, prev = torch.max(logp, -1, out=(s.out_logp[:, j], s.out_tokens[:, j]))   # (rows,)
             s.going.logical_and_((s.out_tokens != EOS).all(1))
             s.step.add_(STEPS_PER_GRAPH)
             s.store_state(state)
@@ -270,7 +272,9 @@ class SearchGraphs:
         ends = tokens == EOS
         lengths = torch.where(ends.any(1), ends.int().argmax(1) + 1, tokens.size(1))     # (batch,) EOS included
         after = torch.arange(tokens.size(1), device=tokens.device) >= lengths.unsqueeze(1)
-        scores = torch.cat(logps, 1)[:, :steps].masked_fill(after, 0.0).sum(1)
+        logp = torch.cat(logps, 1)[:, :steps].masked_fill(after, 0.0).cpu().numpy()
+        # summed step by step in float32 (a running sum, as eager search's): the same score to the last bit
+        scores = torch.from_numpy(np.cumsum(logp, axis=1, dtype=np.float32)[:, -1])
         return _collect(tokens.masked_fill(after, PAD), lengths, scores, None, src_lengths)
 
     # ------------------------------------------------------------------ beam
@@ -384,11 +388,10 @@ def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tenso
     from. A hypothesis that finished at step s from alive row r holds the tokens of row r after step s-1,
     then EOS. fin_step, fin_row: (batch, beam). Returns (batch, beam, steps). Walks back over the steps on
     the host (one vectorised pass per step over all hypotheses), after one copy of the records.
-    A slot no hypothesis filled (score -inf, never read) names whichever step the ranking put there: steps
-    are clamped to the last.
+    Every fin_step is below `steps`, filled slots' and empty ones' (score -inf, never read) alike.
     """
     tok, par = tokens.cpu().numpy(), parents.cpu().numpy()
-    end, row = np.minimum(fin_step.cpu().numpy(), steps - 1), fin_row.cpu().numpy()
+    end, row = fin_step.cpu().numpy(), fin_row.cpu().numpy()
     out = np.full((*end.shape, steps), PAD, dtype=np.int64)
     np.put_along_axis(out, end[..., None], EOS, axis=2)
     current = row.copy()                                        # the row holding position t of each hypothesis
