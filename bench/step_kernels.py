@@ -17,9 +17,8 @@ Counted per step, in float32 and under bf16 autocast, with the model's random in
 counts do not depend on them):
   * greedy and beam 5 as captured (`SearchGraphs` run eagerly: the same operations);
   * one training step of the decoder, forward and backward (the difference between two target
-    lengths, so the encoder and the loss drop out). The CPU's training path differs from CUDA's in
-    one place: it folds some gradients after the loop (nmt.model.shared_grads), so the training figure
-    is the CPU's.
+    lengths, so the encoder and the loss drop out), on the CPU's path and on CUDA's: the CPU takes some
+    gradients once after the loop (nmt.model.shared_grads), CUDA at every step.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -93,13 +93,17 @@ def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dic
             "by_op": {name: n / steps for name, n in counter.ops.most_common()}}
 
 
-def training_step(model, sentences: int = 32, src_len: int = 20, tgt_lens: tuple[int, int] = (16, 24)) -> dict:
-    """Forward and backward operations per target position of teacher-forced training."""
+def training_step(model, sentences: int = 32, src_len: int = 20, tgt_lens: tuple[int, int] = (16, 24),
+                  cuda_path: bool = False) -> dict:
+    """Forward and backward operations per target position of teacher-forced training; `cuda_path`: as
+    CUDA runs it, without the CPU's gradients taken once after the loop (nmt.model.bahdanau.shares_grads)."""
+    from nmt.model import bahdanau
+
     totals = []
     for tgt_len in tgt_lens:
         src, lengths, tgt = _batch(model, sentences, src_len, tgt_len)
         counter = KernelCount()
-        with counter:
+        with mock.patch.object(bahdanau, "shares_grads", lambda device: not cuda_path), counter:
             logits, _ = model(src, lengths, tgt)
             torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
         model.zero_grad(set_to_none=True)
@@ -127,6 +131,7 @@ def count(config_path: str, precision: str) -> dict:
         result |= {"greedy": search_step(model, 1), "beam": search_step(model, 5)}
         model.train()
         result["training"] = training_step(model)
+        result["training_cuda_path"] = training_step(model, cuda_path=True)
     return result
 
 
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         print(f"{row['config']} ({row['precision']}): greedy {row['greedy']['kernels_per_step']:.1f}, "
               f"beam 5 {row['beam']['kernels_per_step']:.1f}, "
-              f"training {row['training']['kernels_per_step']:.1f} kernels per step")
+              f"training {row['training']['kernels_per_step']:.1f} (CUDA's path "
+              f"{row['training_cuda_path']['kernels_per_step']:.1f}) kernels per step")
     write_result(args.json_out, {"counted": "ATen operations that are not views, per decoder step", "models": rows},
                  threads=1)
 

@@ -125,6 +125,32 @@ def test_teacher_forced_gradients_equal_step_by_step(small_batch, attention, rnn
         torch.testing.assert_close(p.grad, stepped[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_teacher_forcing_as_cuda_runs_it_gives_the_cpus_gradients(small_batch, monkeypatch, rnn):
+    """CUDA's teacher forcing takes every step's gradients in the loop (nmt.model.bahdanau.shares_grads is
+    False there): the same loss and gradients as the CPU's sums after the loop, checked here on the CPU."""
+    from nmt.model import bahdanau
+
+    batch, src_vocab, tgt_vocab = small_batch
+    torch.manual_seed(0)
+    model = Seq2Seq.from_config(tiny("bahdanau", rnn), src_vocab, tgt_vocab).eval()
+
+    def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+        loss = sequence_loss(logits, batch.tgt_out, 0.0)
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    cpu_loss, cpu_grads = loss_and_gradients()
+    monkeypatch.setattr(bahdanau, "shares_grads", lambda device: False)
+    cuda_loss, cuda_grads = loss_and_gradients()
+    torch.testing.assert_close(cuda_loss, cpu_loss)
+    for name, grad in cpu_grads.items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(cuda_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_inference_memory_projects_only_the_real_positions(attention):
     """In inference the per-batch projections (keys; Bahdanau's W_ctx h_j and W_cc h_j) skip padded

@@ -14,6 +14,13 @@ from nmt.model.inference import Inference, int8_product
 from nmt.model.shared_grads import SharedGrads
 
 
+def shares_grads(device: torch.device) -> bool:
+    """Whether teacher forcing takes the gradients of its per-step products with [W_h; W_a] and W_ctx h_j
+    once, after the loop (SharedGrads): on the CPU, where per-step products with `batch` rows are slow. A
+    CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save."""
+    return device.type == "cpu"
+
+
 class BahdanauDecoder(Decoder):
     """Bahdanau et al. (2015): attention from the previous state, context fed into the RNN.
 
@@ -173,9 +180,7 @@ class BahdanauDecoder(Decoder):
         values_in, values_out = self._split_terms(memory.context_terms)   # W_ctx h_j, W_cc h_j
         fused = self._step_weights(ctx)
         shared = None
-        # Their gradients once, after the loop: on the CPU, where per-step products with `batch` rows are slow.
-        # A CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save.
-        if fused is not None and torch.is_grad_enabled() and tgt_in.device.type == "cpu":
+        if fused is not None and torch.is_grad_enabled() and shares_grads(tgt_in.device):
             shared = SharedGrads(fused, values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
         states, weights = [], []
