@@ -161,15 +161,16 @@ class AdditiveAttention(Attention):
         """
         return 2 * self._v_sigmoid(projected, keys) - self.v.weight.sum()
 
-    def projected_weights(self, projected: Tensor, memory: Memory) -> Tensor:
-        """α for queries already W-projected: (batch, queries, attn_dim) -> (batch, queries, src_len).
+    def projected_weights(self, projected: Tensor, memory: Memory, v: Tensor | None = None) -> Tensor:
+        """α for queries already W-projected: (batch, queries, attn_dim) -> (batch, queries, src_len). `v`: v_a
+        already in the pass's dtype (a training loop casts it once), else the parameter.
 
         A softmax is blind to a constant added to every score of a row, so the energies' − Σ v_a is
         left out, and their factor 2 rides on the addition of the padding bias: five operations
         where `energies` and a plain softmax take eight."""
-        return masked_softmax(self._v_sigmoid(projected, memory.keys), memory.pad_bias, scale=2.0)
+        return masked_softmax(self._v_sigmoid(projected, memory.keys, v), memory.pad_bias, scale=2.0)
 
-    def _v_sigmoid(self, projected: Tensor, keys: Tensor) -> Tensor:
+    def _v_sigmoid(self, projected: Tensor, keys: Tensor, v: Tensor | None = None) -> Tensor:
         """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: fp32 in inference,
         also under autocast (CPU elementwise kernels are slower in bf16), and the autocast dtype in
         training, where it halves the activations kept for the backward pass."""
@@ -178,7 +179,7 @@ class AdditiveAttention(Attention):
             query = projected if keys.dtype == torch.float32 else projected.to(keys.dtype)
             sums = torch.add(keys.unsqueeze(1), query.unsqueeze(2), alpha=2)
             gates = sums.sigmoid_()                                          # (batch, queries, src_len, attn_dim)
-            return F.linear(gates, self.v.weight.to(gates.dtype)).squeeze(-1)
+            return F.linear(gates, (self.v.weight if v is None else v).to(gates.dtype)).squeeze(-1)
 
 
 class BahdanauAttention(AdditiveAttention):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,22 @@ def shares_grads(device: torch.device) -> bool:
     once, after the loop (SharedGrads): on the CPU, where per-step products with `batch` rows are slow. A
     CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save."""
     return device.type == "cpu"
+
+
+@dataclass
+class _CastOnce:
+    """Parameters every teacher-forced step reads, cast once per batch to the products' dtype under autocast.
+    As float32 parameters, b_h would make the state float32 (and every step would cast it back for its
+    products), and v_a would be cast at every step; each cast again in the backward pass."""
+
+    hidden_bias: Tensor     # (gates*dec_hidden,) b_h
+    v: Tensor               # (1, attn_dim) v_a
+
+    @classmethod
+    def make(cls, decoder: BahdanauDecoder, device: torch.device) -> _CastOnce:
+        dtype = active_autocast_dtype(device.type)
+        bias, v = decoder.rnn.hidden_bias(0), decoder.attention.v.weight
+        return cls(bias, v) if dtype is None else cls(bias.to(dtype), v.to(dtype))
 
 
 class BahdanauDecoder(Decoder):
@@ -109,10 +125,10 @@ class BahdanauDecoder(Decoder):
         return weights
 
     def _attend(self, s_prev: Tensor, memory: Memory, fused: Tensor | None, ctx: Inference | None,
-                shared: SharedGrads | None, hidden_bias: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
+                shared: SharedGrads | None, cast: _CastOnce | None = None) -> tuple[Tensor | None, Tensor]:
         """α_i from s_{i-1} (rows, dec_hidden): the weights (batch, rows per sentence, src_len) and, with one
         layer, the RNN's W_h s_{i-1} + b_h (rows, gates*dec_hidden) from the same product (else None).
-        hidden_bias: b_h in the product's dtype for teacher forcing (see there); else the float32 parameter."""
+        `cast`: teacher forcing's b_h and v_a in the products' dtype; else the float32 parameters."""
         if fused is None:
             return None, self.attention.projected_weights(memory.group(self.attention.query_proj(s_prev)), memory)
         gates = self.rnn.hidden_weight(0).size(0)
@@ -123,18 +139,19 @@ class BahdanauDecoder(Decoder):
             gh0 = projected[:, :gates]
         else:
             projected = shared.linear(s_prev) if shared is not None else F.linear(s_prev, fused)
-            gh0 = projected[:, :gates] + (self.rnn.hidden_bias(0) if hidden_bias is None else hidden_bias)
-        return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory)
+            gh0 = projected[:, :gates] + (self.rnn.hidden_bias(0) if cast is None else cast.hidden_bias)
+        return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory,
+                                                     None if cast is None else cast.v)
 
     def _recurrence(self, input_proj: Tensor, state: DecoderState, memory: Memory, values_in: Tensor,
                     fused: Tensor | None, ctx: Inference | None, shared: SharedGrads | None = None,
-                    hidden_bias: Tensor | None = None) -> tuple[DecoderState, Tensor]:
+                    cast: _CastOnce | None = None) -> tuple[DecoderState, Tensor]:
         """Teacher forcing's step: attend with s_{i-1}, then step the RNN. input_proj: (rows, gates*dec_hidden) =
         W_e E y_{i-1} + b_i; values_in: (batch, src_len, gates*dec_hidden) W_ctx h_j. `shared`: in training on
         the CPU, the products with [W_h; W_a] and W_ctx h_j go through it. Returns the new state and the
         weights (rows, src_len); W_cc c_i is left to the caller."""
         s_prev = state.top                                              # (rows, dec_hidden)
-        gh0, weights = self._attend(s_prev, memory, fused, ctx, shared, hidden_bias)
+        gh0, weights = self._attend(s_prev, memory, fused, ctx, shared, cast)
         if shared is not None:
             context_in = shared.weighted_sum(weights, s_prev.shape)
         else:                                                           # Σ_j α_ij W_ctx h_j
@@ -185,15 +202,10 @@ class BahdanauDecoder(Decoder):
         if fused is not None and torch.is_grad_enabled() and shares_grads(tgt_in.device):
             shared = SharedGrads(fused, values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
-        # b_h in the products' dtype, cast once: under autocast the float32 bias would make the state float32,
-        # and every step would cast it back for its products (and their gradients), as inference does not
-        hidden_bias = None
-        if fused is not None and ctx is None:
-            dtype = active_autocast_dtype(tgt_in.device.type)
-            hidden_bias = self.rnn.hidden_bias(0) if dtype is None else self.rnn.hidden_bias(0).to(dtype)
+        cast = _CastOnce.make(self, tgt_in.device) if fused is not None and ctx is None else None
         states, weights = [], []
         for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
-            state, alpha = self._recurrence(input_t, state, memory, values_in, fused, ctx, shared, hidden_bias)
+            state, alpha = self._recurrence(input_t, state, memory, values_in, fused, ctx, shared, cast)
             states.append(state.top)
             weights.append(alpha)
         s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
