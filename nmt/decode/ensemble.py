@@ -59,7 +59,7 @@ class EnsembleDecoding:
         logps, states, weights = [], [], []
         for member, member_state, member_memory in zip(self.members, state.members, memory.members, strict=True):
             logits, new_state, alpha = member.step(prev_tokens, member_state, member_memory)
-            logps.append(logits.float().log_softmax(-1))
+            logps.append(logits.log_softmax(-1, dtype=torch.float32))
             states.append(new_state)
             weights.append(alpha.float())
         return torch.stack(logps).mean(0), EnsembleState(states), torch.stack(weights).mean(0)

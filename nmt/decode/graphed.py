@@ -247,7 +247,7 @@ class SearchGraphs:
             constants = _ChunkConstants.make(s, s.limits, model.vocab_size)
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
-                logp = logits.float().log_softmax(-1)                        # (rows, vocab)
+                logp = logits.log_softmax(-1, dtype=torch.float32)           # (rows, vocab)
                 _constrain_static(logp, j, min_len, constants)
                 # every row records its best token and log p; an ended row's are cut afterwards. (On CUDA
                 # a reduction's two outputs must have the same strides: both records are (rows, steps).)
@@ -305,7 +305,7 @@ class SearchGraphs:
             penalties = length_penalty(constants.positions.float() + 1, alpha)   # (STEPS_PER_GRAPH,)
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
-                logp = logits.float().log_softmax(-1)                         # (rows, vocab)
+                logp = logits.log_softmax(-1, dtype=torch.float32)            # (rows, vocab)
                 _constrain_static(logp, j, min_len, constants)
                 candidates = logp.add_(alive.unsqueeze(1)).view(sentences, k * vocab)
                 top_scores, top_ids = candidates.topk(2 * k, dim=1)            # (sentences, 2k)

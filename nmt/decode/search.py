@@ -215,7 +215,7 @@ def greedy_search(model: SearchModel, src: Tensor, src_lengths: Tensor, max_len_
     prev = src.new_full((batch,), BOS)
     for t in range(steps):
         logits, state, weights = model.step(prev, state, memory)
-        logp = logits.float().log_softmax(-1)                           # (rows, vocab)
+        logp = logits.log_softmax(-1, dtype=torch.float32)              # (rows, vocab)
         _constrain(logp, t, min_len, limits[rows] - 1 <= t)
         if no_repeat_ngram:
             _block_repeated_ngrams(logp, tokens[rows, :t], no_repeat_ngram)
@@ -324,7 +324,7 @@ def beam_search(model: SearchModel, src: Tensor, src_lengths: Tensor, beam_size:
         n_active = active.numel()
         width = prev.size(0) // n_active                                      # alive beams per sentence
         logits, state, weights = model.step(prev, state, memory)
-        logp = logits.float().log_softmax(-1)                                 # (active*width, vocab)
+        logp = logits.log_softmax(-1, dtype=torch.float32)                    # (active*width, vocab)
         vocab = logp.size(1)
         _constrain(logp, t, min_len, (limits[active] - 1 <= t).repeat_interleave(width))
         if no_repeat_ngram:

@@ -132,7 +132,7 @@ class Decoding:
     def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced log-probabilities (batch, tgt_len, vocab)."""
         logits, _ = self.model(src, src_lengths, tgt_in, ctx=self.ctx)
-        return logits.float().log_softmax(-1)
+        return logits.log_softmax(-1, dtype=torch.float32)
 
     def with_output_subset(self, keep: Tensor) -> Decoding:
         """This model scoring only the target ids `keep` (see `Decoder.with_output_subset`)."""
