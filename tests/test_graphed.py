@@ -151,6 +151,33 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     assert_same(greedy_search(model, src[:, :7][2:], lengths[2:]), graphs.greedy(src[:, :7][2:], lengths[2:]))
 
 
+def test_the_kept_shapes_stay_within_their_memory_budget():
+    """The static tensors of a shape grow with sentences x source length: a new shape also drops the least
+    recently used ones until all fit in `max_bytes` (a share of the GPU's memory), whatever their number."""
+    model = random_model("bahdanau")
+    src, lengths = source_batch()
+    short = (src[:, :7][2:], lengths[2:])                                  # rows 8, length 8
+    sizes = []
+    for batch in ((src, lengths), short):
+        alone = SearchGraphs(model.decoding(), capture=False)
+        alone.greedy(*batch)
+        sizes.append(alone.kept_bytes)
+    assert sizes[0] > sizes[1] > 0
+    both = SearchGraphs(model.decoding(), capture=False, max_bytes=sum(sizes))
+    both.greedy(src, lengths)
+    both.greedy(*short)
+    assert [key[:3] for key in both.graphs] == [("greedy", 8, 16), ("greedy", 8, 8)]
+    one = SearchGraphs(model.decoding(), capture=False, max_bytes=sum(sizes) - 1)
+    one.greedy(src, lengths)
+    one.greedy(*short)                                                    # does not fit beside the first
+    assert [key[:3] for key in one.graphs] == [("greedy", 8, 8)] and one.kept_bytes == sizes[1]
+    assert_same(greedy_search(model, src, lengths), one.greedy(src, lengths))    # built again: the same
+    assert [key[:3] for key in one.graphs] == [("greedy", 8, 16)] and one.kept_bytes == sizes[0]
+    tiny = SearchGraphs(model.decoding(), capture=False, max_bytes=1)   # a shape over the budget still runs alone
+    assert_same(greedy_search(model, *short), tiny.greedy(*short))
+    assert len(tiny.graphs) == 1
+
+
 def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
     from nmt.decode.graphed import graphable
 

@@ -46,7 +46,9 @@ from nmt.model.decoder import DecoderState
 from nmt.model.inference import Decoding
 
 STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
-MAX_GRAPHS = 48            # shapes kept (least recently used dropped): a server's GPU memory stays bounded
+# shapes kept (the least recently used dropped first), so that a server's GPU memory stays bounded: at most
+MAX_GRAPHS = 48            # shapes,
+GRAPH_MEMORY_SHARE = 0.25  # and this share of the GPU's memory in their static tensors
 
 
 def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
@@ -81,6 +83,12 @@ class _Static:
 
     def state(self) -> DecoderState:
         return DecoderState(self.hidden, self.cell, self.feed)
+
+    def nbytes(self) -> int:
+        """What the static tensors hold (most of it the padded memory: sentences x src_len x features)."""
+        tensors = [getattr(self, f.name) for f in fields(self) if f.name != "memory"]
+        tensors += [getattr(self.memory, f.name) for f in fields(Memory)]
+        return sum(t.nbytes for t in tensors if t is not None)
 
     def store_state(self, state: DecoderState) -> None:
         self.hidden.copy_(state.hidden)
@@ -188,10 +196,16 @@ class SearchGraphs:
     graph runs.
     """
 
-    def __init__(self, model: Decoding, capture: bool = True) -> None:
-        """`capture=False` runs the same static-shape chunks eagerly (the CPU, tests): no graphs."""
+    def __init__(self, model: Decoding, capture: bool = True, max_bytes: float | None = None) -> None:
+        """`capture=False` runs the same static-shape chunks eagerly (the CPU, tests): no graphs. `max_bytes`:
+        what the kept shapes' static tensors may hold (default: GRAPH_MEMORY_SHARE of the GPU's memory; none
+        without capture); a new shape drops the least recently used ones until it fits, or is the only one."""
         self.model, self.capture = model, capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        if max_bytes is None:
+            max_bytes = (GRAPH_MEMORY_SHARE * torch.cuda.get_device_properties(model.device).total_memory
+                         if capture else math.inf)
+        self.max_bytes, self.kept_bytes = max_bytes, 0
         self.graphs: OrderedDict[tuple, tuple[Callable[[], None], _Static]] = OrderedDict()   # oldest use first
         # what capturing has cost so far (a new shape's warm-up run, then its capture and instantiation)
         self.captured, self.warmup_seconds, self.capture_seconds = 0, 0.0, 0.0
@@ -203,9 +217,12 @@ class SearchGraphs:
         if key in self.graphs:
             self.graphs.move_to_end(key)
         else:
-            while len(self.graphs) >= MAX_GRAPHS:
-                self.graphs.popitem(last=False)
             static = build()
+            size = static.nbytes()
+            while self.graphs and (len(self.graphs) >= MAX_GRAPHS or self.kept_bytes + size > self.max_bytes):
+                _, (_, dropped) = self.graphs.popitem(last=False)
+                self.kept_bytes -= dropped.nbytes()
+            self.kept_bytes += size
             if not self.capture:
                 self.graphs[key] = (lambda: chunk(static), static)
                 return self.graphs[key]
@@ -228,6 +245,7 @@ class SearchGraphs:
     def close(self) -> None:
         """Drop the graphs."""
         self.graphs.clear()
+        self.kept_bytes = 0
 
     # ------------------------------------------------------------------ greedy
 
