@@ -45,6 +45,9 @@ MAX_DIM = 16_384        # embedding, hidden and attention sizes
 MAX_LAYERS = 64         # RNN layers per side
 MAX_LEN = 10_000        # pieces in one sentence (training filter, decoding input and output)
 MAX_TOKENS = 1_000_000  # tokens or sentences in one batch
+# decoding.batch_tokens 0: the device's. On a CPU 4000 was 5% slower and more gained nothing; on a GPU a step
+# costs about the same whatever its rows (docs/benchmarks.md, "Decoding batches on a GPU")
+DECODING_BATCH_TOKENS = {"cpu": 8000, "cuda": 32000}
 MAX_PENALTY = 10.0      # GNMT alpha and beta: ((5 + len) / 6) ** alpha stays finite in fp32
 # sacreBLEU's BLEU tokenizers nmt offers (nmt.evaluate): ja-mecab and ko-mecab need nmt[ja] / nmt[ko]
 BleuTokenize = Literal["13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flores200", "none"]
@@ -173,8 +176,9 @@ class DecodingConfig:
     max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0, help="At most ratio * source pieces + 10 pieces.")
     min_len: int = _bounded(0, ge=0, le=1000, help="No EOS before this many pieces.")
     no_repeat_ngram: int = _bounded(0, ge=0, le=100, help="Block repeated n-grams of this size; 0 = off.")
-    batch_tokens: int = _bounded(8000, ge=1, le=MAX_TOKENS,    # 4000: 5% slower
-                                 help="Tokens per batch: source x beam (translate), source + target (score).")
+    batch_tokens: int = _bounded(0, ge=0, le=MAX_TOKENS,
+                                 help="Tokens per batch: source x beam (translate), source + target (score); "
+                                      "0 = by device: 8000 on a CPU, 32000 on a GPU.")
     max_input_len: int = _bounded(250, ge=1, le=MAX_LEN, help="Truncate longer inputs (pieces), with a warning.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _described("auto", "auto, fp32, bf16 or fp16.")
     max_len: int = _bounded(0, ge=0, le=MAX_LEN,

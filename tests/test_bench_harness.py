@@ -116,3 +116,17 @@ def test_the_onmt_curve_reads_each_checkpoints_minute_from_opennmts_report_lines
            "[2026-11-24 17:58:40,939 INFO] Step 100/  100; acc: 28.5; ppl: 177.5; xent: 5.2; lr: 0.00100; sents:    "
            "5853; bsz: 1737/1816/117; 1984/2074 tok/s;    103 sec;\n")
     assert elapsed_by_step(log) == {50: 60, 100: 103}
+
+
+def test_decode_shapes_counts_the_translators_batches_and_their_padded_shapes():
+    import numpy as np
+
+    from bench.decode_shapes import shapes
+
+    lengths = np.array([10] * 20 + [4] * 5)
+    small = shapes(lengths, beam=2, batch_tokens=200)        # 100 source tokens: 10 lines of 10, then the rest
+    assert (small["batches"], small["shapes"]) == (3, 2)
+    assert small["padded"] == [[16, 16], [16, 16], [8, 8]]   # 10 rows and 10 tokens padded to 16; 5 x 4 to 8 x 8
+    assert small["longest_source_per_batch_summed"] == 24
+    large = shapes(lengths, beam=2, batch_tokens=1000)
+    assert (large["batches"], large["shapes"], large["padded"]) == (1, 1, [[32, 16]])

@@ -45,6 +45,20 @@ def test_stream_in_small_chunks_equals_one_call(translator, sources):
     assert streamed == whole
 
 
+def test_batch_tokens_are_the_devices_unless_given(trained_run, translator, sources):
+    """decoding.batch_tokens 0 (the default a model is saved with) takes the device's figure; a value given
+    is kept, and translations do not depend on it."""
+    from nmt.config import DECODING_BATCH_TOKENS
+    from nmt.model.modelfile import load_model
+
+    assert load_model(trained_run / "best.pt", {}).config.decoding.batch_tokens == 0
+    assert translator.decoding.batch_tokens == DECODING_BATCH_TOKENS["cpu"] == 8000
+    assert DECODING_BATCH_TOKENS["cuda"] > DECODING_BATCH_TOKENS["cpu"]
+    small = Translator.load(trained_run / "best.pt", "cpu", beam_size=3, precision="fp32", batch_tokens=90)
+    assert small.decoding.batch_tokens == 90
+    assert [t.text for t in small.translate(sources)] == [t.text for t in translator.translate(sources)]
+
+
 def test_overlong_line_is_truncated_with_warning(translator, capsys):
     long_line = " ".join(["Hund"] * 400)
     result = translator.translate(["ein Hund", long_line], first_line=5)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import MAX_BEAM, ConfigError, DecodingConfig
+from nmt.config import DECODING_BATCH_TOKENS, MAX_BEAM, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
@@ -82,6 +82,8 @@ class Translator:
         model's {"src", "tgt"} codes, as its file names them (the server reports them)."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        if not decoding.batch_tokens:                              # 0: the device's
+            decoding = replace(decoding, batch_tokens=DECODING_BATCH_TOKENS[device.type])
         self.decoding, self.device = decoding, device
         self.languages = languages or {}
         self.shortlist = shortlist                                  # used when decoding.shortlist is on
