@@ -178,6 +178,23 @@ def test_the_kept_shapes_stay_within_their_memory_budget():
     assert len(tiny.graphs) == 1
 
 
+def test_a_shape_whose_capture_fails_is_neither_kept_nor_counted(monkeypatch):
+    """Out of memory in a capture leaves the books as they were: a server's later shapes still fit."""
+    model = random_model("bahdanau")
+    src, lengths = source_batch()
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def out_of_memory() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", out_of_memory)        # right after the warm-up
+    graphs = SearchGraphs(model.decoding(), capture=True, max_bytes=10**9)
+    for _ in range(2):
+        with pytest.raises(torch.OutOfMemoryError):
+            graphs.greedy(src, lengths)
+    assert not graphs.graphs and graphs.kept_bytes == 0 and graphs.captured == 0
+
+
 def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
     from nmt.decode.graphed import graphable
 

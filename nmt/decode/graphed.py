@@ -216,31 +216,38 @@ class SearchGraphs:
         key = (*key, active_autocast_dtype(self.model.device.type))
         if key in self.graphs:
             self.graphs.move_to_end(key)
-        else:
-            static = build()
-            size = static.nbytes()
-            while self.graphs and (len(self.graphs) >= MAX_GRAPHS or self.kept_bytes + size > self.max_bytes):
-                _, (_, dropped) = self.graphs.popitem(last=False)
-                self.kept_bytes -= dropped.nbytes()
-            self.kept_bytes += size
-            if not self.capture:
-                self.graphs[key] = (lambda: chunk(static), static)
-                return self.graphs[key]
-            start = time.perf_counter()
-            chunk(static)                                # warm-up: builds derived weights, cuBLAS workspaces
-            torch.cuda.synchronize()
-            warmed = time.perf_counter()
-            graph = torch.cuda.CUDAGraph()
-            dtype = active_autocast_dtype("cuda")
-            # autocast's cast cache does not survive a capture: off inside it
-            with (torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None, cache_enabled=False),
-                  torch.cuda.graph(graph, pool=self.pool)):
-                chunk(static)
-            self.graphs[key] = (graph.replay, static)
-            self.captured += 1
-            self.warmup_seconds += warmed - start
-            self.capture_seconds += time.perf_counter() - warmed
-        return self.graphs[key]
+            return self.graphs[key]
+        while len(self.graphs) >= MAX_GRAPHS:
+            self._drop_oldest()
+        static = build()
+        while self.graphs and self.kept_bytes + static.nbytes() > self.max_bytes:
+            self._drop_oldest()
+        if not self.capture:
+            return self._keep(key, (lambda: chunk(static), static))
+        start = time.perf_counter()
+        chunk(static)                                # warm-up: builds derived weights, cuBLAS workspaces
+        torch.cuda.synchronize()
+        warmed = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        dtype = active_autocast_dtype("cuda")
+        # autocast's cast cache does not survive a capture: off inside it
+        with (torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None, cache_enabled=False),
+              torch.cuda.graph(graph, pool=self.pool)):
+            chunk(static)
+        self.captured += 1
+        self.warmup_seconds += warmed - start
+        self.capture_seconds += time.perf_counter() - warmed
+        return self._keep(key, (graph.replay, static))
+
+    def _keep(self, key: tuple, entry: tuple[Callable[[], None], _Static]) -> tuple[Callable[[], None], _Static]:
+        """A shape ready to replay, counted against `max_bytes` (one whose capture failed is not)."""
+        self.graphs[key] = entry
+        self.kept_bytes += entry[1].nbytes()
+        return entry
+
+    def _drop_oldest(self) -> None:
+        _, (_, static) = self.graphs.popitem(last=False)
+        self.kept_bytes -= static.nbytes()
 
     def close(self) -> None:
         """Drop the graphs."""
