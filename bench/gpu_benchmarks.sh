@@ -79,7 +79,8 @@ fi
 if has decode && [[ -n "$model" ]]; then
   python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs 3 \
     --precisions fp32 bf16 --first-line --json-out "$out/decode-test2016.json" || true
-  # the same at the CPU's batch size, beside the GPU's default (docs/benchmarks.md, "Decoding batches on a GPU")
+  # the same at the CPU's batch size, beside the GPU's default (docs/benchmarks.md, "Decoding batches on a GPU";
+  # a MODEL saved before that default keeps its 8000: each entry records the batch_tokens it ran with)
   has decode && python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs 3 \
     --precisions bf16 --batch-tokens 8000 --json-out "$out/decode-test2016-8000.json" || true
   if has decode && [[ -f data/multi30k/train.de.gz ]]; then

@@ -64,7 +64,7 @@ def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam:
         times.append(time.perf_counter() - start)
         captures.append({k: v - before[k] for k, v in _capture_costs(translator).items()})
     texts = [t.text for t in out]
-    result = {"precision": precision, "beam": beam, "graphs": graphs, "batch_tokens": translator.decoding.batch_tokens,
+    result = {"precision": precision, "beam": beam, "graphs": graphs, "batch_tokens": translator.batch_tokens(),
               "sent_per_s": len(lines) / statistics.median(times), "seconds": times, "warmup_s": warmup,
               "lines": len(lines),
               "graphs_captured": len(translator._graphs.graphs) if translator._graphs else 0,

@@ -178,7 +178,7 @@ class DecodingConfig:
     no_repeat_ngram: int = _bounded(0, ge=0, le=100, help="Block repeated n-grams of this size; 0 = off.")
     batch_tokens: int = _bounded(0, ge=0, le=MAX_TOKENS,
                                  help="Tokens per batch: source x beam (translate), source + target (score); "
-                                      "0 = by device: 8000 on a CPU, 32000 on a GPU.")
+                                      "0 = by device: 8000 on a CPU, 32000 on a GPU (scoring: 8000).")
     max_input_len: int = _bounded(250, ge=1, le=MAX_LEN, help="Truncate longer inputs (pieces), with a warning.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _described("auto", "auto, fp32, bf16 or fp16.")
     max_len: int = _bounded(0, ge=0, le=MAX_LEN,

@@ -46,16 +46,27 @@ def test_stream_in_small_chunks_equals_one_call(translator, sources):
 
 
 def test_batch_tokens_are_the_devices_unless_given(trained_run, translator, sources):
-    """decoding.batch_tokens 0 (the default a model is saved with) takes the device's figure; a value given
-    is kept, and translations do not depend on it."""
+    """decoding.batch_tokens 0 (the default a model is saved with) takes the device's figure for searches
+    (scoring keeps the CPU's); a value given is kept, and translations do not depend on it."""
+    import torch
+
     from nmt.config import DECODING_BATCH_TOKENS
     from nmt.model.modelfile import load_model
 
     assert load_model(trained_run / "best.pt", {}).config.decoding.batch_tokens == 0
-    assert translator.decoding.batch_tokens == DECODING_BATCH_TOKENS["cpu"] == 8000
-    assert DECODING_BATCH_TOKENS["cuda"] > DECODING_BATCH_TOKENS["cpu"]
+    assert translator.batch_tokens() == translator.batch_tokens(scoring=True) == DECODING_BATCH_TOKENS["cpu"] == 8000
+    on_gpu = Translator(translator.model, translator.src_vocab, translator.tgt_vocab, translator.decoding,
+                        translator.device)
+    on_gpu.device = torch.device("cuda")                     # what a GPU's Translator reads (no GPU needed)
+    assert on_gpu.batch_tokens() == DECODING_BATCH_TOKENS["cuda"] == 32000
+    assert on_gpu.batch_tokens(scoring=True) == 8000
+    pair = Translator.load([trained_run / "best.pt"] * 2, "cpu", beam_size=3)   # members load on the CPU first
+    pair.device = torch.device("cuda")
+    assert pair.batch_tokens() == 32000
     small = Translator.load(trained_run / "best.pt", "cpu", beam_size=3, precision="fp32", batch_tokens=90)
-    assert small.decoding.batch_tokens == 90
+    small.device = torch.device("cuda")
+    assert small.batch_tokens() == small.batch_tokens(scoring=True) == 90
+    small.device = translator.device
     assert [t.text for t in small.translate(sources)] == [t.text for t in translator.translate(sources)]
 
 

@@ -82,8 +82,6 @@ class Translator:
         model's {"src", "tgt"} codes, as its file names them (the server reports them)."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        if not decoding.batch_tokens:                              # 0: the device's
-            decoding = replace(decoding, batch_tokens=DECODING_BATCH_TOKENS[device.type])
         self.decoding, self.device = decoding, device
         self.languages = languages or {}
         self.shortlist = shortlist                                  # used when decoding.shortlist is on
@@ -209,7 +207,7 @@ class Translator:
             lengths = np.diff(offsets) + 1                                   # with EOS
             order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
             rows_per_line = n_best if decoding.sampling else decoding.beam_size
-            budget = max(1, decoding.batch_tokens // max(1, rows_per_line))
+            budget = max(1, self.batch_tokens() // max(1, rows_per_line))
             wants_attention = return_attention or decoding.replace_unk
             for rows in cut_by_budget(order, lengths, budget, 0):
                 src = pad_rows(flat, offsets, rows, None, EOS)
@@ -228,6 +226,12 @@ class Translator:
             for translation in translations:
                 translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
         return translations
+
+    def batch_tokens(self, scoring: bool = False) -> int:
+        """decoding.batch_tokens, or where it is 0 the device's: a GPU's search steps cost about the same
+        whatever their rows. Scoring keeps the CPU's: it holds a batch's whole (target x vocabulary) scores."""
+        device = "cpu" if scoring else self.device.type
+        return self.decoding.batch_tokens or DECODING_BATCH_TOKENS.get(device, DECODING_BATCH_TOKENS["cpu"])
 
     def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
                      names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
@@ -264,7 +268,7 @@ class Translator:
         order = np.argsort(-src_lengths, kind="stable")
         results: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * len(sources)
         with autocast(self.device, self.amp_dtype):
-            for rows in cut_by_budget(order, cost, self.decoding.batch_tokens, 0):
+            for rows in cut_by_budget(order, cost, self.batch_tokens(scoring=True), 0):
                 src = pad_rows(src_flat, src_offsets, rows, None, EOS)
                 tgt = pad_rows(tgt_flat, tgt_offsets, rows, None, None)
                 log_probs, out_lengths = force_decode(self.search_model, src.to(self.device), (src != 0).sum(1),
