@@ -130,3 +130,19 @@ def test_decode_shapes_counts_the_translators_batches_and_their_padded_shapes():
     assert small["longest_source_per_batch_summed"] == 24
     large = shapes(lengths, beam=2, batch_tokens=1000)
     assert (large["batches"], large["shapes"], large["padded"]) == (1, 1, [[32, 16]])
+
+
+def test_host_side_profiles_the_gpus_searches_on_the_cpu(trained_run):
+    """bench.host_side runs the Translator with the static-shape searches a GPU uses, and finds the
+    host's share in the functions it names (a renamed one would silently count zero)."""
+    from bench.host_side import profile_translate
+
+    from .conftest import read_gz
+
+    lines = read_gz("test_2016_flickr.de", 60)
+    for beam, collect in ((1, "_collect"), (5, "_collect_beams")):
+        result = profile_translate(trained_run / "best.pt", lines, beam, 2000)
+        parts = {name.split(" ")[0]: seconds for name, seconds in result["host_s_by_part"].items()}
+        assert result["lines"] == 60 and result["batch_tokens"] == 2000
+        assert parts["encode"] > 0 and parts["decode"] > 0 and parts[collect] > 0
+        assert 0 < result["host_s"] < result["wall_s_on_this_cpu"]
