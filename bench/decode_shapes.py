@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.data.batching import bucket_size, cut_by_budget
+from nmt.data.batching import cut_by_budget
 from nmt.data.corpus import read_lines
 from nmt.data.tokenizer import Vocab
+from nmt.decode.graphed import static_shape
 
 
 def shapes(lengths: np.ndarray, beam: int, batch_tokens: int) -> dict:
@@ -26,7 +27,7 @@ def shapes(lengths: np.ndarray, beam: int, batch_tokens: int) -> dict:
     each, EOS included) and the graphs' padded (sentences, source length) shape of each."""
     order = np.argsort(-lengths, kind="stable")
     batches = cut_by_budget(order, lengths, max(1, batch_tokens // beam), 0)
-    padded = [(bucket_size(len(rows), 8), bucket_size(int(lengths[rows].max()), 8)) for rows in batches]
+    padded = [static_shape(len(rows), int(lengths[rows].max())) for rows in batches]
     return {"beam": beam, "batch_tokens": batch_tokens, "batches": len(batches), "shapes": len(set(padded)),
             "longest_source_per_batch_summed": int(sum(int(lengths[rows].max()) for rows in batches)),
             "padded": [list(shape) for shape in padded]}

@@ -51,6 +51,11 @@ MAX_GRAPHS = 48            # shapes,
 GRAPH_MEMORY_SHARE = 0.25  # and this share of the GPU's memory in their static tensors
 
 
+def static_shape(sentences: int, src_len: int) -> tuple[int, int]:
+    """The (sentences, source length) a batch is padded to: its graph's shape (`bucket_size`, steps of 8)."""
+    return bucket_size(sentences, 8), bucket_size(src_len, 8)
+
+
 def graphable(model: object, device: torch.device, *, sampling: bool, prefix: object, no_repeat_ngram: int,
               coverage: float, return_attention: bool) -> bool:
     """Whether a search with these options can run as captured graphs (one model, no shortlist in use)."""
@@ -205,7 +210,7 @@ class SearchGraphs:
         if max_bytes is None:
             max_bytes = (GRAPH_MEMORY_SHARE * torch.cuda.get_device_properties(model.device).total_memory
                          if capture else math.inf)
-        self.max_bytes, self.kept_bytes = max_bytes, 0
+        self.max_bytes = max_bytes
         self.graphs: OrderedDict[tuple, tuple[Callable[[], None], _Static]] = OrderedDict()   # oldest use first
         # what capturing has cost so far (a new shape's warm-up run, then its capture and instantiation)
         self.captured, self.warmup_seconds, self.capture_seconds = 0, 0.0, 0.0
@@ -218,12 +223,13 @@ class SearchGraphs:
             self.graphs.move_to_end(key)
             return self.graphs[key]
         while len(self.graphs) >= MAX_GRAPHS:
-            self._drop_oldest()
+            self.graphs.popitem(last=False)
         static = build()
         while self.graphs and self.kept_bytes + static.nbytes() > self.max_bytes:
-            self._drop_oldest()
+            self.graphs.popitem(last=False)
         if not self.capture:
-            return self._keep(key, (lambda: chunk(static), static))
+            self.graphs[key] = (lambda: chunk(static), static)
+            return self.graphs[key]
         start = time.perf_counter()
         chunk(static)                                # warm-up: builds derived weights, cuBLAS workspaces
         torch.cuda.synchronize()
@@ -234,25 +240,20 @@ class SearchGraphs:
         with (torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None, cache_enabled=False),
               torch.cuda.graph(graph, pool=self.pool)):
             chunk(static)
+        self.graphs[key] = (graph.replay, static)             # kept once captured: a failed capture is not
         self.captured += 1
         self.warmup_seconds += warmed - start
         self.capture_seconds += time.perf_counter() - warmed
-        return self._keep(key, (graph.replay, static))
+        return self.graphs[key]
 
-    def _keep(self, key: tuple, entry: tuple[Callable[[], None], _Static]) -> tuple[Callable[[], None], _Static]:
-        """A shape ready to replay, counted against `max_bytes` (one whose capture failed is not)."""
-        self.graphs[key] = entry
-        self.kept_bytes += entry[1].nbytes()
-        return entry
-
-    def _drop_oldest(self) -> None:
-        _, (_, static) = self.graphs.popitem(last=False)
-        self.kept_bytes -= static.nbytes()
+    @property
+    def kept_bytes(self) -> int:
+        """What the kept shapes' static tensors hold, counted against `max_bytes`."""
+        return sum(static.nbytes() for _, static in self.graphs.values())
 
     def close(self) -> None:
         """Drop the graphs."""
         self.graphs.clear()
-        self.kept_bytes = 0
 
     # ------------------------------------------------------------------ greedy
 
@@ -263,7 +264,7 @@ class SearchGraphs:
         model = self.model
         memory, state = model.encode(src, src_lengths, fold_context=False)
         batch, src_len = src.shape
-        rows, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
+        rows, padded_len = static_shape(batch, src_len)
         limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
         steps = int(limits.max())
 
@@ -313,7 +314,7 @@ class SearchGraphs:
         n_best = min(n_best, k)
         memory, state = model.encode(src, src_lengths)
         batch, src_len = src.shape
-        sentences, padded_len = bucket_size(batch, 8), bucket_size(src_len, 8)
+        sentences, padded_len = static_shape(batch, src_len)
         limits = max_output_lengths(src_lengths, max_len_ratio, min_len, max_len).to(src.device)
         steps = int(limits.max())
         device = src.device
