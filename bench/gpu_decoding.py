@@ -7,6 +7,8 @@ For each precision (fp32, bf16, fp16) and search (greedy, beam 5): sentences/s o
 whole source after a warm-up on its first 50 lines (decoding alone, median of --runs), with the CUDA graphs
 on and off, and BLEU of each output. Also, in a fresh process each: the seconds from the start of Python
 to `import torch` done, to the model loaded, and to the first translation of one line (`--first-line`).
+`--device cpu` rehearses the same on the CPU (the graphs do not apply there: both runs are eager), so that
+a GPU's time is not spent on a broken script.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 FIRST_LINE = """
 import time; t0 = time.perf_counter()
-import torch; torch.cuda.init(); t1 = time.perf_counter()
+import torch; cuda = {device!r} == "cuda"; cuda and torch.cuda.init(); t1 = time.perf_counter()
 from nmt.decode.translator import Translator
-translator = Translator.load({model!r}, device="cuda", precision={precision!r}, beam_size={beam})
-torch.cuda.synchronize(); t2 = time.perf_counter()
+translator = Translator.load({model!r}, device={device!r}, precision={precision!r}, beam_size={beam})
+cuda and torch.cuda.synchronize(); t2 = time.perf_counter()
 text = translator.translate(["Ein Hund läuft durch das Gras."])[0].text
-torch.cuda.synchronize(); t3 = time.perf_counter()
+cuda and torch.cuda.synchronize(); t3 = time.perf_counter()
 import json; print(json.dumps({{"import_torch_s": t1 - t0, "load_s": t2 - t1, "first_translation_s": t3 - t2,
                                "beyond_import_s": t3 - t1, "text": text}}))
 """
@@ -42,25 +44,24 @@ def _capture_costs(translator) -> dict:
 
 
 def decode(model: Path, lines: list[str], refs: list[str], precision: str, beam: int, graphs: bool,
-           runs: int, batch_tokens: int | None) -> dict:
-    import torch
-
+           runs: int, batch_tokens: int | None, device: str = "cuda") -> dict:
+    from bench.harness import synchronize
     from nmt.decode.translator import Translator
     from nmt.evaluate import bleu
 
     overrides = {"batch_tokens": batch_tokens} if batch_tokens else {}
-    translator = Translator.load(model, device="cuda", precision=precision, beam_size=beam, cuda_graphs=graphs,
+    translator = Translator.load(model, device=device, precision=precision, beam_size=beam, cuda_graphs=graphs,
                                  **overrides)
     start = time.perf_counter()
     translator.translate(lines[:50])                                        # warm-up (and first captures)
-    torch.cuda.synchronize()
+    synchronize(device)
     warmup = time.perf_counter() - start
     times, out, captures = [], [], []
     for _ in range(runs):
         before = _capture_costs(translator)
         start = time.perf_counter()
         out = translator.translate(lines)
-        torch.cuda.synchronize()
+        synchronize(device)
         times.append(time.perf_counter() - start)
         captures.append({k: v - before[k] for k, v in _capture_costs(translator).items()})
     texts = [t.text for t in out]
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int)
     parser.add_argument("--no-eager", action="store_true", help="graphs only (large sources)")
     parser.add_argument("--first-line", action="store_true", help="also time start-up to the first translation")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a rehearsal")
     parser.add_argument("--json-out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -99,7 +101,8 @@ def main() -> None:
         for beam in args.beams:
             pair = {}
             for graphs in ([True] if args.no_eager else [True, False]):
-                result = decode(args.model, lines, refs, precision, beam, graphs, args.runs, args.batch_tokens)
+                result = decode(args.model, lines, refs, precision, beam, graphs, args.runs, args.batch_tokens,
+                                args.device)
                 pair[graphs] = result.pop("_texts")
                 report["decode"].append(result)
                 print(json.dumps(result), flush=True)
@@ -110,7 +113,7 @@ def main() -> None:
         report["first_line"] = []
         for precision in args.precisions:
             for beam in args.beams:
-                code = FIRST_LINE.format(model=str(args.model), precision=precision, beam=beam)
+                code = FIRST_LINE.format(model=str(args.model), device=args.device, precision=precision, beam=beam)
                 child = run_child([sys.executable, "-c", code], cwd=REPO)
                 child.pop("wall_s")
                 result = {"precision": precision, "beam": beam, **child}

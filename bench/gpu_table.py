@@ -22,6 +22,8 @@ def _load(folder: Path, name: str) -> dict | None:
 
 
 def _machine(folder: Path) -> str:
+    """The GPU and its host; a folder without a GPU is a rehearsal on the CPU (DEVICE=cpu)."""
+    host = None
     for path in sorted(folder.glob("*.json")):
         facts = json.loads(path.read_text(encoding="utf-8")).get("machine")
         if facts and "gpu" in facts:
@@ -29,7 +31,10 @@ def _machine(folder: Path) -> str:
             return (f"{gpu['count']}x {gpu['name']} ({gpu['memory_gib']} GiB), driver {gpu.get('driver') or '?'}, "
                     f"CUDA {gpu['cuda']}, cuDNN {gpu['cudnn']}, torch {facts['torch']}, Python {facts['python']}; "
                     f"host {facts['cpu']} with {facts['cores']} cores")
-    return "unknown machine"
+        if facts and host is None:
+            host = (f"no GPU: a rehearsal on {facts['cpu']} with {facts['cores']} cores, torch {facts['torch']}, "
+                    f"Python {facts['python']}")
+    return host or "unknown machine"
 
 
 def training_rows(folder: Path) -> list[str]:
@@ -45,11 +50,17 @@ def training_rows(folder: Path) -> list[str]:
     return rows
 
 
-def decoding_rows(folder: Path, name: str, label: str) -> list[str]:
+def decoding_rows(folder: Path, name: str, label: str | None = None) -> list[str]:
+    """Sent/s per search, precision and graphs on or off; `label` names the source (default: its line count),
+    followed by the batch size where every entry records the same one."""
     report = _load(folder, name)
-    if report is None:
+    if report is None or not report["decode"]:
         return []
     found = {(r["precision"], r["beam"], r["graphs"]): r for r in report["decode"]}
+    label = label or f"{report['decode'][0]['lines']:,} sentences"
+    batch_tokens = {r.get("batch_tokens") for r in report["decode"]}
+    if len(batch_tokens) == 1 and None not in batch_tokens:
+        label += f" in {batch_tokens.pop():,}-token batches"
     rows = []
     for beam, search in ((1, "greedy"), (5, "beam 5")):
         cells = []
@@ -73,6 +84,29 @@ def first_line_rows(folder: Path) -> list[str]:
             f"`import torch` ({worst['precision']}, beam {worst['beam']}: model loaded in {worst['load_s']:.2f} s, "
             f"translated in {worst['first_translation_s']:.2f} s); `import torch` itself took "
             f"{min(imports):.1f}-{max(imports):.1f} s on this host."]
+
+
+def whole_process_rows(folder: Path) -> list[str]:
+    """`nmt translate` as a user runs it, start-up included: the median run per search."""
+    report = _load(folder, "whole-100k.json")
+    if not report:
+        return []
+    parts = []
+    for beam, search in ((1, "greedy"), (5, "beam 5")):
+        runs = [r for r in report["runs"] if r["beam"] == beam]
+        failed = [r for r in runs if r["rc"] or r["lines_out"] != report["sentences"]]
+        speeds = sorted(r["sent_per_s"] for r in runs)
+        if failed:
+            parts.append(f"{search} failed in {len(failed)} of {len(runs)} runs (see whole-100k.json)")
+        elif speeds:                                      # the median; of two runs, the slower
+            which = "the slower of 2 runs" if len(speeds) == 2 else f"median of {len(speeds)} runs"
+            parts.append(f"{search} {speeds[(len(speeds) - 1) // 2]:,.0f} sent/s ({which})")
+    startup = report.get("startup_median_s", {})
+    costs = [f"`import torch` {startup['import_torch_s']:.1f} s"] if "import_torch_s" in startup else []
+    if "cuda_init_s" in startup:
+        costs.append(f"starting CUDA {startup['cuda_init_s']:.1f} s (with the import)")
+    return [f"Whole process: `nmt translate` of {report['sentences']:,} sentences in {report['batch_tokens']:,}-token "
+            f"batches, start-up included: {', '.join(parts)}" + (f"; of which {', '.join(costs)}." if costs else ".")]
 
 
 def comparison_rows(folder: Path) -> list[str]:
@@ -106,10 +140,11 @@ def recipe_rows(folder: Path) -> list[str]:
 def table(folder: Path) -> str:
     out = [f"Measured on: {_machine(folder)} (`{folder.as_posix()}`).", ""]
     rows = training_rows(folder) + decoding_rows(folder, "decode-test2016.json", "test_2016_flickr") \
-        + decoding_rows(folder, "decode-100k.json", "100,000 sentences")
+        + decoding_rows(folder, "decode-test2016-8000.json", "test_2016_flickr") \
+        + decoding_rows(folder, "decode-100k.json")
     if rows:
         out += ["| | fp32 eager | fp32 graphs | bf16 eager | bf16 graphs |", "|---|---|---|---|---|", *rows, ""]
-    out += first_line_rows(folder)
+    out += first_line_rows(folder) + whole_process_rows(folder)
     rows = comparison_rows(folder)
     if rows:
         out += ["", "| side by side, median of 3 alternating runs | nmt | OpenNMT-py 3.5.1 | ratio | goal |",

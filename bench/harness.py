@@ -37,6 +37,14 @@ def pin(core: int | None) -> list[str]:
     return ["taskset", "-c", str(core)] if core is not None else []
 
 
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work before reading a clock (a CPU's is done when its call returns)."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def run_child(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None,
               core: int | None = None, timeout: float | None = None) -> dict[str, Any]:
     """Run `cmd` in a fresh process (pinned to `core` if given) and return the JSON object on the last

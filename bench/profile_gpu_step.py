@@ -6,7 +6,7 @@
 Training: the reference model's updates (after warm-up) under torch.profiler: GPU kernels per update, the
 kernels' summed time against the update's wall time (how much of it the GPU computes rather than waits),
 and the launch calls the host made. Decoding (with --model): the same for translating 200 test lines with
-the CUDA graphs on and off, greedy and beam 5.
+the CUDA graphs on and off, greedy and beam 5. `--device cpu` rehearses it on the CPU, where no kernel is counted.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.harness import synchronize
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _activities(device: str) -> list[ProfilerActivity]:
+    return [ProfilerActivity.CPU, ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
 
 
 def summarize(prof, wall: float, units: int) -> dict:
@@ -46,18 +52,18 @@ def profile_training(args: argparse.Namespace) -> dict:
     from nmt.train.trainer import train_step
 
     with tempfile.TemporaryDirectory() as run_dir:
-        config = load_config(args.config, [f"training.run_dir={run_dir}/run", "training.device=cuda",
+        config = load_config(args.config, [f"training.run_dir={run_dir}/run", f"training.device={args.device}",
                                            f"training.precision={args.precision}", *args.set])
         parts = build_parts(config)
         batches = [parts.train_ids.collate(rows) for rows in parts.sampler.batches(0)[: args.updates + 10]]
         for batch in batches[:10]:
             train_step(parts, [batch])
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        synchronize(args.device)
+        with profile(activities=_activities(args.device)) as prof:
             start = time.perf_counter()
             for batch in batches[10:]:
                 train_step(parts, [batch])
-            torch.cuda.synchronize()
+            synchronize(args.device)
             wall = time.perf_counter() - start
         result = summarize(prof, wall, args.updates)
         result["tgt_tokens_per_unit"] = sum(b.n_tgt_tokens for b in batches[10:]) / args.updates
@@ -68,14 +74,14 @@ def profile_training(args: argparse.Namespace) -> dict:
 def profile_decoding(args: argparse.Namespace, lines: list[str], beam: int, graphs: bool) -> dict:
     from nmt.decode.translator import Translator
 
-    translator = Translator.load(args.model, device="cuda", precision=args.precision, beam_size=beam,
+    translator = Translator.load(args.model, device=args.device, precision=args.precision, beam_size=beam,
                                  cuda_graphs=graphs)
     translator.translate(lines)                                             # captures, warm-up
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    synchronize(args.device)
+    with profile(activities=_activities(args.device)) as prof:
         start = time.perf_counter()
         translator.translate(lines)
-        torch.cuda.synchronize()
+        synchronize(args.device)
         wall = time.perf_counter() - start
     return {"beam": beam, "graphs": graphs, **summarize(prof, wall, 1)}
 
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--set", action="append", default=[], help="config override for training")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a rehearsal")
     parser.add_argument("--json-out", type=Path, required=True)
     args = parser.parse_args()
     from bench.harness import machine_facts, write_result
