@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from nmt.data.batching import bucket_size
-from nmt.decode.graphed import STEPS_PER_GRAPH, SearchGraphs
+from nmt.decode.graphed import STEPS_PER_GRAPH, SearchGraphs, _Static
 from nmt.decode.search import beam_search, greedy_search
 
 from .test_search import VARIANTS, random_model, source_batch
@@ -151,10 +151,22 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     assert_same(greedy_search(model, src[:, :7][2:], lengths[2:]), graphs.greedy(src[:, :7][2:], lengths[2:]))
 
 
-def test_the_kept_shapes_stay_within_their_memory_budget():
+def test_the_kept_shapes_stay_within_their_memory_budget(monkeypatch):
     """The static tensors of a shape grow with sentences x source length: a new shape also drops the least
-    recently used ones until all fit in `max_bytes` (a share of the GPU's memory), whatever their number."""
+    recently used ones until all fit in `max_bytes` (a share of the GPU's memory), whatever their number,
+    and before it takes its own memory."""
     model = random_model("bahdanau")
+    peaks: list[tuple[int, float]] = []                # (what the kept shapes and a new one hold, max_bytes)
+    current: list[SearchGraphs] = []
+    allocate = _Static.allocate
+
+    def recorded(*args, **kwargs) -> _Static:
+        static = allocate(*args, **kwargs)
+        if static.prev.device.type != "meta" and current:
+            peaks.append((current[-1].kept_bytes + static.nbytes(), current[-1].max_bytes))
+        return static
+
+    monkeypatch.setattr(_Static, "allocate", recorded)
     src, lengths = source_batch()
     short = (src[:, :7][2:], lengths[2:])                                  # rows 8, length 8
     sizes = []
@@ -168,11 +180,13 @@ def test_the_kept_shapes_stay_within_their_memory_budget():
     both.greedy(*short)
     assert [key[:3] for key in both.graphs] == [("greedy", 8, 16), ("greedy", 8, 8)]
     one = SearchGraphs(model.decoding(), capture=False, max_bytes=sum(sizes) - 1)
+    current.append(one)
     one.greedy(src, lengths)
     one.greedy(*short)                                                    # does not fit beside the first
     assert [key[:3] for key in one.graphs] == [("greedy", 8, 8)] and one.kept_bytes == sizes[1]
     assert_same(greedy_search(model, src, lengths), one.greedy(src, lengths))    # built again: the same
     assert [key[:3] for key in one.graphs] == [("greedy", 8, 16)] and one.kept_bytes == sizes[0]
+    assert len(peaks) == 3 and all(held <= budget for held, budget in peaks)     # never both at once
     tiny = SearchGraphs(model.decoding(), capture=False, max_bytes=1)   # a shape over the budget still runs alone
     assert_same(greedy_search(model, *short), tiny.greedy(*short))
     assert len(tiny.graphs) == 1

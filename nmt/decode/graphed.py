@@ -104,14 +104,15 @@ class _Static:
 
     @classmethod
     def allocate(cls, memory: Memory, state: DecoderState, sentences: int, src_len: int, beam: int = 0,
-                 n_best: int = 1) -> _Static:
-        """Zeros for `sentences` padded to `src_len`, with `beam` rows each (0: greedy search, one row). A
-        capture's warm-up runs on them (a zero padding bias: a finite softmax); `load` puts a batch in."""
-        rows, device = sentences * max(beam, 1), memory.mask.device
+                 n_best: int = 1, device: torch.device | None = None) -> _Static:
+        """Zeros for `sentences` padded to `src_len`, with `beam` rows each (0: greedy search, one row), on
+        `device` (default the memory's; "meta" sizes them without allocating). A capture's warm-up runs on
+        them (a zero padding bias: a finite softmax); `load` puts a batch in."""
+        rows, device = sentences * max(beam, 1), device or memory.mask.device
         padded = {f.name: None if (t := getattr(memory, f.name)) is None
-                  else t.new_zeros(sentences, src_len, *t.shape[2:]) for f in fields(Memory)}
+                  else t.new_zeros(sentences, src_len, *t.shape[2:], device=device) for f in fields(Memory)}
         layers, _, hidden = state.hidden.shape
-        zeros = lambda t, *shape: None if t is None else t.new_zeros(shape)  # noqa: E731
+        zeros = lambda t, *shape: None if t is None else t.new_zeros(shape, device=device)  # noqa: E731
         whole = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         static = cls(Memory(**padded), zeros(state.hidden, layers, rows, hidden),
                      zeros(state.cell, layers, rows, hidden), zeros(state.feed, rows, hidden),
@@ -215,18 +216,21 @@ class SearchGraphs:
         # what capturing has cost so far (a new shape's warm-up run, then its capture and instantiation)
         self.captured, self.warmup_seconds, self.capture_seconds = 0, 0.0, 0.0
 
-    def _graph(self, key: tuple, build: Callable[[], _Static], chunk: Callable[[_Static], None]
+    def _graph(self, key: tuple, build: Callable[[torch.device | None], _Static], chunk: Callable[[_Static], None]
                ) -> tuple[Callable[[], None], _Static]:
-        """The replay function and static tensors of the chunk for `key`, captured on first use."""
+        """The replay function and static tensors of the chunk for `key`, captured on first use. `build(device)`
+        allocates the static tensors (on the model's device for None); sized first on "meta", so that the
+        shapes that make room go before the new one takes its memory."""
         key = (*key, active_autocast_dtype(self.model.device.type))
         if key in self.graphs:
             self.graphs.move_to_end(key)
             return self.graphs[key]
         while len(self.graphs) >= MAX_GRAPHS:
             self.graphs.popitem(last=False)
-        static = build()
-        while self.graphs and self.kept_bytes + static.nbytes() > self.max_bytes:
+        new_bytes = build(torch.device("meta")).nbytes()
+        while self.graphs and self.kept_bytes + new_bytes > self.max_bytes:
             self.graphs.popitem(last=False)
+        static = build(None)
         if not self.capture:
             self.graphs[key] = (lambda: chunk(static), static)
             return self.graphs[key]
@@ -284,7 +288,8 @@ class SearchGraphs:
             s.prev.copy_(prev)
 
         replay, s = self._graph(("greedy", rows, padded_len, min_len),
-                                lambda: _Static.allocate(memory, state, rows, padded_len), chunk)
+                                lambda device: _Static.allocate(memory, state, rows, padded_len, device=device),
+                                chunk)
         s.load(memory, state, limits)
         chunks, logps = [], []
         for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
@@ -372,7 +377,8 @@ class SearchGraphs:
             s.scores.copy_(alive)
 
         replay, s = self._graph(("beam", sentences, padded_len, k, alpha, min_len, n_best, early_stop),
-                                lambda: _Static.allocate(memory, state, sentences, padded_len, k, n_best), chunk)
+                                lambda device: _Static.allocate(memory, state, sentences, padded_len, k, n_best,
+                                                                device), chunk)
         s.load(memory, state, limits)
         alive = s.scores.view(sentences, k)
         alive[:, 1:] = NEG_INF                                               # one live beam per sentence
