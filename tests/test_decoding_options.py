@@ -47,6 +47,23 @@ def test_reported_log_prob_equals_teacher_forced_score(attention):
         assert torch.allclose(normalised, torch.tensor([h.score for h in hyps]), atol=1e-4)
 
 
+@pytest.mark.parametrize("ensembled", [False, True])
+def test_scores_do_not_depend_on_how_many_positions_are_normalised_at_once(ensembled, monkeypatch):
+    """Scoring makes its float32 log-probabilities a few output positions at a time (memory bounded by
+    FORCED_CHUNK_ELEMENTS, not by the batch): one position at a time gives the same scores."""
+    import nmt.model.inference as inference
+
+    model = Ensemble([random_model("bahdanau"), random_model("luong_dot", seed=3)]) if ensembled \
+        else random_model("bahdanau")
+    src, lengths = source_batch()
+    targets = as_targets(greedy_search(model, src, lengths, max_len_ratio=1.5))
+    at_once, _ = force_decode(model, src, lengths, targets)
+    monkeypatch.setattr(inference, "FORCED_CHUNK_ELEMENTS", 1)
+    one_by_one, out_lengths = force_decode(model, src, lengths, targets)
+    assert targets.size(1) > 1 and torch.equal(one_by_one, at_once)
+    assert out_lengths.tolist() == ((targets != PAD).sum(1) + 1).tolist()
+
+
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_dot"])
 def test_prefix_is_forced_and_the_rest_is_the_teacher_forced_argmax(attention):
     model = random_model(attention)
@@ -162,9 +179,10 @@ def test_ensemble_of_different_architectures_averages_log_probs():
     assert torch.allclose(scored, torch.tensor([h[0].log_prob for h in hyps]), atol=1e-4)
     # the ensemble's step distribution is the renormalised mean of the members' log-probabilities
     tgt_in = torch.cat([torch.full((5, 1), BOS), targets], 1)
+    tgt_out = torch.cat([targets, torch.full((5, 1), PAD)], 1)           # any next tokens: all are scored
     members = [m(src, lengths, tgt_in)[0].log_softmax(-1) for m in (first, second)]
-    expected = ((members[0] + members[1]) / 2).log_softmax(-1)
-    assert torch.allclose(ensemble.decoding().forced(src, lengths, tgt_in), expected, atol=1e-5)
+    expected = ((members[0] + members[1]) / 2).log_softmax(-1).gather(2, tgt_out.unsqueeze(2)).squeeze(2)
+    assert torch.allclose(ensemble.decoding().forced(src, lengths, tgt_in, tgt_out), expected, atol=1e-5)
     outputs = {tuple(tuple(h[0].tokens) for h in beam_search(m, src, lengths, beam_size=3, max_len_ratio=1.5))
                for m in (first, second, ensemble)}
     assert len(outputs) == 3                                             # differs from both members

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.inference import Decoding, Inference
+from nmt.model.inference import Decoding, Inference, picked_log_probs
 from nmt.model.seq2seq import Seq2Seq
 
 
@@ -67,10 +67,16 @@ class EnsembleDecoding:
     def vocab_ids(self, tokens: Tensor) -> Tensor:
         return self.members[0].vocab_ids(tokens)
 
-    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced: the renormalised mean of the members' log-probabilities (batch, tgt_len, vocab)."""
-        logp = torch.stack([member.forced(src, src_lengths, tgt_in) for member in self.members]).mean(0)
-        return logp.log_softmax(-1)
+    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
+        """Teacher-forced log p (batch, tgt_len) of each next token tgt_out under the renormalised mean of
+        the members' log-probabilities."""
+        logits = [member.forced_logits(src, src_lengths, tgt_in) for member in self.members]
+
+        def log_probs(positions: slice) -> Tensor:
+            return torch.stack([m[:, positions].log_softmax(-1, dtype=torch.float32) for m in logits]
+                               ).mean(0).log_softmax(-1)
+
+        return picked_log_probs(log_probs, tgt_out, logits[0].size(-1))
 
     def with_output_subset(self, keep: Tensor) -> EnsembleDecoding:
         """Every member scores only the target ids `keep` (see `Decoder.with_output_subset`)."""

@@ -64,8 +64,8 @@ class SearchModel(Protocol):
     def vocab_ids(self, tokens: Tensor) -> Tensor:
         """Tokens `step` chose (subset positions with a shortlist) -> vocabulary ids."""
 
-    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced log-probabilities (batch, tgt_len, vocab) of every next token."""
+    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
+        """Teacher-forced log p (batch, tgt_len) of each next token tgt_out, given the tokens tgt_in before it."""
 
 
 def search_model(model: SearchModel | nn.Module) -> SearchModel:
@@ -444,6 +444,5 @@ def force_decode(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tenso
     tgt_in = torch.cat([tgt.new_full((batch, 1), BOS), tgt], dim=1)      # (batch, tgt_len+1) BOS y
     tgt_out = torch.cat([tgt, tgt.new_full((batch, 1), PAD)], dim=1)     # (batch, tgt_len+1) y EOS
     tgt_out.scatter_(1, lengths.unsqueeze(1), EOS)
-    logp = search_model(model).forced(src, src_lengths, tgt_in)         # (batch, tgt_len+1, vocab)
-    logp = logp.gather(2, tgt_out.unsqueeze(2)).squeeze(2)
+    logp = search_model(model).forced(src, src_lengths, tgt_in, tgt_out)   # (batch, tgt_len+1)
     return logp.masked_fill(tgt_out == PAD, 0.0).sum(1), lengths + 1

@@ -93,6 +93,20 @@ class Inference:
         return tokens if self.subset is None else self.subset[0][tokens]
 
 
+FORCED_CHUNK_ELEMENTS = 2**24     # scoring: float32 log-probabilities made at once (64 MiB), whatever the batch
+
+
+def picked_log_probs(log_probs: Callable[[slice], Tensor], tokens: Tensor, vocab: int) -> Tensor:
+    """log p of `tokens` (batch, tgt_len), where `log_probs(positions)` gives the float32 log-probabilities
+    (batch, positions, vocab) of a slice of the output positions. Made a few positions at a time: scoring
+    never holds the whole (batch, tgt_len, vocab) in float32 beside the model's logits."""
+    batch, length = tokens.shape
+    span = max(1, FORCED_CHUNK_ELEMENTS // max(1, batch * vocab))
+    picked = [log_probs(slice(start, start + span)).gather(2, tokens[:, start : start + span, None]).squeeze(2)
+              for start in range(0, length, span)]
+    return torch.cat(picked, 1) if picked else tokens.new_zeros(batch, 0, dtype=torch.float32)
+
+
 def int8_product(name: str, ctx: Inference | None) -> nn.Module | None:
     """The int8 replacement of product `name` in a context that has one, else None. (Such modules define
     no __len__, so `or` works.)"""
@@ -129,10 +143,16 @@ class Decoding:
     def vocab_ids(self, tokens: Tensor) -> Tensor:
         return self.ctx.vocab_ids(tokens)
 
-    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced log-probabilities (batch, tgt_len, vocab)."""
+    def forced_logits(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (batch, tgt_len, vocab), in the compute dtype."""
         logits, _ = self.model(src, src_lengths, tgt_in, ctx=self.ctx)
-        return logits.log_softmax(-1, dtype=torch.float32)
+        return logits
+
+    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
+        """Teacher-forced log p (batch, tgt_len) of each next token tgt_out, normalised in float32 as a step's."""
+        logits = self.forced_logits(src, src_lengths, tgt_in)
+        return picked_log_probs(lambda positions: logits[:, positions].log_softmax(-1, dtype=torch.float32),
+                                tgt_out, logits.size(-1))
 
     def with_output_subset(self, keep: Tensor) -> Decoding:
         """This model scoring only the target ids `keep` (see `Decoder.with_output_subset`)."""
