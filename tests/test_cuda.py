@@ -19,7 +19,7 @@ from .test_trainer import deterministic_runs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 needs_bf16 = pytest.mark.skipif(not torch.cuda.is_available() or not torch.cuda.is_bf16_supported(),
-                                reason="this GPU has no bfloat16")
+                                reason="needs a CUDA device with bfloat16")
 
 SOURCES = ["Ein Hund läuft durch das Gras.", "Zwei Männer spielen Fußball.", "Eine Frau", "Kinder",
            "Ein kleines Mädchen in einem rosa Kleid klettert eine Treppe hinauf."]
