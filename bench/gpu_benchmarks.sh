@@ -14,10 +14,11 @@
 # bench/gpu_kit.sh brings what this needs beyond the checkout. ONMT=folder of an OpenNMT-py 3.5.1 install (its bin/onmt_* commands, as
 # ../shared/peers/opennmt-setup.sh makes) adds the side-by-side stage. STAGES picks the stages (default:
 # all, in this order); BUDGET_S skips what would start after that many seconds, so a time-limited machine
-# still returns the figures taken so far. CONFIG (default configs/multi30k_de_en_bahdanau.yaml) names the
-# data: its test set is decoded, its training source repeated to LINES (default 100000) lines, and the
-# profile trains it. DEVICE=cpu rehearses every stage on the CPU, where no CUDA graph applies (the suite
-# does, with a small model), so that a GPU's time is not spent on a broken stage.
+# still returns the figures taken so far. DATA_CONFIG (default configs/multi30k_de_en_bahdanau.yaml) names
+# the data: its test set is decoded, its training source repeated to SENTENCES (default 100000) lines, and
+# the profile trains it; RUNS (default 3): the runs behind each test_2016_flickr figure (their median). DEVICE=cpu
+# rehearses every stage on the CPU, where no CUDA graph applies (the suite does, with a small model), so
+# that a GPU's time is not spent on a broken stage.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../scripts/script_usage.sh"   # links followed
@@ -26,33 +27,39 @@ device="${DEVICE:-cuda}"
 [[ "$device" == cuda || "$device" == cpu ]] || usage_error "takes DEVICE=cuda or DEVICE=cpu, got DEVICE=$device"
 out="$(realpath -m "$1")"                              # OUT and MODEL as given from the caller's folder
 model="${2:+$(realpath -m "$2")}"
-config="$(realpath -m "${CONFIG:-$(dirname "$0")/../configs/multi30k_de_en_bahdanau.yaml}")"
+config="$(realpath -m "${DATA_CONFIG:-$(dirname "$0")/../configs/multi30k_de_en_bahdanau.yaml}")"
 onmt="${ONMT:+$(realpath -m "$ONMT")}"
 model_run="${MODEL_RUN:+$(realpath -m "$MODEL_RUN")}"
 cd "$(dirname "$0")/.."
 
-lines="${LINES:-100000}"
+sentences="${SENTENCES:-100000}"
+runs="${RUNS:-3}"
 stages="${STAGES:-facts tests train model decode whole profile recipe curve compare}"
 deadline=$((SECONDS + ${BUDGET_S:-1000000}))
 mkdir -p "$out"
 test_src="$(mktemp)" test_ref="$(mktemp)" big="$(mktemp)"
 trap 'rm -f "$test_src" "$test_ref" "$big"' EXIT
-# the test set's source and reference, and the training source repeated to $lines lines
-python - "$config" "$lines" "$test_src" "$test_ref" "$big" <<'PY'
+has_stage() { [[ " $stages " == *" $1 "* ]]; }
+# the test set's source and reference; for the 100,000-sentence stages, the training source repeated to
+# $sentences lines (read no further than that)
+big_count=0
+if has_stage decode || has_stage whole; then big_count="$sentences"; fi
+python - "$config" "$big_count" "$test_src" "$test_ref" "$big" <<'PY'
 import itertools, sys
 from nmt.config import load_config
-from nmt.data.corpus import read_lines, resolve_text_file
+from nmt.data.corpus import open_lines, read_lines, resolve_text_file
 config, count, test_src, test_ref, big = sys.argv[1:]
 data = load_config(config).data
 for path, lang in ((test_src, data.src_lang), (test_ref, data.tgt_lang)):
     lines = read_lines(resolve_text_file(data.test, lang, "data.test"))
     open(path, "w", encoding="utf-8").write("".join(line + "\n" for line in lines))
-train = read_lines(resolve_text_file(data.train, data.src_lang, "data.train"))
-with open(big, "w", encoding="utf-8") as out:
-    out.writelines(line + "\n" for line in itertools.islice(itertools.cycle(train), int(count)))
+if int(count):
+    with open_lines(resolve_text_file(data.train, data.src_lang, "data.train")) as train, \
+            open(big, "w", encoding="utf-8") as out:
+        out.writelines(line + "\n" for line in itertools.islice(itertools.cycle(train), int(count)))
 PY
 
-has() { [[ " $stages " == *" $1 "* ]] && (( SECONDS < deadline )); }
+has() { has_stage "$1" && (( SECONDS < deadline )); }
 
 if has facts; then
   if [[ "$device" == cuda ]]; then
@@ -85,7 +92,8 @@ if [[ -z "$model" ]] && has model; then
   model_run="${model_run:-$(mktemp -d)/run}"
   if [[ ! -f "$model_run/best.pt" ]]; then
     nmt train --config configs/multi30k_de_en_bahdanau_gpu.yaml --set training.max_minutes="${MODEL_MINUTES:-2.5}" \
-      --set training.run_dir="$model_run" --set training.device="$device" 2>&1 | tr '\r' '\n' | grep -v 'upd/s' > "$out/model.log" || true
+      --set training.run_dir="$model_run" --set training.device="$device" 2>&1 \
+      | tr '\r' '\n' | grep -v 'upd/s' > "$out/model.log" || true
   fi
   if [[ -f "$model_run/best.pt" ]]; then model="$model_run/best.pt"; else echo "no model: see $out/model.log"; fi
 fi
@@ -93,11 +101,11 @@ fi
 # Decoding test_2016_flickr and 100,000 sentences (the training source, repeated): decoding alone, graphs
 # on and off, fp32 and bf16, greedy and beam 5; start-up to the first translation.
 if has decode && [[ -n "$model" ]]; then
-  python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs 3 --device "$device" \
-    --precisions fp32 bf16 --first-line --json-out "$out/decode-test2016.json" || true
+  python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs "$runs" \
+    --device "$device" --precisions fp32 bf16 --first-line --json-out "$out/decode-test2016.json" || true
   # the same at the CPU's batch size, beside the GPU's default (docs/benchmarks.md, "Decoding batches on a GPU";
   # a MODEL saved before that default keeps its 8000: each entry records the batch_tokens it ran with)
-  has decode && python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs 3 \
+  has decode && python -m bench.gpu_decoding "$model" --source "$test_src" --reference "$test_ref" --runs "$runs" \
     --device "$device" --precisions bf16 --batch-tokens 8000 --json-out "$out/decode-test2016-8000.json" || true
   has decode && python -m bench.gpu_decoding "$model" --source "$big" --runs 1 --precisions fp32 bf16 \
     --device "$device" --batch-tokens 64000 --json-out "$out/decode-100k.json" || true
@@ -144,7 +152,9 @@ fi
 # Kernels per training update and per decoded batch, and how busy they keep the GPU; beside them the
 # operations per step the code dispatches (bench/step_kernels.py, counted on the CPU).
 if has profile; then
-  python -m bench.profile_gpu_step --config "$config" --device "$device" \
+  size=(--updates 20 --lines 200)
+  [[ "$device" == cpu ]] && size=(--updates 2 --lines 20)   # a rehearsal: the CPU's op events take long to parse
+  python -m bench.profile_gpu_step --config "$config" --device "$device" "${size[@]}" \
     ${model:+--model "$model" --source "$test_src"} --json-out "$out/profile.json" || true
   python -m bench.step_kernels --json-out "$out/step-kernels.json" || true
 fi

@@ -58,9 +58,8 @@ def decoding_rows(folder: Path, name: str, label: str | None = None) -> list[str
         return []
     found = {(r["precision"], r["beam"], r["graphs"]): r for r in report["decode"]}
     label = label or f"{report['decode'][0]['lines']:,} sentences"
-    batch_tokens = {r.get("batch_tokens") for r in report["decode"]}
-    if len(batch_tokens) == 1 and None not in batch_tokens:
-        label += f" in {batch_tokens.pop():,}-token batches"
+    if batch_tokens := _batch_tokens(report):
+        label += f" in {batch_tokens:,}-token batches"
     rows = []
     for beam, search in ((1, "greedy"), (5, "beam 5")):
         cells = []
@@ -71,6 +70,21 @@ def decoding_rows(folder: Path, name: str, label: str | None = None) -> list[str
                 cells.append(f"{r['sent_per_s']:,.0f}{bleu}" if r else "")
         with_bleu = " (BLEU)" if any(r.get("bleu") is not None for r in found.values()) else ""
         rows.append(f"| {label}, {search}, sent/s decoding alone{with_bleu} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _batch_tokens(report: dict | None) -> int | None:
+    """The batch size every decoding entry of a report ran with; None if they differ or do not say."""
+    sizes = {r.get("batch_tokens") for r in (report or {}).get("decode", [])}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+def test_set_rows(folder: Path) -> list[str]:
+    """test_2016_flickr at the model's batch size, and at the CPU's where that is another one."""
+    rows = decoding_rows(folder, "decode-test2016.json", "test_2016_flickr")
+    main, cpu_size = (_load(folder, f"decode-test2016{suffix}.json") for suffix in ("", "-8000"))
+    if cpu_size is not None and (main is None or _batch_tokens(main) != _batch_tokens(cpu_size)):
+        rows += decoding_rows(folder, "decode-test2016-8000.json", "test_2016_flickr")
     return rows
 
 
@@ -139,9 +153,7 @@ def recipe_rows(folder: Path) -> list[str]:
 
 def table(folder: Path) -> str:
     out = [f"Measured on: {_machine(folder)} (`{folder.as_posix()}`).", ""]
-    rows = training_rows(folder) + decoding_rows(folder, "decode-test2016.json", "test_2016_flickr") \
-        + decoding_rows(folder, "decode-test2016-8000.json", "test_2016_flickr") \
-        + decoding_rows(folder, "decode-100k.json")
+    rows = training_rows(folder) + test_set_rows(folder) + decoding_rows(folder, "decode-100k.json")
     if rows:
         out += ["| | fp32 eager | fp32 graphs | bf16 eager | bf16 graphs |", "|---|---|---|---|---|", *rows, ""]
     out += first_line_rows(folder) + whole_process_rows(folder)

@@ -5,7 +5,7 @@
 
 Training: the reference model's updates (after warm-up) under torch.profiler: GPU kernels per update, the
 kernels' summed time against the update's wall time (how much of it the GPU computes rather than waits),
-and the launch calls the host made. Decoding (with --model): the same for translating 200 test lines with
+and the launch calls the host made. Decoding (with --model): the same for translating --lines test lines with
 the CUDA graphs on and off, greedy and beam 5. `--device cpu` rehearses it on the CPU, where no kernel is counted.
 """
 
@@ -90,7 +90,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
     parser.add_argument("--model", type=Path, help="a trained model, for the decoding profile")
-    parser.add_argument("--source", type=Path, help="lines to decode (the first 200 are used)")
+    parser.add_argument("--source", type=Path, help="lines to decode (the first --lines are used)")
+    parser.add_argument("--lines", type=int, default=200)
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--updates", type=int, default=20)
     parser.add_argument("--set", action="append", default=[], help="config override for training")
@@ -102,7 +103,7 @@ def main() -> None:
     report = {"machine": machine_facts(precision=args.precision), "train": profile_training(args)}
     print(json.dumps(report["train"]), flush=True)
     if args.model and args.source:
-        lines = args.source.read_text(encoding="utf-8").splitlines()[:200]
+        lines = args.source.read_text(encoding="utf-8").splitlines()[: args.lines]
         report["decode"] = []
         for beam in (1, 5):
             for graphs in (True, False):

@@ -93,20 +93,6 @@ class Inference:
         return tokens if self.subset is None else self.subset[0][tokens]
 
 
-FORCED_CHUNK_ELEMENTS = 2**24     # scoring: float32 log-probabilities made at once (64 MiB), whatever the batch
-
-
-def picked_log_probs(log_probs: Callable[[slice], Tensor], tokens: Tensor, vocab: int) -> Tensor:
-    """log p of `tokens` (batch, tgt_len), where `log_probs(positions)` gives the float32 log-probabilities
-    (batch, positions, vocab) of a slice of the output positions. Made a few positions at a time: scoring
-    never holds the whole (batch, tgt_len, vocab) in float32 beside the model's logits."""
-    batch, length = tokens.shape
-    span = max(1, FORCED_CHUNK_ELEMENTS // max(1, batch * vocab))
-    picked = [log_probs(slice(start, start + span)).gather(2, tokens[:, start : start + span, None]).squeeze(2)
-              for start in range(0, length, span)]
-    return torch.cat(picked, 1) if picked else tokens.new_zeros(batch, 0, dtype=torch.float32)
-
-
 def int8_product(name: str, ctx: Inference | None) -> nn.Module | None:
     """The int8 replacement of product `name` in a context that has one, else None. (Such modules define
     no __len__, so `or` works.)"""
@@ -162,3 +148,17 @@ class Decoding:
     def plain(self) -> bool:
         """One model on its full vocabulary (what nmt.decode.graphed can capture)."""
         return self.ctx.subset is None
+
+
+FORCED_CHUNK_ELEMENTS = 2**24     # scoring: float32 log-probabilities made at once (64 MiB), whatever the batch
+
+
+def picked_log_probs(log_probs: Callable[[slice], Tensor], tokens: Tensor, vocab: int) -> Tensor:
+    """log p of `tokens` (batch, tgt_len), where `log_probs(positions)` gives the float32 log-probabilities
+    (batch, positions, vocab) of a slice of the output positions. Made a few positions at a time: scoring
+    never holds the whole (batch, tgt_len, vocab) in float32 beside the model's logits."""
+    batch, length = tokens.shape
+    span = max(1, FORCED_CHUNK_ELEMENTS // max(1, batch * vocab))
+    picked = [log_probs(slice(start, start + span)).gather(2, tokens[:, start : start + span, None]).squeeze(2)
+              for start in range(0, length, span)]
+    return torch.cat(picked, 1) if picked else tokens.new_zeros(batch, 0, dtype=torch.float32)
