@@ -48,9 +48,9 @@ def test_reported_log_prob_equals_teacher_forced_score(attention):
 
 
 @pytest.mark.parametrize("ensembled", [False, True])
-def test_scores_do_not_depend_on_how_many_positions_are_normalised_at_once(ensembled, monkeypatch):
-    """Scoring makes its float32 log-probabilities a few output positions at a time (memory bounded by
-    FORCED_CHUNK_ELEMENTS, not by the batch): one position at a time gives the same scores."""
+def test_scores_do_not_depend_on_how_many_rows_are_normalised_at_once(ensembled, monkeypatch):
+    """Scoring makes its float32 log-probabilities a few rows at a time (memory bounded by
+    FORCED_CHUNK_ELEMENTS, not by the batch): one row at a time gives the same scores."""
     import nmt.model.inference as inference
 
     model = Ensemble([random_model("bahdanau"), random_model("luong_dot", seed=3)]) if ensembled \
@@ -60,7 +60,7 @@ def test_scores_do_not_depend_on_how_many_positions_are_normalised_at_once(ensem
     at_once, _ = force_decode(model, src, lengths, targets)
     monkeypatch.setattr(inference, "FORCED_CHUNK_ELEMENTS", 1)
     one_by_one, out_lengths = force_decode(model, src, lengths, targets)
-    assert targets.size(1) > 1 and torch.equal(one_by_one, at_once)
+    assert targets.size(0) > 1 and torch.equal(one_by_one, at_once)
     assert out_lengths.tolist() == ((targets != PAD).sum(1) + 1).tolist()
 
 

@@ -72,9 +72,8 @@ class EnsembleDecoding:
         the members' log-probabilities."""
         logits = [member.forced_logits(src, src_lengths, tgt_in) for member in self.members]
 
-        def log_probs(positions: slice) -> Tensor:
-            return torch.stack([m[:, positions].log_softmax(-1, dtype=torch.float32) for m in logits]
-                               ).mean(0).log_softmax(-1)
+        def log_probs(rows: slice) -> Tensor:
+            return torch.stack([m[rows].log_softmax(-1, dtype=torch.float32) for m in logits]).mean(0).log_softmax(-1)
 
         return picked_log_probs(log_probs, tgt_out, logits[0].size(-1))
 

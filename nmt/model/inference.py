@@ -137,8 +137,8 @@ class Decoding:
     def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
         """Teacher-forced log p (batch, tgt_len) of each next token tgt_out, normalised in float32 as a step's."""
         logits = self.forced_logits(src, src_lengths, tgt_in)
-        return picked_log_probs(lambda positions: logits[:, positions].log_softmax(-1, dtype=torch.float32),
-                                tgt_out, logits.size(-1))
+        return picked_log_probs(lambda rows: logits[rows].log_softmax(-1, dtype=torch.float32), tgt_out,
+                                logits.size(-1))
 
     def with_output_subset(self, keep: Tensor) -> Decoding:
         """This model scoring only the target ids `keep` (see `Decoder.with_output_subset`)."""
@@ -154,11 +154,11 @@ FORCED_CHUNK_ELEMENTS = 2**24     # scoring: float32 log-probabilities made at o
 
 
 def picked_log_probs(log_probs: Callable[[slice], Tensor], tokens: Tensor, vocab: int) -> Tensor:
-    """log p of `tokens` (batch, tgt_len), where `log_probs(positions)` gives the float32 log-probabilities
-    (batch, positions, vocab) of a slice of the output positions. Made a few positions at a time: scoring
-    never holds the whole (batch, tgt_len, vocab) in float32 beside the model's logits."""
+    """log p of `tokens` (batch, tgt_len), where `log_probs(rows)` gives the float32 log-probabilities
+    (rows, tgt_len, vocab) of a slice of the batch's rows. Made a few rows at a time (a slice of rows of
+    the logits is contiguous: no copy), so scoring never holds the whole batch's in float32 beside them."""
     batch, length = tokens.shape
-    span = max(1, FORCED_CHUNK_ELEMENTS // max(1, batch * vocab))
-    picked = [log_probs(slice(start, start + span)).gather(2, tokens[:, start : start + span, None]).squeeze(2)
-              for start in range(0, length, span)]
-    return torch.cat(picked, 1) if picked else tokens.new_zeros(batch, 0, dtype=torch.float32)
+    span = max(1, FORCED_CHUNK_ELEMENTS // max(1, length * vocab))
+    picked = [log_probs(slice(start, start + span)).gather(2, tokens[start : start + span, :, None]).squeeze(2)
+              for start in range(0, batch, span)]
+    return torch.cat(picked) if picked else tokens.new_zeros(0, length, dtype=torch.float32)
