@@ -113,7 +113,9 @@ def test_graphed_search_equals_the_eager_search(trained_run, corpus_dir, precisi
     found, expected = graphed.translate(lines), eager.translate(lines)
     assert graphed._graphs is not None and len(graphed._graphs.graphs) >= 2
     assert eager._graphs is None
-    assert len(found) == len(lines) and found[60].text == "" and found[-1].text == found[0].text
+    assert len(found) == len(lines) and found[60].text == ""
+    if precision == "fp32":           # in bf16/fp16 another batch shape may flip a near-tie of the repeated line
+        assert found[-1].text == found[0].text
     same = [(f, e) for f, e in zip(found, expected, strict=True) if f.text == e.text and f.score is not None]
     assert len(same) >= AGREE[precision] * (len(lines) - 1)
     assert max(abs(f.score - e.score) for f, e in same) <= TOLERANCE[precision]
@@ -140,7 +142,7 @@ def test_captured_steps_equal_eager_steps_on_random_models(attention, rnn):
     model = random_model(attention, rnn).cuda()
     src, lengths = source_batch()
     src = src.cuda()
-    graphs = SearchGraphs(model)
+    graphs = SearchGraphs(model.decoding())
     for _ in range(2):                                                    # the capture, then a replay
         greedy = graphs.greedy(src, lengths, max_len_ratio=2.0)
         assert [h.tokens for h in greedy] == [h.tokens for h in greedy_search(model, src, lengths, 2.0)]
