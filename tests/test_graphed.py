@@ -252,3 +252,28 @@ def test_static_searches_equal_eager_ones_under_bf16_autocast(attention):
             for e, f in zip(beam_search(model, src, lengths, beam_size=4, alpha=1.0, n_best=2),
                             graphs.beam(src, lengths, 4, 1.0, 2.0, n_best=2), strict=True):
                 assert_same(e, f)
+
+
+def test_a_state_saved_without_graphs_keeps_a_graphed_optimiser_capturable():
+    """Resuming (or --init-optimizer) from an eager run's state on a graphed run: the loaded groups would make
+    the optimiser non-capturable, and the first captured update fail. Its own kind and lr tensor stay."""
+    from nmt.config import Config
+    from nmt.train.checkpoint import _portable, load_optimizer_state
+    from nmt.train.graphed import capturable_optimizer
+
+    eager_parameter, parameter = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    eager = torch.optim.Adam([eager_parameter], lr=1e-3)
+    eager_parameter.grad = torch.ones(3)
+    eager.step()
+    saved = _portable(eager.state_dict())
+    assert saved["param_groups"][0]["capturable"] is False
+    graphed = capturable_optimizer(torch.optim.Adam, [parameter], 5e-4, torch.device("cpu"))
+    lr = graphed.param_groups[0]["lr"]
+    load_optimizer_state(graphed, saved, Config())
+    group = graphed.param_groups[0]
+    assert group["capturable"] is True and group["fused"] is True
+    assert group["lr"] is lr and float(lr) == pytest.approx(1e-3)             # the saved rate, in its tensor
+    step = graphed.state[parameter]["step"]
+    assert step.dtype == torch.float32 and step.device == parameter.device and float(step) == 1
+    assert torch.equal(graphed.state[parameter]["exp_avg"], eager.state[eager_parameter]["exp_avg"])
+    assert saved["param_groups"][0]["capturable"] is False                    # the saved state untouched

@@ -141,11 +141,20 @@ def _restore(path: Path, state: dict[str, Any], config: Config, optimizer: torch
                     window_tokens=int(prog.get("window_tokens", 0)))
 
 
+OPTIMIZER_KIND = ("capturable", "fused", "foreach", "differentiable")   # how this run's optimiser steps
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], config: Config) -> None:
     """Adam's moments and step counts from `saved`; betas and weight decay stay the config's, and a
-    capturable optimiser keeps its lr tensor (a captured update reads it there)."""
+    capturable optimiser keeps its lr tensor (a captured update reads it there).
+
+    The saved groups' OPTIMIZER_KIND flags give way to this optimiser's before the load, which places the
+    step counts by them: a state saved without CUDA graphs (on the CPU, with cuda_graphs off, another
+    precision) would otherwise make a graphed run's optimiser non-capturable, and its first capture fail."""
     lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
-    optimizer.load_state_dict(saved)
+    groups = [{**group, **{key: mine[key] for key in OPTIMIZER_KIND if key in mine}}
+              for group, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False)]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
     t = config.training
     for group in optimizer.param_groups:           # the state brings back the saved ones; the config wins
         group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
