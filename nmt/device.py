@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import AbstractContextManager, nullcontext
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
 from nmt.config import ConfigError
+
+_CAPTURE_LOCK = threading.Lock()          # one CUDA graph capture at a time in a process
+
+
+@contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool: tuple | None, stream: torch.cuda.Stream) -> Iterator[None]:
+    """Record the block's GPU work into `graph` instead of running it, on `stream`, a side stream of the
+    device the work runs on: torch's shared default capture stream belongs to whichever device made it
+    first, and a capture there would record nothing of cuda:N's work. One capture at a time (torch allows
+    no two at once); other threads' CUDA calls meanwhile, an eager search or scoring, stay allowed
+    (thread_local: only this thread's calls that would break a capture raise)."""
+    with (_CAPTURE_LOCK, torch.cuda.device(stream.device),
+          torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local")):
+        yield
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,6 +1,9 @@
 """The static-shape searches of nmt.decode.graphed, run eagerly on the CPU (capture=False): the same
 hypotheses and scores as the eager searches of nmt.decode.search. tests/test_cuda.py runs them captured."""
 
+import contextlib
+import types
+
 import pytest
 import torch
 
@@ -197,8 +200,10 @@ def test_a_shape_whose_capture_fails_is_neither_kept_nor_counted(monkeypatch):
     model = random_model("bahdanau")
     src, lengths = source_batch()
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
 
-    def out_of_memory() -> None:
+    def out_of_memory(device=None) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(torch.cuda, "synchronize", out_of_memory)        # right after the warm-up
@@ -277,3 +282,33 @@ def test_a_state_saved_without_graphs_keeps_a_graphed_optimiser_capturable():
     assert step.dtype == torch.float32 and step.device == parameter.device and float(step) == 1
     assert torch.equal(graphed.state[parameter]["exp_avg"], eager.state[eager_parameter]["exp_avg"])
     assert saved["param_groups"][0]["capturable"] is False                    # the saved state untouched
+
+
+def test_captures_use_the_models_stream_one_at_a_time_and_a_new_pool_once_no_graph_is_kept(monkeypatch):
+    """CUDA stubbed: a capture records on the SearchGraphs' own stream (of the model's device, not torch's
+    shared default stream), under the process's capture lock, in thread_local mode; once every kept shape
+    is dropped, the next capture gets a new memory pool."""
+    import nmt.device
+
+    pools, captures = iter(range(100)), []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: types.SimpleNamespace(device=device))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", type("Graph", (), {"replay": lambda self: None}))
+
+    @contextlib.contextmanager
+    def graph(graph, pool, stream, capture_error_mode):
+        captures.append((pool, stream is graphs.stream, capture_error_mode, nmt.device._CAPTURE_LOCK.locked()))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    model = random_model("bahdanau")
+    src, lengths = source_batch()
+    graphs = SearchGraphs(model.decoding(), capture=True, max_bytes=1)      # room for one shape at a time
+    graphs.greedy(src, lengths)
+    graphs.greedy(src, lengths)                                             # replayed: no capture
+    graphs.greedy(src[:, :7][2:], lengths[2:])                              # another shape, alone
+    assert graphs.stream.device == model.decoding().device
+    assert captures == [(0, True, "thread_local", True), (1, True, "thread_local", True)]
+    assert graphs.captured == 2 and len(graphs.graphs) == 1

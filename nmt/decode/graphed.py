@@ -27,10 +27,12 @@ output, shortlists and ensembles take the eager path (`graphable`).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -40,7 +42,7 @@ from torch import Tensor
 from nmt.data.batching import bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.decode.search import NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
-from nmt.device import active_autocast_dtype
+from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
 from nmt.model.inference import Decoding
@@ -192,6 +194,15 @@ def _constrain_static(logp: Tensor, j: int, min_len: int, c: _ChunkConstants) ->
     logp.masked_fill_(at_limit.unsqueeze(1) & c.not_eos, NEG_INF)
 
 
+def _on_model_device(search: Callable) -> Callable:
+    """A search with the model's GPU current: cuda:N's warm-ups, captures and replays happen on N."""
+    @functools.wraps(search)
+    def run(self: SearchGraphs, *args, **kwargs):
+        with torch.cuda.device(self.model.device) if self.capture else nullcontext():
+            return search(self, *args, **kwargs)
+    return run
+
+
 class SearchGraphs:
     """Captured greedy and beam search chunks for one model, by shape and options.
 
@@ -207,7 +218,8 @@ class SearchGraphs:
         what the kept shapes' static tensors may hold (default: GRAPH_MEMORY_SHARE of the GPU's memory; none
         without capture); a new shape drops the least recently used ones until it fits, or is the only one."""
         self.model, self.capture = model, capture
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = None                    # the graphs' memory pool, made for the first shape kept
+        self.stream = torch.cuda.Stream(device=model.device) if capture else None     # captures go here
         if max_bytes is None:
             max_bytes = (GRAPH_MEMORY_SHARE * torch.cuda.get_device_properties(model.device).total_memory
                          if capture else math.inf)
@@ -230,19 +242,21 @@ class SearchGraphs:
         new_bytes = build(torch.device("meta")).nbytes()
         while self.graphs and self.kept_bytes + new_bytes > self.max_bytes:
             self.graphs.popitem(last=False)
+        if not self.graphs:     # a pool that no graph holds any more is not captured into again (torch asserts)
+            self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         static = build(None)
         if not self.capture:
             self.graphs[key] = (lambda: chunk(static), static)
             return self.graphs[key]
         start = time.perf_counter()
         chunk(static)                                # warm-up: builds derived weights, cuBLAS workspaces
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.model.device)
         warmed = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         dtype = active_autocast_dtype("cuda")
         # autocast's cast cache does not survive a capture: off inside it
         with (torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None, cache_enabled=False),
-              torch.cuda.graph(graph, pool=self.pool)):
+              capturing(graph, self.pool, self.stream)):
             chunk(static)
         self.graphs[key] = (graph.replay, static)             # kept once captured: a failed capture is not
         self.captured += 1
@@ -261,6 +275,7 @@ class SearchGraphs:
 
     # ------------------------------------------------------------------ greedy
 
+    @_on_model_device
     @torch.no_grad()
     def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = 0,
                max_len: int | None = None) -> list[Hypothesis]:
@@ -310,6 +325,7 @@ class SearchGraphs:
 
     # ------------------------------------------------------------------ beam
 
+    @_on_model_device
     @torch.no_grad()
     def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
              max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, max_len: int | None = None,

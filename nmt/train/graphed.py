@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from nmt.data.batching import Batch, bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.device import capturing
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.loss import output_cross_entropy
 
@@ -92,6 +93,7 @@ class GraphedUpdates:
         self.clip_grad_norm, self.label_smoothing = clip_grad_norm, label_smoothing
         self.device = next(model.parameters()).device
         self.pool = torch.cuda.graph_pool_handle()
+        self.capture_stream = torch.cuda.Stream(device=self.device)
         self.graphs: OrderedDict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, _Static]] = OrderedDict()
 
     @staticmethod
@@ -102,6 +104,10 @@ class GraphedUpdates:
 
     def update(self, batch: Batch) -> Tensor:
         """One optimiser update on `batch`; returns its summed loss, on the GPU."""
+        with torch.cuda.device(self.device):                 # cuda:N's streams, whatever device is current
+            return self._update(batch)
+
+    def _update(self, batch: Batch) -> Tensor:
         key = self.shape(batch)
         if key in self.graphs:
             self.graphs.move_to_end(key)
@@ -120,7 +126,7 @@ class GraphedUpdates:
         torch.cuda.current_stream().wait_stream(side)
         loss = static.loss.clone()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with capturing(graph, self.pool, self.capture_stream):
             self._run(static)                          # recorded, not run
         self.optimizer.zero_grad(set_to_none=True)     # the gradients live in the graph's pool
         self.graphs[key] = (graph, static)
