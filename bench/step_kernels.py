@@ -14,7 +14,7 @@ the GPU's launches to within those, for the searches' steps exactly as `nmt.deco
 them.
 
 Counted per step, in float32 and under bf16 autocast, with the model's random initial weights (the
-counts do not depend on them):
+counts do not depend on them); what CUDA graphs capture runs without autocast's cast cache, as there:
   * greedy and beam 5 as captured (`SearchGraphs` run eagerly: the same operations);
   * one training step of the decoder, forward and backward (the difference between two target
     lengths, so the encoder and the loss drop out), on the CPU's path and on CUDA's: the CPU takes some
@@ -127,10 +127,14 @@ def count(config_path: str, precision: str) -> dict:
     result = {"config": config_path, "precision": precision,
               "model": {k: getattr(config.model, k) for k in ("rnn_type", "attention", "decoder_layers",
                                                               "input_feeding")}}
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+    bf16 = precision == "bf16"
+    captured = {"device_type": "cpu", "dtype": torch.bfloat16, "enabled": bf16, "cache_enabled": False}
+    with torch.autocast(**captured):         # as a CUDA graph captures them: no cast cache, a cast every step
         result |= {"greedy": search_step(model, 1), "beam": search_step(model, 5)}
-        model.train()
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         result["training"] = training_step(model)
+    with torch.autocast(**captured):
         result["training_cuda_path"] = training_step(model, cuda_path=True)
     return result
 

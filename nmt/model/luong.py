@@ -62,8 +62,11 @@ class LuongDecoder(Decoder):
 
     def _attentional(self, s: Tensor, memory: Memory, ctx: Inference | None) -> tuple[Tensor, Tensor]:
         context, weights = self.attention(s, memory)                    # (batch, [tgt_len,] enc_out)
-        combine = int8_product("combine", ctx) or self.combine
-        return torch.tanh(combine(torch.cat([context, s], dim=-1))), weights   # h̃ (batch, [tgt_len,] hidden)
+        both = torch.cat([context, s], dim=-1)
+        int8 = int8_product("combine", ctx)
+        combined = (int8(both) if int8 else self.combine(both) if ctx is None
+                    else F.linear(both, self.derived_weight("combine", lambda: self.combine.weight, ctx)))
+        return torch.tanh(combined), weights                            # h̃ (batch, [tgt_len,] hidden)
 
     def _step_weights(self, ctx: Inference | None) -> Tensor | None:
         """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
@@ -78,7 +81,11 @@ class LuongDecoder(Decoder):
         if feed_weight is not None:                                     # + W_f h̃_{i-1}
             int8 = int8_product("feed_input", ctx)
             gi0 = gi0 + (int8(state.feed) if int8 else F.linear(state.feed, feed_weight))
-        s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell)
+        gh0 = None
+        if ctx is not None:        # inference: W_h, b_h cast for autocast once, not at every (captured) step
+            gh0 = F.linear(state.hidden[0], self.derived_weight("hidden_step", lambda: self.rnn.hidden_weight(0), ctx),
+                           self.derived_weight("hidden_step_bias", self.rnn.hidden_bias, ctx))
+        s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
         attn_hidden, weights = self._attentional(s, memory, ctx)
         return DecoderState(hidden, cell, attn_hidden), weights
 
