@@ -62,11 +62,23 @@ class LuongDecoder(Decoder):
 
     def _attentional(self, s: Tensor, memory: Memory, ctx: Inference | None) -> tuple[Tensor, Tensor]:
         context, weights = self.attention(s, memory)                    # (batch, [tgt_len,] enc_out)
-        both = torch.cat([context, s], dim=-1)
+        return torch.tanh(self._combine(torch.cat([context, s], dim=-1), ctx)), weights   # h̃ (batch, [tgt_len,] dec)
+
+    def _combine(self, both: Tensor, ctx: Inference | None) -> Tensor:
+        """W_c [c_i; s_i]: the context's int8 product, or W_c cast for autocast once per context (a CUDA
+        graph's capture would cast a parameter at every step), or, in training, the layer."""
         int8 = int8_product("combine", ctx)
-        combined = (int8(both) if int8 else self.combine(both) if ctx is None
-                    else F.linear(both, self.derived_weight("combine", lambda: self.combine.weight, ctx)))
-        return torch.tanh(combined), weights                            # h̃ (batch, [tgt_len,] hidden)
+        if int8 or ctx is None:
+            return (int8 or self.combine)(both)
+        return F.linear(both, self.derived_weight("combine", lambda: self.combine.weight, ctx))
+
+    def _hidden_terms(self, hidden: Tensor, ctx: Inference | None) -> Tensor | None:
+        """Layer 0's W_h s_{i-1} + b_h with W_h, b_h cast once per context, as W_c; None in training, where
+        the RNN step makes it. hidden: (layers, batch, dec_hidden) -> (batch, gates*dec_hidden)."""
+        if ctx is None:
+            return None
+        weight = self.derived_weight("hidden_step", lambda: self.rnn.hidden_weight(0), ctx)
+        return F.linear(hidden[0], weight, self.derived_weight("hidden_step_bias", self.rnn.hidden_bias, ctx))
 
     def _step_weights(self, ctx: Inference | None) -> Tensor | None:
         """W_f, the RNN input weights that multiply h̃_{i-1} (input feeding)."""
@@ -81,11 +93,7 @@ class LuongDecoder(Decoder):
         if feed_weight is not None:                                     # + W_f h̃_{i-1}
             int8 = int8_product("feed_input", ctx)
             gi0 = gi0 + (int8(state.feed) if int8 else F.linear(state.feed, feed_weight))
-        gh0 = None
-        if ctx is not None:        # inference: W_h, b_h cast for autocast once, not at every (captured) step
-            gh0 = F.linear(state.hidden[0], self.derived_weight("hidden_step", lambda: self.rnn.hidden_weight(0), ctx),
-                           self.derived_weight("hidden_step_bias", self.rnn.hidden_bias, ctx))
-        s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, gh0)
+        s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell, self._hidden_terms(state.hidden, ctx))
         attn_hidden, weights = self._attentional(s, memory, ctx)
         return DecoderState(hidden, cell, attn_hidden), weights
 
