@@ -88,13 +88,14 @@ def test_decoding_on_cuda_agrees_with_the_cpu(trained_run):
 @pytest.mark.parametrize("precision", [pytest.param("bf16", marks=needs_bf16), "fp16"])
 def test_mixed_precision_beam_search_keeps_one_line_per_input_in_order(trained_run, precision):
     translator = Translator.load(trained_run / "best.pt", device="cuda", precision=precision, beam_size=4)
-    lines = SOURCES * 7                                                         # several batches, mixed lengths
+    lines = SOURCES * 7                                                         # mixed lengths, sorted and put back
     out = translator.translate(lines, n_best=2)
     assert len(out) == len(lines) and all(len(t.nbest_texts) == 2 for t in out)
-    fp32 = Translator.load(trained_run / "best.pt", device="cuda", precision="fp32", beam_size=4)
-    reference = [t.text for t in fp32.translate(SOURCES)]
-    agree = sum(t.text == reference[i % len(SOURCES)] for i, t in enumerate(out))
-    assert agree >= 0.8 * len(lines), [t.text for t in out]                    # in input order, near fp32's
+    # in input order: the 7 copies of each source translate alike, and the sources apart. (Against fp32's
+    # output the smoke model's near-ties flip in bf16: on the CPU, bf16 gave "A A a a a a." for fp32's
+    # "A A a a a.")
+    texts = [{out[i + len(SOURCES) * k].text for k in range(7)} for i in range(len(SOURCES))]
+    assert all(len(copies) == 1 for copies in texts) and len(set.union(*texts)) >= len(SOURCES) - 1, texts
 
 
 TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 2e-2}      # score difference where the texts agree
