@@ -177,7 +177,7 @@ class _ChunkConstants:
     def make(cls, s: _Static, row_limits: Tensor, vocab: int) -> _ChunkConstants:
         device = row_limits.device
         banned = torch.full((2,), PAD, device=device)
-        banned[1] = BOS
+        banned[1:].fill_(BOS)           # a kernel: `banned[1] = BOS` copies a host scalar, which a capture refuses
         positions = s.step + torch.arange(STEPS_PER_GRAPH, device=device)
         return cls(positions=positions, at_limit=(row_limits - 1).unsqueeze(1) <= positions, banned=banned,
                    not_eos=torch.arange(vocab, device=device) != EOS,
