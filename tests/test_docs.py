@@ -124,3 +124,10 @@ def test_links_into_the_benchmarks_page_find_their_section():
             links += [(doc.name, a) for a in re.findall(r"\]\(#([\w-]+)\)", text)]
     assert links, "no links into docs/benchmarks.md found"
     assert [(name, a) for name, a in links if a not in anchors] == []
+
+
+def test_the_results_page_holds_current_figures_on_at_most_400_lines():
+    """docs/benchmarks.md is the current figures per hardware kind; how each came about stays in git and in
+    docs/results/*.json. A page that grows past 400 lines is growing a history again."""
+    lines = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").count("\n") + 1
+    assert lines <= 400, f"docs/benchmarks.md has {lines} lines"
