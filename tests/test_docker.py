@@ -1,6 +1,6 @@
 """CI has no Docker engine, so the Dockerfile is checked by reading it (pyproject.toml read as TOML), and
 scripts/docker_check.sh by what it does before it builds, with a fake `docker` on PATH; the script builds and
-runs the image where an engine is (docs/benchmarks.md, "Docker")."""
+runs the image where an engine is (README.md, "Docker")."""
 
 import json
 import os
