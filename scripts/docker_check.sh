@@ -18,7 +18,8 @@ set -euo pipefail
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
 [[ $# -eq 1 && "$1" != -* ]] || usage_error "takes BASE, got '$*'"
 command -v docker > /dev/null || usage_error "needs docker (the Docker CLI), which is not on PATH"
-engine="$(timeout 60 docker info --format '{{.ServerVersion}}' 2>&1)" || usage_error "needs a running Docker engine (docker info: ${engine##*$'\n'})"
+engine="$(timeout 60 docker info --format '{{.ServerVersion}}' 2>&1)" \
+  || usage_error "needs a running Docker engine (docker info: ${engine##*$'\n'})"      # its last line
 cd "$(dirname "$0")/.."
 base="$1"
 corpus=""
