@@ -1,5 +1,6 @@
-# nmt on a GPU box. BASE brings Python, CUDA, cuDNN and PyTorch (a torch version the test suite has run
-# on); nmt and its other dependencies go in at the versions of constraints.txt, leaving torch alone.
+# nmt on CPUs, or on GPUs with `docker run --gpus all`. BASE brings Python, CUDA, cuDNN and PyTorch (a torch
+# version the test suite has run on); nmt and its other dependencies go in at the versions of
+# constraints.txt, leaving torch alone.
 #
 #   docker build -t nmt .
 #   docker build --network host --build-arg BASE=nmt-base:local -t nmt .   # a local base: scripts/docker_base.sh
@@ -23,11 +24,13 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY nmt ./nmt
 COPY configs ./configs
 COPY scripts ./scripts
-# Dependencies other than torch (the base's), with the serve and plot extras, then nmt with --no-deps.
-RUN python -c "import torch" \
-    && pip install -c constraints.txt sentencepiece sacrebleu typer pyyaml tqdm numpy fastapi uvicorn matplotlib \
-    && pip install --no-deps . \
-    && python -c "import torch, nmt, fastapi, matplotlib; print('nmt', nmt.__version__, 'torch', torch.__version__)"
+# nmt from its own metadata: pyproject.toml's dependencies and the serve and plot extras, at the versions
+# of constraints.txt. Torch is constrained to the base's own version, so pip keeps it (or stops with a
+# conflict when the base's torch is older than nmt needs) and never fetches a second one.
+RUN python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > /tmp/torch.txt \
+    && pip install -c constraints.txt -c /tmp/torch.txt ".[serve,plot]" \
+    && rm -rf /tmp/torch.txt build nmt.egg-info \
+    && python -c "import torch, nmt, safetensors, fastapi, matplotlib; print('nmt', nmt.__version__, 'torch', torch.__version__)"
 
 RUN mkdir -p /data /runs && chmod 1777 /data /runs
 USER 1000:1000

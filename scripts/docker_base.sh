@@ -22,13 +22,16 @@ trap 'umount "$root/proc" 2>/dev/null || true; rm -rf "$root" "$wheels"' EXIT
 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates "${SUITE:-bookworm}" "$root" \
   "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" > /dev/null
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-cert="$(pip config get global.cert 2>/dev/null || echo /etc/ssl/certs/ca-certificates.crt)"
+cert="${PIP_CERT:-$(pip config list 2>/dev/null | sed -n "s/^[a-z]*\.cert='\(.*\)'$/\1/p" | tail -1)}"   # pip's own
+cert="${cert:-/etc/ssl/certs/ca-certificates.crt}"                          # (`pip config get` misses files)
 cp "$cert" "$root/etc/ssl/certs/ca-certificates.crt"
 pip download -q --no-deps -d "$wheels" "torch==${TORCH:-2.13.0}"
 cp "$wheels"/torch-*.whl "$root/tmp/"
 mount -t proc proc "$root/proc"
-chroot "$root" python3 -m venv /opt/venv
-chroot "$root" sh -c 'PIP_CERT=/etc/ssl/certs/ca-certificates.crt /opt/venv/bin/pip install -q /tmp/torch-*.whl \
+inside=(env)                                # without this machine's PIP_* settings: their paths are not there
+for name in $(compgen -e); do [[ "$name" == PIP_* ]] && inside+=(-u "$name"); done
+chroot "$root" "${inside[@]}" python3 -m venv /opt/venv
+chroot "$root" "${inside[@]}" sh -c 'PIP_CERT=/etc/ssl/certs/ca-certificates.crt /opt/venv/bin/pip install -q /tmp/torch-*.whl \
   && rm /tmp/torch-*.whl && /opt/venv/bin/python -c "import torch; print(\"torch\", torch.__version__)"'
 umount "$root/proc"
 tar -C "$root" -c . | docker import \

@@ -3,26 +3,38 @@
 #
 #   bash scripts/docker_check.sh BASE          # e.g. nmt-base:local (scripts/docker_base.sh) or a CUDA image
 #
-# Every container runs as the caller's uid:gid with a read-only root file system (a tmpfs on /tmp),
-# host folders mounted on /data and /runs, and no network, except the server, which publishes its port
-# on the host's loopback: build -> preprocess -> train (20 updates) -> translate -> evaluate -> export
-# -> serve, answered from the host, then `docker stop` -> `docker stop` during training (exit 143,
-# last.pt written) -> resume. Data: the first 2,000 pairs of Multi30k (data/multi30k or
-# ../shared/data/multi30k) with configs/smoke.yaml's model. GPUS=all adds `--gpus all`; AS_USER=uid:gid
-# runs the containers as another user (run as root: the work folder is given to that user). Exits 1 if
-# a step failed; each step's log stays in the printed work folder.
+# It needs a running Docker engine and says so at once. The image gets a tag of this run only (removed at
+# the end, with the run's containers), so no step ever runs an older image; a failed build stops the
+# check there. Every container runs as the caller's uid:gid with a read-only root file system (a tmpfs on
+# /tmp), host folders mounted on /data and /runs, and no network, except the server, which publishes its
+# port on the host's loopback: build -> torch of the base -> preprocess -> train (20 updates) -> translate
+# -> evaluate -> export -> serve, answered from the host, then `docker stop` -> `docker stop` during
+# training (exit 143, last.pt written) -> resume. Data: the first 2,000 pairs of Multi30k (data/multi30k,
+# ../shared/data/multi30k or the sample in tests/data/multi30k) with configs/smoke.yaml's model. GPUS=all
+# adds `--gpus all`; AS_USER=uid:gid runs the containers as another user (run as root: the work folder is
+# given to that user). Exits 1 if a step failed; each step's log stays in the printed work folder.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
 [[ $# -eq 1 && "$1" != -* ]] || usage_error "takes BASE, got '$*'"
+command -v docker > /dev/null || usage_error "needs docker (the Docker CLI), which is not on PATH"
+engine="$(timeout 60 docker info --format '{{.ServerVersion}}' 2>&1)" \
+  || usage_error "needs a running Docker engine (docker info: ${engine##*$'\n'})"      # its last line
 cd "$(dirname "$0")/.."
 base="$1"
-image="nmt-check:latest"
-corpus="data/multi30k"
-[[ -f "$corpus/train.de.gz" ]] || corpus="../shared/data/multi30k"
-[[ -f "$corpus/train.de.gz" ]] || usage_error "finds no Multi30k (data/multi30k or ../shared/data/multi30k)"
+corpus=""
+for folder in data/multi30k ../shared/data/multi30k tests/data/multi30k; do
+  [[ -z "$corpus" && -f "$folder/train.de.gz" ]] && corpus="$folder"
+done
+[[ -n "$corpus" ]] || usage_error "finds no Multi30k (data/multi30k, ../shared/data/multi30k, tests/data/multi30k)"
 
 work="$(mktemp -d)"
+image="nmt-check:$(basename "$work")"       # this run's own tag
+cleanup() {                                 # this run's containers, then its tag (the layers stay as cache)
+  docker ps -aq --filter "ancestor=$image" | xargs -r docker rm -f > /dev/null 2>&1 || true
+  docker rmi --no-prune "$image" > /dev/null 2>&1 || true
+}
+trap cleanup EXIT
 mkdir -p "$work/data" "$work/runs"
 owner="${AS_USER:-$(id -u):$(id -g)}"
 python3 - "$corpus" "$work/data" <<'PY'
@@ -61,7 +73,18 @@ user=(--user "$owner" --read-only --tmpfs /tmp "${gpus[@]}" -v "$work/data:/data
 run=(docker run --rm --network none "${user[@]}")
 
 step build docker build --network host --build-arg "BASE=$base" -t "$image" .
+(( failed == 0 )) || exit 1
 echo "        image size: $(docker image inspect --format '{{.Size}}' "$image" 2>/dev/null | awk '{printf "%.0f MB", $1 / 1e6}')"
+torch_of() {                                # torch's version and file in IMAGE
+  docker run --rm --network none --entrypoint python "$1" -c 'import torch; print(torch.__version__, torch.__file__)'
+}
+same_torch() {                              # pip kept the base's torch: no second one, no other version
+  local of_base of_image
+  of_base="$(torch_of "$base")" && of_image="$(torch_of "$image")" || return 1
+  echo "base: $of_base"$'\n'"image: $of_image"
+  [[ "$of_base" == "$of_image" ]]
+}
+step torch-of-the-base same_torch
 step preprocess "${run[@]}" "$image" preprocess --config /data/C.yaml
 step train "${run[@]}" "$image" train --config /data/C.yaml --set training.max_updates=20
 translate() {
