@@ -25,7 +25,8 @@ COPY configs ./configs
 COPY scripts ./scripts
 # Dependencies other than torch (the base's), with the serve and plot extras, then nmt with --no-deps.
 RUN python -c "import torch" \
-    && pip install -c constraints.txt sentencepiece sacrebleu typer pyyaml tqdm numpy fastapi uvicorn matplotlib \
+    && pip install -c constraints.txt sentencepiece sacrebleu typer pyyaml tqdm numpy fastapi uvicorn python-multipart \
+        matplotlib \
     && pip install --no-deps . \
     && python -c "import torch, nmt, fastapi, matplotlib; print('nmt', nmt.__version__, 'torch', torch.__version__)"
 
