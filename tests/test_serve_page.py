@@ -1,9 +1,6 @@
 """The page of `nmt serve` in a real headless Chromium (Debian's `chromium`, driven by Playwright), against a
 running server with its default settings: type sentences, get each translation, see the attention drawn,
-all from the keyboard, with nothing fetched from elsewhere.
-
-    NMT_PAGE_SCREENSHOT=docs/serve-page.png python -m pytest tests/test_serve_page.py   # also keeps a screenshot
-"""
+all from the keyboard, with nothing fetched from elsewhere."""
 
 from __future__ import annotations
 
@@ -49,7 +46,7 @@ def server(model_file: Path):
     server.stop()
 
 
-def test_typing_sentences_shows_each_translation_and_draws_its_attention(server, model_file, tmp_path):
+def test_typing_sentences_shows_each_translation_and_draws_its_attention(server, model_file):
     sentences = read_gz("test_2016_flickr.de", 2)
     offline = Translator.load(model_file, device="cpu", precision="fp32")
     expected = offline.translate(sentences, n_best=2, beam_size=2, return_attention=True)
@@ -95,9 +92,6 @@ def test_typing_sentences_shows_each_translation_and_draws_its_attention(server,
             sync_api.expect(heatmap).to_have_attribute("data-line", "2")
             assert int(heatmap.get_attribute("data-rows")) == expected[1].hypotheses[0].attention.shape[0]
             assert lines.nth(1).get_attribute("aria-pressed") == "true"
-            page.screenshot(path=tmp_path / "page.png", full_page=True)
-            if os.environ.get("NMT_PAGE_SCREENSHOT"):
-                page.screenshot(path=os.environ["NMT_PAGE_SCREENSHOT"])
         finally:
             browser.close()
     assert not elsewhere and not problems, (elsewhere, problems)
