@@ -5,9 +5,13 @@
     POST /translate   ["Ein Hund läuft.", ...]                       -> {"translations": [...]}
                       {"sentences": [...], "beam_size": 5, "n_best": 3} -> {"translations": [...],
                                                                           "n_best": [[{"text", "score"}, ...], ...]}
-                      {"q": ..., "source": "de", "target": "en"}     -> {"translatedText": ...} (LibreTranslate)
+                      {"sentences": [...], "attention": true}        -> {"translations": [...],
+                                                                          "attention": [{"src", "tgt", ...}, ...]}
+                      {"q": ..., "source": "de", "target": "en"}     -> {"translatedText": ...} (LibreTranslate,
+                                                                        also as a form; nmt.serve_libre)
     GET  /languages   [{"code", "name", "targets"}, ...]              (LibreTranslate; nmt.serve_libre)
     GET  /health      {"status": "ok", "languages": {...}, "queued": N}
+    GET  /            a page to translate in a browser (nmt.serve_page), GET /card its model card
     GET  /openapi.json  the OpenAPI schema of these routes
 
 Requests from concurrent clients are translated together: one model thread takes the first
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import signal
@@ -44,13 +47,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from nmt.config import ConfigError
-from nmt.decode.outputs import Translation, nbest_json
+from nmt.decode.outputs import Translation
 from nmt.decode.translator import Translator
 from nmt.serve_batcher import Batcher, Job, RequestError
-from nmt.serve_libre import TRANSLATE_BODY, is_libre, languages_list, libre_response, parse_libre
+from nmt.serve_libre import TRANSLATE_BODY, form_fields, is_libre, languages_list, libre_response, parse_libre
+from nmt.serve_page import add_page, model_card
+from nmt.serve_requests import Options, format_response, parse_body, parse_request, read_body
 from nmt.serve_settings import ServeSettings
 
 __all__ = ["Batcher", "Job", "RequestError", "ServeSettings", "create_app", "format_response", "run_server"]
@@ -59,106 +63,14 @@ log = logging.getLogger("nmt.serve")
 
 
 # ---------------------------------------------------------------------------------------------
-# Requests
-
-
-def parse_json(body: bytes) -> Any:
-    """A request body as JSON; raises RequestError(400)."""
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
-
-
-def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> tuple[list[str], int, int]:
-    """A parsed /translate body of nmt's own shape -> (sentences, beam_size, n_best); raises RequestError(400
-    or 413)."""
-    options: dict[str, Any] = {}
-    if isinstance(payload, dict):
-        unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best"})
-        if unknown:
-            raise RequestError(400, f"unknown key {unknown[0]!r}; expected sentences, beam_size, n_best")
-        if "sentences" not in payload:
-            raise RequestError(400, "missing key 'sentences': a list of strings to translate")
-        options, payload = payload, payload["sentences"]
-    if not isinstance(payload, list):
-        raise RequestError(400, "expected a JSON list of sentences, or an object {\"sentences\": [...], "
-                                "\"beam_size\": k, \"n_best\": n}")
-    if len(payload) > settings.max_sentences:
-        raise RequestError(413, f"{len(payload)} sentences in one request; the limit is {settings.max_sentences}")
-    for i, sentence in enumerate(payload):
-        if not isinstance(sentence, str):
-            raise RequestError(400, f"sentences[{i}] is {type(sentence).__name__}, not a string")
-        try:
-            sentence.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RequestError(400, f"sentences[{i}] is not valid Unicode (a lone surrogate)") from None
-        if "\n" in sentence:                 # as in `nmt translate`, where \n ends a line and nothing else does
-            raise RequestError(400, f"sentences[{i}] contains a line break (\\n); send each line as its own "
-                                    "sentence")
-    beam_size = _int_option(options, "beam_size", default_beam, 1, settings.max_beam)
-    n_best = _int_option(options, "n_best", 1, 1, beam_size)
-    return payload, beam_size, n_best
-
-
-def _int_option(options: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = options.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        limit = f"{low}..{high}" + (" (at most beam_size)" if key == "n_best" else "")
-        shown = json.dumps(value)
-        shown = shown if len(shown) <= 40 else shown[:40] + "..."      # not a large body echoed back
-        raise RequestError(400, f"{key} must be an integer in {limit}, got {shown}")
-    return value
-
-
-def format_response(results: list[Translation], n_best: int) -> dict[str, Any]:
-    """{"translations": [...]}, with "n_best" lists when n_best > 1 (exactly n_best entries each, by the rule
-    of nmt.decode.outputs that `nmt translate --n-best` follows too) and, when a sentence was over the
-    model's input length and translated cut short, "truncated": the indices of those sentences."""
-    response: dict[str, Any] = {"translations": [r.text for r in results]}
-    if n_best > 1:
-        response["n_best"] = [nbest_json(r) for r in results]
-    truncated = [i for i, r in enumerate(results) if r.truncated]
-    if truncated:
-        response["truncated"] = truncated
-    return response
-
-
-async def read_body(request: Request, limit: int, timeout: float) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes, with 408 if it
-    has not all arrived within `timeout` seconds, and with 400 if the client goes away before the end."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    stream = request.stream()
-    while True:
-        try:
-            chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - loop.time()))
-        except StopAsyncIteration:
-            return b"".join(chunks)
-        except asyncio.TimeoutError:
-            raise RequestError(408, f"the request body did not arrive within {timeout:g} s") from None
-        except ClientDisconnect:
-            raise RequestError(400, "the client disconnected before the end of the request body") from None
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"request body over {limit} bytes")
-        chunks.append(chunk)
-
-
-# ---------------------------------------------------------------------------------------------
 # The application
 
 
-def create_app(translator: Translator, settings: ServeSettings, languages: dict[str, str] | None = None) -> FastAPI:
-    """The ASGI app; its model thread starts and stops with the app's lifespan. Raises ConfigError for a
-    `max_beam` below the model's beam size, which every request without beam_size would be refused."""
+def create_app(translator: Translator, settings: ServeSettings, languages: dict[str, str] | None = None,
+               card: dict[str, Any] | None = None) -> FastAPI:
+    """The ASGI app; its model thread starts and stops with the app's lifespan. `card`: the model card the
+    page shows (nmt.serve_page.model_card). Raises ConfigError for a `max_beam` below the model's beam
+    size, which every request without beam_size would be refused."""
     settings.check()
     if translator.decoding.beam_size > settings.max_beam:
         raise ConfigError(f"--max-beam {settings.max_beam} is below the model's beam size "
@@ -187,15 +99,7 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
                  request.state.sentences, (time.perf_counter() - start) * 1000)
         return response
 
-    @app.exception_handler(StarletteHTTPException)
-    async def unrouted(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """404, 405 and the like in the server's one error shape."""
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(RequestError)
-    async def refuse(_request: Request, exc: RequestError) -> JSONResponse:
-        headers = {"Retry-After": str(settings.retry_after)} if exc.status == 503 else None
-        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+    add_error_handlers(app, settings.retry_after)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -213,30 +117,54 @@ def create_app(translator: Translator, settings: ServeSettings, languages: dict[
     async def translate(request: Request) -> JSONResponse:
         if not state["accepting"]:
             raise RequestError(503, "the server is shutting down")
-        payload = parse_json(await read_body(request, settings.max_body_bytes, settings.body_timeout))
-        libre = is_libre(payload)
+        body = await parse_body(request.headers, await read_body(request, settings.max_body_bytes,
+                                                                 settings.body_timeout))
+        payload = form_fields(body.payload) if body.form else body.payload
+        libre = body.form or is_libre(payload)
         if libre:
             sentences, counts, single = parse_libre(payload, languages or {}, settings.max_sentences)
-            beam_size, n_best = translator.decoding.beam_size, 1
+            options = Options(translator.decoding.beam_size, 1)
         else:
-            sentences, beam_size, n_best = parse_request(payload, settings, translator.decoding.beam_size)
+            sentences, options = parse_request(payload, settings, translator.decoding.beam_size)
         request.state.sentences = len(sentences)
-        results: list[Translation] = []
-        if sentences:
-            loop = asyncio.get_running_loop()
-            job = Job(sentences, beam_size, n_best, loop, loop.create_future())
-            batcher.submit(job)
-            try:
-                results = await job.future
-            except RequestError:              # refused after all (the server stopped): its own status
-                raise
-            except Exception as exc:
-                return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
+        try:
+            results = await translated(batcher, sentences, options)
+        except RequestError:                  # refused after all (the server stopped): its own status
+            raise
+        except Exception as exc:
+            return JSONResponse({"error": f"translation failed: {str(exc)[:200]}"}, status_code=500)
         if libre:
-            return JSONResponse(libre_response([r.text for r in results], counts, single))
-        return JSONResponse(format_response(results, n_best))
+            return JSONResponse(libre_response([r.text for r in results], [r.truncated for r in results], counts,
+                                               single))
+        vocabs = (translator.src_vocab, translator.tgt_vocab) if options.attention else None
+        return JSONResponse(format_response(results, options.n_best, vocabs))
 
+    add_page(app, card or {"languages": languages or {}}, translator.decoding.beam_size, settings)
     return app
+
+
+def add_error_handlers(app: FastAPI, retry_after: int) -> None:
+    """Every refusal in the server's one error shape, {"error": message} (LibreTranslate's too)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unrouted(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """404, 405 and the like."""
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestError)
+    async def refuse(_request: Request, exc: RequestError) -> JSONResponse:
+        headers = {"Retry-After": str(retry_after)} if exc.status == 503 else None
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
+
+
+async def translated(batcher: Batcher, sentences: list[str], options: Options) -> list[Translation]:
+    """The sentences' translations from the model thread (none to make for no sentences)."""
+    if not sentences:
+        return []
+    loop = asyncio.get_running_loop()
+    job = Job(sentences, options.beam_size, options.n_best, loop, loop.create_future(), options.attention)
+    batcher.submit(job)
+    return await job.future
 
 
 def run_server(model: str | Path, settings: ServeSettings, device: str = "auto", precision: str | None = None,
@@ -256,7 +184,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
         torch.set_num_threads(threads)
     reuse_freed_memory()
     translator = Translator.load(model, device, precision=precision, quantize=quantize)
-    app = create_app(translator, settings, translator.languages)
+    app = create_app(translator, settings, translator.languages, model_card(model))
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

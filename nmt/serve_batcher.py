@@ -41,10 +41,11 @@ class Job:
     n_best: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future = field(repr=False)
+    attention: bool = False               # keep the attention weights (the page's heatmap)
 
     @property
-    def options(self) -> tuple[int, int]:
-        return self.beam_size, self.n_best
+    def options(self) -> tuple[int, int, bool]:
+        return self.beam_size, self.n_best, self.attention
 
 
 _STOP = object()
@@ -183,10 +184,11 @@ class Batcher:
 
     def _translate(self, batch: list[Job]) -> None:
         sentences = [s for job in batch for s in job.sentences]
-        beam_size, n_best = batch[0].options
+        beam_size, n_best, attention = batch[0].options
         error: Exception | None = None
         try:
-            results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size)
+            results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size,
+                                                return_attention=attention)
         except Exception as exc:              # the client gets a 500 with the reason; the server keeps running
             if len(batch) == 1:
                 log.exception("translation failed")

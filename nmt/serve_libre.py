@@ -5,12 +5,18 @@
     GET  /languages  -> [{"code": "de", "name": "German", "targets": ["en"]},
                          {"code": "en", "name": "English", "targets": []}]
 
-A /translate body with the key "q" is a LibreTranslate request; any other is nmt's own. `source`
-may be "auto" (it means the model's source language). A text in `q` may hold several lines: each
-line is translated as its own sentence (they count against --max-sentences) and the translations
-are joined with "\n" again. Only `format: "text"` is served; "html", or a source or target the
-model does not translate, is refused with 400 and LibreTranslate's error shape {"error": "..."}
-(the server's own shape too). `api_key` (and the `apiKey` some clients send) is accepted and not
+A /translate body with the key "q" is a LibreTranslate request; any other is nmt's own. As in
+LibreTranslate, the fields may also come as a form (application/x-www-form-urlencoded or
+multipart/form-data, read by nmt.serve_requests), where q is one text whose CRLF line breaks are
+read as "\n" and alternatives may be a number in text; a field given twice, or as a file, is
+refused. `source` may be "auto" (it means the model's source language). A text in `q` may hold
+several lines: each line is translated as its own sentence (they count against --max-sentences)
+and the translations are joined with "\n" again. A text with a line over the model's input length
+is translated cut short, as `nmt translate` does, and the response says so: "truncated", shaped
+like translatedText (true for a string q; for a list, one true or false per text), present only
+when something was cut. Only `format: "text"` is served; "html", or a source or target the model
+does not translate, is refused with 400 and LibreTranslate's error shape {"error": "..."} (the
+server's own shape too). `api_key` (and the `apiKey` some clients send) is accepted and not
 needed; `alternatives` above 0 is refused (use nmt's own `n_best`).
 """
 
@@ -38,6 +44,20 @@ def languages_list(languages: dict[str, str]) -> list[dict[str, Any]]:
     return [{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets} for code, targets in listed]
 
 
+def form_fields(fields: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A LibreTranslate form's fields as the JSON object they stand for; raises RequestError(400)."""
+    payload: dict[str, Any] = {}
+    for key, value in fields:
+        shown = key[:40]
+        if key in payload:
+            raise RequestError(400, f"Invalid request: {shown!r} given more than once; send a JSON body with q a "
+                                    "list for several texts")
+        if not isinstance(value, str):
+            raise RequestError(400, f"Invalid request: {shown!r} is a file; send it as a form field")
+        payload[key] = value.replace("\r\n", "\n") if key == "q" else value     # a form's line break is CRLF
+    return payload
+
+
 def _language(payload: dict[str, Any], key: str, expected: str | None, auto: bool) -> None:
     if key not in payload:
         raise RequestError(400, f"Invalid request: missing {key} parameter")
@@ -56,6 +76,8 @@ def parse_libre(payload: dict[str, Any], languages: dict[str, str], max_sentence
     unknown = sorted(set(payload) - KEYS)
     if unknown:
         raise RequestError(400, f"Invalid request: unknown parameter {unknown[0][:40]!r}")
+    if "q" not in payload:                              # a form without it (a JSON body without it is nmt's own)
+        raise RequestError(400, "Invalid request: missing q parameter")
     q = payload["q"]
     single = isinstance(q, str)
     texts = [q] if single else q
@@ -69,6 +91,11 @@ def parse_libre(payload: dict[str, Any], languages: dict[str, str], max_sentence
         raise RequestError(400, f"format {shown} is not supported; this server translates plain text "
                                 "(format: text)")
     alternatives = payload.get("alternatives", 0)
+    if isinstance(alternatives, str):                   # a form's fields are text (LibreTranslate: int(value))
+        try:
+            alternatives = int(alternatives)
+        except ValueError:
+            raise RequestError(400, "Invalid request: alternatives parameter is not a number") from None
     if alternatives not in (0, None) or isinstance(alternatives, bool):
         raise RequestError(400, "alternatives are not supported here; use nmt's own request "
                                 "{\"sentences\": [...], \"n_best\": k}")
@@ -87,24 +114,37 @@ def parse_libre(payload: dict[str, Any], languages: dict[str, str], max_sentence
     return lines, counts, single
 
 
-def libre_response(translations: list[str], counts: list[int], single: bool) -> dict[str, Any]:
-    """{"translatedText": ...}: each text's lines joined again, one string for a string q."""
-    texts, start = [], 0
+def libre_response(translations: list[str], cut: list[bool], counts: list[int], single: bool) -> dict[str, Any]:
+    """{"translatedText": ...}: each text's lines joined again, one string for a string q; and "truncated"
+    in the same shape when a line (`cut`, one flag per line) was over the model's input length."""
+    texts, truncated, start = [], [], 0
     for count in counts:
         texts.append("\n".join(translations[start:start + count]))
+        truncated.append(any(cut[start:start + count]))
         start += count
-    return {"translatedText": texts[0] if single else texts}
+    response: dict[str, Any] = {"translatedText": texts[0] if single else texts}
+    if any(truncated):
+        response["truncated"] = truncated[0] if single else truncated
+    return response
 
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_LIBRE_FIELDS = {"source": {"type": "string"}, "target": {"type": "string"},
+                 "format": {"type": "string", "enum": ["text", "html"]}, "api_key": {"type": "string"},
+                 "alternatives": {"type": "integer"}}
+_LIBRE_FORM = {"schema": {"type": "object", "required": ["q", "source", "target"], "additionalProperties": False,
+                          "properties": {"q": {"type": "string"}, **_LIBRE_FIELDS}}}
 TRANSLATE_BODY = {  # /translate's request body in the OpenAPI schema (GET /openapi.json): nmt's shapes and this one
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
-        _STRINGS,
-        {"type": "object", "required": ["sentences"], "additionalProperties": False, "properties": {
-            "sentences": _STRINGS, "beam_size": {"type": "integer"}, "n_best": {"type": "integer"}}},
-        {"type": "object", "required": ["q", "source", "target"], "additionalProperties": False, "properties": {
-            "q": {"oneOf": [{"type": "string"}, _STRINGS]}, "source": {"type": "string"},
-            "target": {"type": "string"}, "format": {"type": "string", "enum": ["text", "html"]},
-            "api_key": {"type": "string"}, "alternatives": {"type": "integer"}}},
-    ]}}}},
+    "requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"oneOf": [
+            _STRINGS,
+            {"type": "object", "required": ["sentences"], "additionalProperties": False, "properties": {
+                "sentences": _STRINGS, "beam_size": {"type": "integer"}, "n_best": {"type": "integer"},
+                "attention": {"type": "boolean"}}},
+            {"type": "object", "required": ["q", "source", "target"], "additionalProperties": False, "properties": {
+                "q": {"oneOf": [{"type": "string"}, _STRINGS]}, **_LIBRE_FIELDS}},
+        ]}},
+        "application/x-www-form-urlencoded": _LIBRE_FORM,
+        "multipart/form-data": _LIBRE_FORM,
+    }},
 }

@@ -17,56 +17,19 @@ import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlencode
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
+pytest.importorskip("python_multipart", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
 from nmt.decode.translator import Translator
 from nmt.serve import Batcher, Job, RequestError, ServeSettings, format_response
 
-from .conftest import nmt_server, read_gz
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-class Server:
-    """`nmt serve` in a subprocess on a free loopback port; its stderr is collected in `log`."""
-
-    def __init__(self, model: Path, *options: str) -> None:
-        cmd = [sys.executable, "-m", "nmt", "serve", "--model", str(model), "--port", "0", "--device", "cpu",
-               "--precision", "fp32", "--threads", "1", *options]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
-        self.log: list[str] = []
-        self.port = 0
-        deadline = time.monotonic() + 300
-        while not self.port:
-            line = self.proc.stderr.readline()
-            assert line and time.monotonic() < deadline, "server did not start:\n" + "".join(self.log)
-            self.log.append(line)
-            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            self.port = int(match.group(1)) if match else 0
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
-
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict | None = None) -> tuple[int, dict, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            response = conn.getresponse()
-            raw = response.read()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(raw or b"{}")
-        finally:
-            conn.close()
-
-    def translate(self, payload: object) -> tuple[int, dict, dict]:
-        return self.request("POST", "/translate", json.dumps(payload).encode())
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=120)
+from .conftest import MULTI30K, nmt_server, read_gz
+from .serve_process import REPO, Server
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +305,8 @@ class ScriptedTranslator:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None) -> list[str]:
+    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None,
+                  return_attention: bool = False) -> list[str]:
         self.calls.append(sentences)
         if "BOOM" in sentences:
             raise RuntimeError("boom")
@@ -418,7 +382,8 @@ class GatedTranslator(ScriptedTranslator):
         super().__init__()
         self.gate = threading.Event()
 
-    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None) -> list[str]:
+    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None,
+                  return_attention: bool = False) -> list[str]:
         self.calls.append(sentences)
         self.gate.wait(20)
         return [s.upper() for s in sentences]
@@ -509,12 +474,13 @@ class FrameHoldingTranslator(ScriptedTranslator):
         self.held: weakref.ref | None = None
         self.alive: list[bool] = []
 
-    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None) -> list[str]:
+    def translate(self, sentences: list[str], n_best: int = 1, beam_size: int | None = None,
+                  return_attention: bool = False) -> list[str]:
         self.alive.append(self.held is not None and self.held() is not None)
         if "BOOM" in sentences:
             tensors = Tracked()
             self.held = weakref.ref(tensors)
-        return super().translate(sentences, n_best, beam_size)
+        return super().translate(sentences, n_best, beam_size, return_attention)
 
 
 def test_a_failed_batch_is_let_go_before_its_requests_are_retried():
@@ -538,9 +504,11 @@ def test_a_stopped_batcher_refuses_new_jobs():
 
 
 def test_load_test_script_small(model_file, tmp_path):
+    """On the corpus the repository ships (tests/data/multi30k), not the full one beside a checkout."""
     report = tmp_path / "load.json"
     result = subprocess.run([sys.executable, "-m", "bench.load_test", "--model", str(model_file),
-                             "--clients", "4", "--requests", "24", "--threads", "1", "--json-out", str(report)],
+                             "--multi30k", str(MULTI30K), "--clients", "4", "--requests", "24", "--threads", "1",
+                             "--json-out", str(report)],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout
     figures = json.loads(report.read_text())
@@ -580,7 +548,7 @@ def test_libretranslate_errors_have_its_shape(server, payload, status, message):
 
 def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
     """Schemathesis sends what the schema allows and what it does not: never a 5xx, never a traceback."""
-    schemathesis = pytest.importorskip("schemathesis")
+    schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install -e '.[dev]')")
     from hypothesis import HealthCheck, given, settings
     from schemathesis import GenerationMode
 
@@ -597,3 +565,126 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
 
     fuzz()
     assert not any("Traceback" in line for line in server.log), "".join(server.log)
+
+
+def multipart(fields: list[tuple[str, str, str | None]]) -> tuple[bytes, dict]:
+    """A multipart/form-data body of (name, value, filename or None) parts, CRLF as the format has it."""
+    boundary = "nmt-test-boundary"
+    parts = []
+    for name, value, filename in fields:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        parts.append(f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n{value}\r\n")
+    body = ("".join(parts) + f"--{boundary}--\r\n").encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_libretranslate_forms_are_read_as_libretranslate_reads_them(server, offline, sources):
+    """LibreTranslate's page and several clients send forms: urlencoded and multipart bodies get what JSON gets,
+    a form's CRLF line breaks are lines, and alternatives may be a number in text."""
+    expected = [t.text for t in offline.translate(sources[:2])]
+    body = urlencode({"q": sources[0], "source": "de", "target": "en", "format": "text", "api_key": ""}).encode()
+    assert server.request("POST", "/translate", body, FORM)[::2] == (200, {"translatedText": expected[0]})
+    body, headers = multipart([("q", f"{sources[0]}\r\n{sources[1]}", None), ("source", "auto", None),
+                               ("target", "en", None), ("alternatives", "0", None)])
+    status, _, answer = server.request("POST", "/translate", body, headers)
+    assert status == 200 and answer == {"translatedText": "\n".join(expected)}
+    status, _, answer = server.request("POST", "/translate", json.dumps(["Ein Hund."]).encode(), FORM)   # curl -d
+    assert status == 200 and answer == {"translations": [offline.translate(["Ein Hund."])[0].text]}
+
+
+@pytest.mark.parametrize(("fields", "status", "message"), [
+    ([("q", "Hund", None), ("q", "Katze", None), ("source", "de", None), ("target", "en", None)], 400,
+     "'q' given more than once"),
+    ([("q", "Hund", "hund.txt"), ("source", "de", None), ("target", "en", None)], 400, "'q' is a file"),
+    ([("q", "Hund", None), ("source", "de", None), ("target", "en", None), ("alternatives", "x", None)], 400,
+     "alternatives parameter is not a number"),
+    ([("q", "Hund", None), ("source", "de", None), ("target", "en", None), ("alternatives", "2", None)], 400,
+     "alternatives are not supported"),
+    ([("source", "de", None), ("target", "en", None)], 400, "missing q parameter"),
+    ([("q", "x" * 5000, None), ("source", "de", None), ("target", "en", None)], 413, "the limit is 4096"),
+])
+def test_libretranslate_forms_that_cannot_be_served_are_refused(server, fields, status, message):
+    for body, headers in (multipart(fields), (urlencode([(k, v) for k, v, _ in fields]).encode(), FORM)):
+        if any(filename for _, _, filename in fields) and headers is FORM:
+            continue                                   # a urlencoded form has no files
+        got, _, answer = server.request("POST", "/translate", body, headers)
+        assert got == status and list(answer) == ["error"] and message in answer["error"], (headers, answer)
+
+
+@pytest.mark.parametrize(("body", "headers", "message"), [
+    (b"q=%ff&source=de&target=en", FORM, "not valid UTF-8"),
+    (b"foo=bar", FORM, "neither valid JSON nor a LibreTranslate form"),
+    (b"--x\r\nContent-Disposition: form-data\r\n\r\nHund\r\n--x--\r\n", {"Content-Type": "multipart/form-data; "
+     "boundary=x"}, "multipart body cannot be read"),                            # a part without a name
+    (b"q=Hund", {"Content-Type": "multipart/form-data"}, "multipart body cannot be read"),
+])
+def test_malformed_forms_are_a_400(server, body, headers, message):
+    got, _, answer = server.request("POST", "/translate", body, headers)
+    assert got == 400 and message in answer["error"], answer
+
+
+def test_without_python_multipart_a_multipart_body_is_a_415_that_says_what_to_install(monkeypatch):
+    from starlette import formparsers
+    from starlette.datastructures import Headers
+
+    from nmt.serve_requests import parse_body
+
+    body, headers = multipart([("q", "Hund", None)])
+    monkeypatch.setattr(formparsers, "multipart", None)
+    installing = r"python-multipart is not installed \(pip install 'nmt\[serve\]'\)"
+    with pytest.raises(RequestError, match=installing) as refused:
+        asyncio.run(parse_body(Headers(headers), body))
+    assert refused.value.status == 415
+
+
+def test_libretranslate_says_which_texts_were_cut_to_the_input_length(server, offline):
+    long = " ".join(["Hund"] * (offline.decoding.max_input_len + 10))
+    assert offline.translate([long])[0].truncated
+    status, _, body = server.translate({"q": long, "source": "de", "target": "en"})
+    assert status == 200 and body["truncated"] is True
+    status, _, body = server.translate({"q": ["Ein Hund.", f"Ein Hund.\n{long}"], "source": "de", "target": "en"})
+    assert status == 200 and body["truncated"] == [False, True] and len(body["translatedText"]) == 2
+    status, _, body = server.request("POST", "/translate", urlencode({"q": long, "source": "de", "target": "en"})
+                                     .encode(), FORM)
+    assert status == 200 and body["truncated"] is True
+    assert "truncated" not in server.translate({"q": "Ein Hund.", "source": "de", "target": "en"})[2]
+
+
+def test_attention_is_what_nmt_translate_attention_out_writes(server, model_file, sources, tmp_path):
+    out = tmp_path / "attention.jsonl"
+    result = nmt_server().run("translate", "--model", str(model_file), "--device", "cpu", "--precision", "fp32",
+                              "--beam-size", "2", "--attention-out", str(out), "-q",
+                              stdin="".join(f"{s}\n" for s in [*sources[:3], ""]), text=True)
+    assert result.returncode == 0, result.stderr
+    status, _, body = server.translate({"sentences": [*sources[:3], ""], "beam_size": 2, "attention": True})
+    assert status == 200
+    assert body["attention"] == [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert body["translations"] == result.stdout.split("\n")[:-1]
+    assert "attention" not in server.translate([sources[0]])[2]
+    status, _, body = server.translate({"sentences": ["a"], "attention": "yes"})
+    assert status == 400 and "attention must be true or false" in body["error"]
+
+
+def test_the_page_and_its_model_card_are_served(server, model_file):
+    status, headers, raw = server.raw("GET", "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert headers["content-security-policy"].startswith("default-src 'self'")      # nothing from elsewhere
+    page = raw.decode()
+    for asset in re.findall(r'(?:src|href)="([^"]+)"', page):
+        assert asset.startswith(("/", "data:")), asset
+        if asset.startswith("/"):
+            assert server.raw("GET", asset)[0] == 200, asset
+    result = nmt_server().run("info", str(model_file), "--json", text=True)
+    info = json.loads(result.stdout)
+    status, _, body = server.request("GET", "/card")
+    assert status == 200
+    card = body["card"]
+    assert card["name"] == model_file.name and card["size_bytes"] == model_file.stat().st_size
+    assert "file" not in card                                          # not the server's own paths
+    assert {k: v for k, v in card.items() if k not in ("name", "size_bytes")} == {
+        k: v for k, v in info.items() if k != "file"}
+    assert body["server"] == {"beam_size": info["decoding"]["beam_size"], "max_beam": 8, "max_sentences": 20,
+                              "max_body_bytes": 4096}
