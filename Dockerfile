@@ -30,7 +30,7 @@ COPY scripts ./scripts
 RUN python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > /tmp/torch.txt \
     && pip install -c constraints.txt -c /tmp/torch.txt ".[serve,plot]" \
     && rm -rf /tmp/torch.txt build nmt.egg-info \
-    && python -c "import torch, nmt, safetensors, fastapi, multipart, matplotlib; print('nmt', nmt.__version__, 'torch', torch.__version__)"
+    && python -c "import torch, nmt, safetensors, fastapi, python_multipart, matplotlib; print('nmt', nmt.__version__, 'torch', torch.__version__)"
 
 RUN mkdir -p /data /runs && chmod 1777 /data /runs
 USER 1000:1000
