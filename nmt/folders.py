@@ -30,9 +30,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from nmt.bounded import loads_json
+
 MARKER = ".nmt-folder.json"
 LOCK = ".nmt.lock"
 TEMP_SUFFIX = ".nmt-tmp"
+MAX_MARKER_BYTES = 1 << 20          # a marker lists file names: a few KB
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
 _OLD_TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")          # `.NAME.tmp-PID`, from earlier versions of nmt
 
@@ -267,9 +270,11 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
                               "nmt may use; remove the link yourself or choose another folder") from None
         return None
     try:
-        with os.fdopen(fd, encoding="utf-8") as handle:
-            marker = json.loads(handle.read())
-    except (OSError, ValueError):
+        with os.fdopen(fd, "rb") as handle:      # a marker nmt wrote is a small regular file
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            marker = loads_json(handle.read(MAX_MARKER_BYTES + 1).decode("utf-8"), MAX_MARKER_BYTES)
+    except (OSError, ValueError):                # past a bound too (nmt.bounded)
         return None
     if not isinstance(marker, dict) or "kind" not in marker:
         return None

@@ -46,6 +46,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from nmt.bounded import loads_json
 from nmt.config import ConfigError
 from nmt.decode.outputs import Translation, nbest_json
 from nmt.decode.translator import Translator
@@ -65,7 +66,7 @@ log = logging.getLogger("nmt.serve")
 def parse_json(body: bytes) -> Any:
     """A request body as JSON; raises RequestError(400)."""
     try:
-        return json.loads(body)
+        return loads_json(body)
     except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
