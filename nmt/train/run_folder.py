@@ -29,6 +29,7 @@ from nmt.folders import (
     copy_atomically,
     open_work_folder,
     read_marker,
+    refuse_inputs_inside,
     refuse_links,
     register_file,
     remove_leftovers,
@@ -76,6 +77,8 @@ class RunFolder:
         if resume:
             self._open_for_resume()
             return
+        refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
+                             "a new run replaces (--overwrite clears it)")
         ours = {MARKER, LOCK}
         exists = self.path.is_dir() and any(p.name not in ours for p in self.path.iterdir())
         if exists and not overwrite:
