@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from nmt.bounded import MAX_YAML_BYTES, YAML_LOADER, BoundError, file_kind, load_yaml, read_bytes
 from nmt.config_check import ConfigError, build
 
 
@@ -227,7 +229,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override `{text}` must name a section and a key, e.g. training.lr=3e-4")
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+        value = load_yaml(raw_value) if raw_value.strip() else ""
+    except BoundError as exc:
+        raise ConfigError(f"override `{dotted.strip()}=...`: the value is {exc.problem}") from None
     except yaml.YAMLError as exc:
         reason = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(f"override `{text}`: value is not valid YAML ({reason})") from None
@@ -308,9 +312,10 @@ def stored_config(raw: Any) -> Config:
     return config_from_dict(raw, stored=True)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(YAML_LOADER):  # type: ignore[misc,valid-type]
     """yaml.safe_load's loader, except that a key given twice in one mapping is an error (YAML would
-    silently keep the last: a second `training:` section would drop the first)."""
+    silently keep the last: a second `training:` section would drop the first). Texts reach it through
+    `load_yaml`, which first bounds their size, nesting and alias expansion (nmt.bounded)."""
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -335,17 +340,23 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML config, apply `--set` overrides, validate, resolve relative paths."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a folder, not a YAML file")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+        mode = path.stat().st_mode
+    except OSError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"config file {path} is {file_kind(mode)}, not a YAML file")
+    try:
+        data = read_bytes(path, MAX_YAML_BYTES)
+        raw = load_yaml(data.decode("utf-8"), _UniqueKeyLoader) or {}
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
+    except BoundError as exc:
+        where = f" line {exc.line}" if exc.line is not None else ""
+        raise ConfigError(f"{path}{where}: refused: {exc.problem} (a config file is small and plain)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -30,9 +30,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from nmt.bounded import loads_json
+
 MARKER = ".nmt-folder.json"
 LOCK = ".nmt.lock"
 TEMP_SUFFIX = ".nmt-tmp"
+MAX_MARKER_BYTES = 1 << 20          # a marker lists file names: a few KB
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
 _OLD_TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")          # `.NAME.tmp-PID`, from earlier versions of nmt
 
@@ -41,6 +44,10 @@ _OLD_TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")          # `.NAME.tmp-PID`, fr
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.pt", "spm.model", "src.model",
              "tgt.model", "tgt.pieces", "data_manifest.json")
 NMT_FILES = {"run": RUN_FILES, "attention": ("attention-*.png",)}
+# What nmt writes inside the folders it writes into a folder of its own (`training.tensorboard`'s event
+# files); anything else there is foreign, and a folder nmt's marker names that is not one of these is
+# nmt's only while it is empty.
+SUBFOLDER_FILES = {"tensorboard": ("events.out.tfevents.*",)}
 
 
 class FolderError(ValueError):
@@ -267,9 +274,11 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
                               "nmt may use; remove the link yourself or choose another folder") from None
         return None
     try:
-        with os.fdopen(fd, encoding="utf-8") as handle:
-            marker = json.loads(handle.read())
-    except (OSError, ValueError):
+        with os.fdopen(fd, "rb") as handle:      # a marker nmt wrote is a small regular file
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            marker = loads_json(handle.read(MAX_MARKER_BYTES + 1).decode("utf-8"), MAX_MARKER_BYTES)
+    except (OSError, ValueError):                # past a bound too (nmt.bounded)
         return None
     if not isinstance(marker, dict) or "kind" not in marker:
         return None
@@ -316,13 +325,30 @@ def is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
 
 
 def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str]:
-    """Names in `folder` that nmt did not write (everything, when the folder has no marker)."""
+    """Paths in `folder`, relative to it, that nmt did not write (everything, when the folder has no marker),
+    looked for at every depth: a file of the user's inside RUN/tensorboard is as foreign as one beside it."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    entries = sorted(folder.iterdir())
-    return [entry.name for entry in entries
-            if entry.is_symlink() or not is_nmt_file(entry.name, marker or {"kind": None, "files": []})]
+    foreign = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() or not is_nmt_file(entry.name, marker or {"kind": None, "files": []}):
+            foreign.append(entry.name)
+        elif entry.is_dir():
+            foreign += [f"{entry.name}/{name}" for name in _foreign_inside(entry)]
+    return foreign
+
+
+def _foreign_inside(subfolder: Path) -> list[str]:
+    """Names in a folder nmt wrote inside one of its folders that nmt does not write there: links, folders,
+    files of other names (SUBFOLDER_FILES)."""
+    patterns = SUBFOLDER_FILES.get(subfolder.name, ())
+    try:
+        entries = sorted(subfolder.iterdir())
+    except OSError:
+        return ["(unreadable)"]
+    return [entry.name for entry in entries if entry.is_symlink() or not entry.is_file()
+            or not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in patterns)]
 
 
 def refuse_links(folder: Path, key: str) -> None:
@@ -352,13 +378,19 @@ def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, An
 
 
 def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
-    """Delete what nmt wrote in `folder` (not the marker, not the lock); nothing else is touched."""
+    """Delete what nmt wrote in `folder` (not the marker, not the lock); nothing else is touched, at any
+    depth: a folder of nmt's is emptied of nmt's files and removed only if nothing else is left in it."""
     folder = Path(folder)
     for entry in sorted(folder.iterdir()):
         if entry.name in (MARKER, LOCK) or not is_nmt_file(entry.name, marker):
             continue
         if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
+            foreign = set(_foreign_inside(entry))
+            for inner in entry.iterdir():
+                if inner.name not in foreign:
+                    inner.unlink()
+            with contextlib.suppress(OSError):      # not empty: the user's files stay
+                entry.rmdir()
         else:
             entry.unlink()
 
@@ -405,3 +437,15 @@ def check_overlap(folder: str | Path, key: str, inputs: Iterable[Path], config_p
         if _inside(home, target):
             raise FolderError(f"`{key}`: {target} is or contains {home}, the folder of the config file; "
                               f"choose another folder")
+
+
+def refuse_inputs_inside(folder: str | Path, key: str, inputs: Iterable[tuple[str, str | Path | None]],
+                         clears: str) -> None:
+    """A `FolderError` naming the first input (`(key, path)` pairs: a fine-tuning parent, a given tokenizer)
+    that lies inside `folder`, which this command clears or replaces (`clears` says how): checked before
+    anything is deleted, so a run never destroys what it reads."""
+    target = Path(folder).resolve()
+    for name, path in inputs:
+        if path and _inside(Path(path).resolve(), target):
+            raise FolderError(f"`{name}` {path} lies inside `{key}` {folder}, which {clears}; move or copy it "
+                              f"out first, or choose another {key}")

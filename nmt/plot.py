@@ -6,7 +6,6 @@ only when a plot is asked for.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import yaml
 from torch import Tensor
 
+from nmt.bounded import load_yaml, loads_json
 from nmt.folders import atomic_write, refuse_foreign, write_marker
 from nmt.output_files import output_target
 
@@ -166,7 +166,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"{path} does not exist")
     for line in path.read_bytes().split(b"\n"):
         try:
-            event = json.loads(line)
+            event = loads_json(line)
         except ValueError:            # not JSON, or not UTF-8 (a line cut by a crash)
             continue
         if isinstance(event, dict):
@@ -177,9 +177,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def run_label(run_dir: Path) -> str:
     """The run folder's name and its attention type, from the config.yaml it holds."""
     try:
-        config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        config = load_yaml((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
         attention = config["model"]["attention"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         attention = "attention unknown"
     return f"{Path(run_dir).name} ({attention})"
 

@@ -18,6 +18,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 
 from nmt.data.tokenizer import Vocab
+from nmt.bounded import loads_json
 from nmt.decode.outputs import Translation, attention_record, nbest_json
 from nmt.serve_batcher import RequestError
 from nmt.serve_libre import KEYS as LIBRE_KEYS
@@ -71,7 +72,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
 def parse_json(body: bytes) -> Any:
     """A request body as JSON; raises RequestError(400)."""
     try:
-        return json.loads(body)
+        return loads_json(body)
     except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise RequestError(400, f"the request body is not valid JSON ({reason})") from None

@@ -185,3 +185,46 @@ def test_command_line_init_from(parent, tmp_path):
     assert result.returncode == 0, result.stderr
     saved = load_config(tmp_path / "cli" / "run" / "config.yaml")
     assert saved.training.init_from == str(parent_path) and saved.training.init_optimizer
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("shape", "exp_avg of parameter 0 has shape (3, 7), but the parameter has"),
+    ("dtype", "exp_avg_sq of parameter 0 is torch.int64, not a floating-point tensor"),
+    ("nan", "exp_avg_sq of parameter 0 holds non-finite values (NaN or inf)"),
+    ("count", "it holds 1 parameters, the model"),
+])
+def test_an_optimizer_state_that_does_not_fit_the_model_is_refused_before_training(
+        trained_run, prepared, tmp_path, damage, message):
+    """Before, moments of other shapes or NaN were loaded and the run died later with "loss became nan; lower
+    training.lr", which blames the wrong thing."""
+    state = torch.load(trained_run / "last.pt", weights_only=True)
+    optimizer = state["optimizer"]
+    first = optimizer["state"][optimizer["param_groups"][0]["params"][0]]
+    if damage == "shape":
+        first["exp_avg"] = torch.zeros(3, 7)
+    elif damage == "dtype":
+        first["exp_avg_sq"] = first["exp_avg_sq"].long()
+    elif damage == "nan":
+        first["exp_avg_sq"][0] = float("nan")
+    else:
+        optimizer["param_groups"] = [{**optimizer["param_groups"][0], "params": [0]}]
+    damaged = tmp_path / "damaged.pt"
+    torch.save(state, damaged)
+    result = nmt_server().run("train", "--config", str(prepared), "--init-from", str(damaged), "--init-optimizer",
+                              "--set", f"training.run_dir={tmp_path / 'run'}", text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[0].startswith(f"error: `training.init_optimizer`: the optimiser state of {damaged} does not fit "
+                               "this run's optimiser (") and message in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_check_optimizer_state_accepts_what_adam_saves():
+    from nmt.train.checkpoint import check_optimizer_state
+
+    model = torch.nn.Linear(3, 2)
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    adam.step()
+    check_optimizer_state(adam, adam.state_dict())
+    check_optimizer_state(torch.optim.Adam(model.parameters()), adam.state_dict())

@@ -287,3 +287,126 @@ def test_a_link_in_an_nmt_folder_makes_it_foreign_and_is_never_written_through(t
     assert victim.read_text() == "mine"
     assert folders.plain_name("best-step4.pt") and not any(
         folders.plain_name(n) for n in ("", ".", "..", "../x", "/x", "a/b", None, 3))
+
+
+def _tensorboard_run(run: Path) -> Path:
+    """A marked run folder with nmt's files and a tensorboard folder of event files, registered as
+    `training.tensorboard` registers it."""
+    if not run.exists():
+        run.mkdir(parents=True)
+        write_marker(run, "run")
+        (run / "last.pt").write_text("x")
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1.host.1.0").write_text("events")
+    folders.register_file(run / "tensorboard")
+    return run
+
+
+def test_foreign_files_are_found_inside_nmts_subfolders_and_kept_by_removal(tmp_path):
+    run = _tensorboard_run(tmp_path / "run")
+    assert foreign_files(run, read_marker(run)) == []
+    (run / "tensorboard" / "notes.txt").write_text("mine")
+    (run / "tensorboard" / "plots").mkdir()
+    (run / "tensorboard" / "events.link").symlink_to(run / "last.pt")
+    assert foreign_files(run, read_marker(run)) == ["tensorboard/events.link", "tensorboard/notes.txt",
+                                                    "tensorboard/plots"]
+    with pytest.raises(FolderError, match=r"holds files nmt did not write \(tensorboard/events.link, "
+                                          r"tensorboard/notes.txt, tensorboard/plots\)"):
+        open_work_folder(run, "run", "training.run_dir", "train", "remove them yourself")
+    remove_nmt_files(run, read_marker(run))      # even when asked directly: only nmt's files go
+    assert sorted(p.name for p in (run / "tensorboard").iterdir()) == ["events.link", "notes.txt", "plots"]
+    assert not (run / "last.pt").exists() and (run / "last.pt").is_symlink() is False
+    (run / "tensorboard" / "events.link").unlink()
+    (run / "tensorboard" / "notes.txt").unlink()
+    (run / "tensorboard" / "plots").rmdir()
+    (run / "tensorboard" / "events.out.tfevents.2.host.1.0").write_text("events")
+    remove_nmt_files(run, read_marker(run))      # nothing but nmt's left: the folder goes too
+    assert sorted(p.name for p in run.iterdir()) == [MARKER]
+
+
+def test_a_folder_the_marker_names_holds_only_what_nmt_writes_there(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_marker(data, "data", ["manifest.json", "notes"])       # a marker naming a folder of the user's
+    (data / "notes").mkdir()
+    (data / "notes" / "todo.txt").write_text("mine")
+    assert foreign_files(data, read_marker(data)) == ["notes/todo.txt"]
+    remove_nmt_files(data, read_marker(data))
+    assert (data / "notes" / "todo.txt").read_text() == "mine"
+
+
+def test_inputs_inside_a_folder_to_clear_are_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_text("x")
+    (tmp_path / "parent.pt").write_text("x")
+    folders.refuse_inputs_inside(run, "training.run_dir", [("training.init_from", tmp_path / "parent.pt"),
+                                                           ("training.init_from", None)], "a new run replaces")
+    (tmp_path / "link.pt").symlink_to(run / "best.pt")
+    for given in (run / "best.pt", tmp_path / "link.pt", tmp_path / "run" / ".." / "run" / "best.pt"):
+        with pytest.raises(FolderError, match=f"`training.init_from` {given} lies inside `training.run_dir` {run}"):
+            folders.refuse_inputs_inside(run, "training.run_dir", [("training.init_from", given)], "a new run replaces")
+
+
+def _cli(*args: str):
+    from tests.conftest import nmt_server
+
+    return nmt_server().run(*args, text=True, timeout=120)
+
+
+def _one_error(result, message: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    assert message in lines[0] and "Traceback" not in result.stderr, lines[0]
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_train_overwrite_keeps_a_users_file_inside_the_tensorboard_folder(trained_run, prepared, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns(LOCK))
+    _tensorboard_run(run)
+    (run / "tensorboard" / "notes.txt").write_text("my notes")
+    before = _listing(run)
+    result = _cli("train", "--config", str(prepared), "--set", f"training.run_dir={run}", "--overwrite")
+    _one_error(result, f"{run} holds files nmt did not write (tensorboard/notes.txt)")
+    assert _listing(run) == before
+
+
+def test_train_overwrite_refuses_to_clear_the_parent_it_fine_tunes_from(trained_run, prepared, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns(LOCK))
+    before = _listing(run)
+    result = _cli("train", "--config", str(prepared), "--init-from", str(run / "best.pt"),
+                  "--set", f"training.run_dir={run}", "--overwrite")
+    _one_error(result, f"`training.init_from` {run / 'best.pt'} lies inside `training.run_dir` {run}")
+    assert _listing(run) == before
+
+
+def test_preprocess_refuses_inputs_inside_the_data_folder_it_rewrites(trained_run, prepared, tmp_path):
+    import shutil
+
+    import yaml
+
+    data = tmp_path / "data"
+    shutil.copytree(yaml.safe_load(prepared.read_text())["data"]["out_dir"], data, ignore=shutil.ignore_patterns(LOCK))
+    folders.register_file(data / "spm.model")
+    shutil.copy(trained_run / "best.pt", data / "parent.pt")
+    for lang in ("de", "en"):
+        (data / f"raw.{lang}").write_text("ein Hund .\n" if lang == "de" else "a dog .\n")
+    before = _listing(data)
+    for args, message in (
+            (["--init-from", str(data / "parent.pt")],
+             f"`training.init_from` {data / 'parent.pt'} lies inside `data.out_dir` {data}, which preprocess rewrites"),
+            (["--set", f"data.src_spm_model={data / 'spm.model'}"],
+             f"`data.out_dir`: {data} overlaps {data}, the folder of the input {data / 'spm.model'}"),
+            (["--set", f"data.dev={data / 'raw'}"], f"the folder of the input {data / 'raw.de'}")):
+        result = _cli("preprocess", "--config", str(prepared), "--set", f"data.out_dir={data}", "--force", *args)
+        _one_error(result, message)
+        assert _listing(data) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -176,10 +177,16 @@ def test_bad_model_files_are_one_line_errors(model_file, tmp_path):
     torch.save({"weight": torch.zeros(2)}, not_nmt_pickled)
     text = tmp_path / "notes.nmt"
     text.write_text("not a model\n")
+    fifo = tmp_path / "fifo.nmt"
+    os.mkfifo(fifo)
+    (tmp_path / "empty.nmt").write_bytes(b"")
     for path, message in ((truncated, "is truncated or corrupt"), (other_format, "has format 99"),
-                          (old_other_format, "has format 99"), (text, "is truncated or corrupt"),
+                          (old_other_format, "has format 99"), (text, f"{text} is not an nmt model file (neither"),
                           (not_nmt, "is not an nmt model file"), (not_nmt_pickled, "is not an nmt model file"),
-                          (tmp_path / "missing.nmt", "does not exist")):
+                          (tmp_path / "missing.nmt", "does not exist"),
+                          (fifo, f"model file {fifo} is a FIFO (named pipe), not a file"),
+                          (Path("/dev/zero"), "model file /dev/zero is a character device, not a file"),
+                          (tmp_path / "empty.nmt", "is truncated or corrupt (only 0 bytes)")):
         with pytest.raises(ModelFileError, match=message):
             load_model(path)
         result = run_cli("info", str(path))

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nmt.bounded import read_json
 from nmt.config import Config
 from nmt.data.corpus import file_digest
 from nmt.data.folder import FORMAT_VERSION
@@ -52,8 +53,8 @@ def inputs_of(config: Config, files: dict[str, tuple[Path, Path]]) -> Inputs:
 def recorded_fingerprint(out_dir: Path) -> str | None:
     """The fingerprint in `out_dir`'s manifest; None without a readable one."""
     try:
-        manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        manifest = read_json(out_dir / "manifest.json")
+    except (OSError, ValueError):           # not JSON, not UTF-8, past a bound (nmt.bounded)
         return None
     return manifest.get("fingerprint") if isinstance(manifest, dict) else None
 

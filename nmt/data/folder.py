@@ -8,13 +8,13 @@ folder was built from the settings and input files a config names (`DataFolder.c
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nmt.bounded import read_json
 from nmt.config import ConfigError, DataConfig
 from nmt.data.corpus import DataError, IdFile, resolve_text_file
 from nmt.data.tokenizer import Vocab
@@ -39,7 +39,7 @@ class DataFolder:
         if not path.is_file():
             raise DataError(f"{path} does not exist; run `nmt preprocess` first")
         try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
+            manifest = read_json(path)
         except (ValueError, OSError) as exc:        # ValueError covers bad JSON and bad UTF-8
             raise DataError(f"{path} cannot be read as a manifest ({exc}); rerun `nmt preprocess`") from None
         if not isinstance(manifest, dict):

@@ -52,6 +52,7 @@ from nmt.folders import (
     fsync_folder,
     open_work_folder,
     read_marker,
+    refuse_inputs_inside,
     write_marker,
 )
 from nmt.locks import holds_lock, release_folder
@@ -174,6 +175,8 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     inputs = [path for pair in files.values() for path in pair]
     inputs += [Path(p) for p in (data.src_spm_model, data.tgt_spm_model) if p]
     check_overlap(out_dir, "data.out_dir", inputs, config_path)
+    refuse_inputs_inside(out_dir, "data.out_dir", [("training.init_from", config.training.init_from)],
+                         "preprocess rewrites")
     built_from = inputs_of(config, files)
     held = holds_lock(out_dir)
     if not force and not held and current_for_readers(out_dir, built_from.fingerprint):

@@ -18,6 +18,7 @@ records' CRC-32s of a format-1 file or checkpoint):
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,22 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from nmt.bounded import file_kind
 from nmt.config import MAX_VOCAB, Config, ConfigError, ModelConfig, memory_bytes, stored_config
 
 
 class ModelFileError(ValueError):
     """A model file or checkpoint that cannot be used: missing, truncated, corrupt or of another format."""
+
+
+def not_a_file(path: Path, what: str) -> ModelFileError:
+    """The error for a `path` that is not a regular file: missing, or named for what it is (a FIFO or a
+    device would otherwise be "missing", and reading one waits forever or never ends)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ModelFileError(f"{what} {path} does not exist")
+    return ModelFileError(f"{what} {path} is {file_kind(mode)}, not a file; give an nmt model file or checkpoint")
 
 
 NUMBER = (int, float)

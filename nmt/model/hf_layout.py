@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from nmt import __version__
+from nmt.bounded import read_json
 from nmt.folders import TEMP_SUFFIX, atomic_write, fsync_folder, new_file_mode, remove_leftovers
 from nmt.model.hub import MODEL_FILE
 from nmt.model.modelfile import LoadedModel, describe, export_model, format_card, load_model
@@ -62,7 +63,7 @@ def read_score(option: str) -> TestScore:
         raise ExportError(f"{where}: write TESTSET=RESULT.json, e.g. multi30k_test_2016_flickr=test.json "
                           "(a test set name of letters, digits, '.', '_', '-')")
     try:
-        result = json.loads(Path(file).read_text(encoding="utf-8"))
+        result = read_json(file)
     except FileNotFoundError:
         raise ExportError(f"{where}: {file} does not exist") from None
     except OSError as exc:

@@ -29,7 +29,6 @@ run folder. `load_model` reads either, so every command that takes a checkpoint 
 
 from __future__ import annotations
 
-import json
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -41,9 +40,17 @@ import torch
 from torch import Tensor
 
 from nmt import __version__
+from nmt.bounded import loads_json, read_json
 from nmt.config import Config, check_decoding, check_decoding_overrides
 from nmt.data.tokenizer import Vocab
-from nmt.model.filecheck import ModelFileError, check_config, check_sections, check_weights, expected_weights
+from nmt.model.filecheck import (
+    ModelFileError,
+    check_config,
+    check_sections,
+    check_weights,
+    expected_weights,
+    not_a_file,
+)
 from nmt.model.hub import hub_name, is_hub_name, locate_model
 from nmt.model.safefile import is_pickled, write_model_file
 from nmt.model.seq2seq import Seq2Seq
@@ -100,7 +107,7 @@ def read_file(path: str | Path, what: str, mmap: bool = False) -> dict[str, Any]
     """
     path = Path(path)
     if not path.is_file():
-        raise ModelFileError(f"{what} {path} does not exist")
+        raise not_a_file(path, what)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises several types for truncated or garbled zip archives
@@ -156,7 +163,7 @@ def read_state(path: str | Path) -> tuple[dict[str, Any], bool]:
     path = Path(path)
     what = "checkpoint" if path.suffix == ".pt" else "model file"
     if not path.is_file():
-        raise ModelFileError(f"{what} {path} does not exist")
+        raise not_a_file(path, what)
     try:
         pickled = is_pickled(path)
     except OSError as exc:
@@ -279,7 +286,7 @@ def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict
     manifest_path = folder / "data_manifest.json"
     if manifest_path.is_file():
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            manifest = read_json(manifest_path)
             card["languages"] = dict(manifest["langs"])
             card["data"] = {split: {k: entry[k] for k in ("pairs", "input_pairs", "src_tokens", "tgt_tokens")
                                     if k in entry}
@@ -313,7 +320,7 @@ def _validation_at(metrics: Path, step: int) -> dict[str, Any] | None:
     with open(metrics, encoding="utf-8") as handle:
         for line in handle:
             try:
-                event = json.loads(line)
+                event = loads_json(line)
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("event") == "validation" and event.get("step") == step \

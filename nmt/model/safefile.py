@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.bounded import loads_json
 from nmt.folders import atomic_write
 from nmt.model.filecheck import ModelFileError
 
@@ -43,6 +44,14 @@ def is_pickled(path: Path) -> bool:
     """A torch.save zip (a format-1 model file or a checkpoint), not a safetensors file."""
     with open(path, "rb") as handle:
         return handle.read(4) == ZIP_MAGIC
+
+
+def looks_like_safetensors(head: bytes) -> bool:
+    """Whether a file's first 9 bytes can begin a safetensors file: a little-endian 64-bit header length
+    below 4 GiB (safetensors allows 100 MB), then the header's opening brace. Text, an image or a truncated
+    download of a web page fails this; a safetensors file cut short anywhere after its first 9 bytes passes
+    (and safetensors then says what is missing)."""
+    return len(head) >= 9 and head[4:8] == bytes(4) and head[8:9] == b"{"
 
 
 def _crc(tensor: Tensor) -> int:
@@ -93,6 +102,13 @@ def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
     """The model-file dictionary stored in a safetensors file, after its checksums; one-line `ModelFileError`s."""
     from safetensors import safe_open
 
+    with open(path, "rb") as handle:
+        head = handle.read(9)
+    if len(head) < 9 and head[4:] == bytes(len(head[4:])):
+        raise ModelFileError(f"{what} {path} is truncated or corrupt (only {len(head)} bytes)")
+    if not looks_like_safetensors(head):
+        raise ModelFileError(f"{path} is not an nmt model file (neither safetensors nor a torch checkpoint: "
+                             f"it begins with {head[:8]!r})")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
@@ -113,7 +129,7 @@ def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
 
 def _check_checksums(path: Path, what: str, metadata: dict[str, str], tensors: dict[str, Tensor]) -> None:
     try:
-        checksums = json.loads(metadata["nmt.checksums"])
+        checksums = loads_json(metadata["nmt.checksums"])
         stored, expected = checksums["tensors"], checksums["metadata"]
         if not isinstance(stored, dict):
             raise TypeError
@@ -146,11 +162,11 @@ def _state(metadata: dict[str, str], tensors: dict[str, Tensor]) -> dict[str, An
     except ValueError:
         file_format = metadata["nmt.format"]
     state = {"kind": metadata["nmt.kind"], "format": file_format, "nmt_version": metadata["nmt.version"],
-             "config": json.loads(metadata["nmt.config"]), "dtype": metadata["nmt.dtype"],
-             "card": json.loads(metadata["nmt.card"]), "tokenizer": tokenizer,
+             "config": loads_json(metadata["nmt.config"]), "dtype": metadata["nmt.dtype"],
+             "card": loads_json(metadata["nmt.card"]), "tokenizer": tokenizer,
              "model": {name: t for name, t in tensors.items() if not name.startswith(PREFIX)}}
     if "nmt.shortlist" in metadata:
-        shortlist = json.loads(metadata["nmt.shortlist"])
+        shortlist = loads_json(metadata["nmt.shortlist"])
         if not isinstance(shortlist, dict):
             raise TypeError("nmt.shortlist is not a JSON object")
         for key in SHORTLIST_TENSORS:

@@ -11,6 +11,7 @@ folder still translates; `nmt export` drops the training state.
 from __future__ import annotations
 
 import fnmatch
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
     The saved groups' OPTIMIZER_KIND flags give way to this optimiser's before the load, which places the
     step counts by them: a state saved without CUDA graphs (on the CPU, with cuda_graphs off, another
     precision) would otherwise make a graphed run's optimiser non-capturable, and its first capture fail."""
+    check_optimizer_state(optimizer, saved)
     lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
     groups = [{**group, **{key: mine[key] for key in OPTIMIZER_KIND if key in mine}}
               for group, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False)]
@@ -160,6 +162,41 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]
         group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
     for group, lr in zip(optimizer.param_groups, lr_tensors, strict=False):
         group["lr"] = lr.fill_(float(group["lr"]))
+
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """A ValueError unless `saved` holds, for each of the optimiser's parameters, Adam moments of its shape in
+    a floating dtype with finite values, and a finite step count. torch's `load_state_dict` checks only the
+    number of parameters: moments of other shapes or NaN broadcast into the first update, and the run later
+    dies with "loss became nan; lower training.lr", which blames the wrong thing."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict) \
+            or not isinstance(saved.get("param_groups"), list):
+        raise ValueError("it is not an optimiser state (no state and param_groups)")
+    ids = [i for group in saved["param_groups"] for i in (group.get("params", []) if isinstance(group, dict) else [])]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(ids) != len(params):
+        raise ValueError(f"it holds {len(ids)} parameters, the model {len(params)}")
+    for number, (index, param) in enumerate(zip(ids, params, strict=True)):
+        entry = saved["state"].get(index, {})
+        if not isinstance(entry, dict):
+            raise ValueError(f"the state of parameter {number} is not a mapping")
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                if key == "step" and isinstance(value, int | float) and math.isfinite(value) and value >= 0:
+                    continue
+                raise ValueError(f"{key} of parameter {number} is {type(value).__name__}, not a tensor")
+            if key in ADAM_MOMENTS and value.shape != param.shape:
+                raise ValueError(f"{key} of parameter {number} has shape {tuple(value.shape)}, but the parameter "
+                                 f"has {tuple(param.shape)}")
+            if key == "step" and value.numel() != 1:
+                raise ValueError(f"the step count of parameter {number} has {value.numel()} elements, not 1")
+            if not value.dtype.is_floating_point:
+                raise ValueError(f"{key} of parameter {number} is {value.dtype}, not a floating-point tensor")
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"{key} of parameter {number} holds non-finite values (NaN or inf)")
 
 
 def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from nmt.bounded import loads_json, read_json
 from nmt.config import Config, dump_config
 from nmt.data.folder import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
@@ -28,6 +29,7 @@ from nmt.folders import (
     copy_atomically,
     open_work_folder,
     read_marker,
+    refuse_inputs_inside,
     refuse_links,
     register_file,
     remove_leftovers,
@@ -75,6 +77,8 @@ class RunFolder:
         if resume:
             self._open_for_resume()
             return
+        refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
+                             "a new run replaces (--overwrite clears it)")
         ours = {MARKER, LOCK}
         exists = self.path.is_dir() and any(p.name not in ours for p in self.path.iterdir())
         if exists and not overwrite:
@@ -146,8 +150,8 @@ class RunFolder:
         if not recorded.is_file():
             return None
         try:
-            fingerprint = json.loads(recorded.read_text(encoding="utf-8")).get("fingerprint")
-        except (ValueError, AttributeError):
+            fingerprint = read_json(recorded).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
             return None
         if fingerprint and fingerprint != data.manifest.get("fingerprint"):
             return (f"--resume: the data folder {data.root} holds other data than this run was "
@@ -164,7 +168,7 @@ class RunFolder:
             if not line:
                 continue
             try:
-                event = json.loads(line)
+                event = loads_json(line)
             except ValueError:
                 event = None
             if not isinstance(event, dict) or event.get("step", 0) > step:
