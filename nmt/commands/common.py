@@ -79,7 +79,7 @@ def model_inputs(models: Iterable[Path], option: str = "--model") -> list[tuple[
     (nmt.model.hub.model_files), each named for `check_outputs`'s message."""
     found: list[tuple[str, Path]] = []
     for model in models:
-        from nmt.model.hub import hub_name, is_hub_name, model_files
+        from nmt.model.hub import hub_name, is_hub_name, model_files  # torch: only for a command with a model
 
         named = hub_name(model) if is_hub_name(model) else str(model)
         for file in model_files(model):
