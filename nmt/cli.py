@@ -18,7 +18,7 @@ import sys
 import typer
 
 from nmt import __version__
-from nmt.commands.common import app, fail, is_user_error, one_line
+from nmt.commands.common import app, error_line, fail, is_user_error, one_line
 from nmt.process import configure_process
 
 __all__ = ["app", "fail", "main", "one_line"]
@@ -100,7 +100,7 @@ def main() -> None:
         exc.show()
         code = 2
     except ClickException as exc:
-        typer.echo(f"error: {one_line(exc.format_message())} (see --help)", err=True)
+        typer.echo(f"{error_line(exc.format_message())} (see --help)", err=True)
         code = 2
     except Interrupted as exc:
         print(f"interrupted ({exc})", file=sys.stderr)
@@ -116,17 +116,17 @@ def main() -> None:
         code = 1
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        typer.echo(f"error: {where}{exc.strerror or one_line(str(exc))}", err=True)
+        typer.echo(error_line(f"{where}{exc.strerror or exc}"), err=True)
         code = 2
     except typer.Abort:
         code = 1
     except Exception as exc:
         if is_user_error(exc):
-            typer.echo(f"error: {one_line(str(exc))}", err=True)
+            typer.echo(error_line(exc), err=True)
             code = 2
         else:
-            typer.echo(f"error: internal error ({type(exc).__name__}: {one_line(str(exc))[:300]}); "
-                       "please report it", err=True)
+            typer.echo(error_line(f"internal error ({type(exc).__name__}: {one_line(str(exc))[:300]}); "
+                                  "please report it"), err=True)
             code = 1
     finally:
         gc.freeze()   # exit without a last garbage-collector walk over torch's objects: 0.3 s of every command

@@ -9,7 +9,12 @@ folder such as /tmp is followed only when it belongs to the caller or to the fol
 link someone else planted there never redirects a write. A link inside one of nmt's own folders is
 never followed. `check_outputs` applies this to every output of a command before any work, and
 refuses an output that is one of the command's inputs (stdin too), another output, or a file of
-an nmt folder.
+an nmt folder. "Is one of" compares what the paths lead to, links resolved, by real path and by
+(device, inode), so a hard link or a link to a folder is caught as well; for a model the inputs
+are all the files it is made of (nmt.model.hub.model_files).
+
+A character device (`-o /dev/null`, a terminal) is the one output that is not a file: nothing
+to replace, so it is written directly (`open_output`) instead of renamed into place.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import stat
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import IO, Any
 
-from nmt.folders import FolderError, is_nmt_file, own_marker
+from nmt.folders import FolderError, PendingFile, is_nmt_file, own_marker, remove_leftovers
 
 MAX_LINKS = 40          # the kernel's limit on links followed in one path (ELOOP beyond it)
 _STICKY_WORLD_WRITABLE = stat.S_ISVTX | stat.S_IWOTH
@@ -89,14 +95,24 @@ def output_target(path: str | Path, option: str | None = None) -> Path:
     return given if not links else here
 
 
+def is_device(path: str | Path) -> bool:
+    """A character device (/dev/null, a terminal): written directly, never replaced."""
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def check_output_path(path: str | Path, option: str) -> Path:
     """A file nmt is about to write: links only as `output_target` allows, its folder must exist and it
-    must not be a folder itself. Returns the file the write replaces."""
+    must not be a folder itself. Returns the file the write replaces (or the device it writes to)."""
     path = Path(path)
     target = output_target(path, option)
     if target.is_dir():
         raise FolderError(f"{option}: {path} is a folder; give a file name")
-    if target.exists() and not target.is_file():      # a pipe or a device: the rename would replace it
+    if is_device(target):
+        return target
+    if target.exists() and not target.is_file():      # a pipe or a block device: the rename would replace it
         raise FolderError(f"{option}: {path} is not a regular file (a pipe or a device); nmt writes an output "
                           "whole and renames it into place, so give a file name (or leave the option out for stdout)")
     if not target.parent.is_dir():
@@ -106,31 +122,36 @@ def check_output_path(path: str | Path, option: str) -> Path:
     return target
 
 
-def _identity(path: Path) -> tuple[int, int] | str:
-    """(device, inode) of an existing file, links resolved; else its resolved path."""
+Identity = frozenset[tuple[int, int] | str]
+
+
+def _identity(path: Path) -> Identity:
+    """What `path` leads to, links resolved: its real path and, for an existing file, (device, inode).
+    Two paths are the same file when these share an element (a hard link has another real path)."""
+    keys: set[tuple[int, int] | str] = {os.path.realpath(path)}
     try:
         info = os.stat(path)
-        return info.st_dev, info.st_ino
+        keys.add((info.st_dev, info.st_ino))
     except OSError:
-        return os.path.realpath(path)
+        pass
+    return frozenset(keys)
 
 
-def stdin_identity() -> tuple[int, int] | None:
+def stdin_identity() -> Identity | None:
     """(device, inode) of what stdin reads (a file redirected with `<`, a pipe, a terminal)."""
     try:
         info = os.fstat(sys.stdin.fileno() if sys.stdin is not None else 0)
     except (OSError, ValueError):
         return None
-    return info.st_dev, info.st_ino
+    return frozenset({(info.st_dev, info.st_ino)})
 
 
 def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str, Path | None]],
                   stdin: bool = False) -> dict[str, Path]:
-    """Check every output file (`check_output_path`); none may be an input ((option, path) pairs; `stdin`:
-    the command reads stdin), another output, or a file of an nmt run or data folder.
-    Returns {option: the file to write}."""
-    sources: list[tuple[str, tuple[int, int] | str]] = [
-        (option, _identity(Path(path))) for option, path in inputs if path is not None]
+    """Check every output file (`check_output_path`); none may be an input ((what, path) pairs; `stdin`:
+    the command reads stdin), another output (a device may be several), or a file of an nmt run or data
+    folder. Returns {option: the file to write}."""
+    sources: list[tuple[str, Identity]] = [(what, _identity(Path(path))) for what, path in inputs if path is not None]
     if stdin and (identity := stdin_identity()) is not None:
         sources.append(("stdin", identity))
     targets: dict[str, Path] = {}
@@ -144,8 +165,43 @@ def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str
                               "write the output to another file")
         identity = _identity(target)
         for other, known in sources:
-            if known == identity:
+            if known & identity:
                 raise FolderError(f"{option} {path} is also {other}; write the output to another file")
-        sources.append((option, identity))
+        if not is_device(target):                   # /dev/null may take several outputs
+            sources.append((option, identity))
         targets[option] = target
     return targets
+
+
+def check_emptied_folder(folder: Path, key: str, option: str, inputs: Iterable[tuple[str, Path]]) -> None:
+    """A folder whose files nmt deletes (`train --overwrite` empties its run folder) may not hold an input,
+    by the input's own path (folders resolved) or by where its links lead."""
+    home = os.path.realpath(folder)
+    for what, path in inputs:
+        for where in (os.path.join(os.path.realpath(Path(path).parent), Path(path).name), os.path.realpath(path)):
+            if os.path.commonpath([home, where]) == home:
+                raise FolderError(f"{key} {folder} holds {path} ({what}), and {option} deletes nmt's files there; "
+                                  f"copy it elsewhere first, or choose another {key}")
+
+
+class DeviceFile:
+    """A character device opened for writing, with PendingFile's interface: nothing to rename or discard."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        text = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+        self.handle: IO[Any] = open(path, mode, **text)  # noqa: SIM115 (closed by commit or discard)
+
+    def commit(self) -> None:
+        self.handle.close()
+
+    def discard(self) -> None:
+        self.handle.close()
+
+
+def open_output(target: Path, mode: str = "w") -> PendingFile | DeviceFile:
+    """The writer for a checked output `target` (`check_outputs`): a device directly, a file under a
+    temporary name that `commit` renames into place (leftovers of killed runs beside it removed first)."""
+    if is_device(target):
+        return DeviceFile(target, mode)
+    remove_leftovers(target.parent, target.name)
+    return PendingFile(target, mode)

@@ -1,4 +1,5 @@
-"""What every command shares: the Typer app, the one-line `error:` exit and the checks of paths."""
+"""What every command shares: the Typer app, the one-line `error:` exit, the checks of paths and the
+escaping of what a command prints from a file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -27,12 +29,43 @@ MODEL_HELP = ("A model file (nmt export), a training checkpoint, an exported Hug
 SetOption = typer.Option(None, "--set", help="Override a config key: --set training.lr=3e-4 (repeatable).")
 
 
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")        # C0, DEL and C1: ESC, BEL, CSI, OSC, newlines
+_JSON_RAW = re.compile(r"[\x7f-\x9f]")                  # what json.dumps(ensure_ascii=False) leaves raw
+
+
+def printable(text: object) -> str:
+    """`text` with each control character written as its escape (\\x1b, \\n): a value from a file (a model
+    card, a file name, an error quoting either) shown on a terminal never moves the cursor, clears the
+    screen or retitles the window, and a newline inside a value cannot pass for a line of nmt's own."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+def printable_data(value: Any) -> Any:
+    """Every string (keys too) of a JSON-like value through `printable`, for printing it as text."""
+    if isinstance(value, dict):
+        return {printable_data(k): printable_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable_data(v) for v in value]
+    return printable(value) if isinstance(value, str) else value
+
+
+def printable_json(text: str) -> str:
+    """JSON text with the controls json.dumps(ensure_ascii=False) keeps raw (DEL, C1) as \\u escapes:
+    the same JSON, safe on a terminal."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
+def error_line(message: object) -> str:
+    """The `error:` line for `message`: its whitespace folded into one line, its control characters escaped."""
+    return f"error: {printable(one_line(str(message)))}"
+
+
 def fail(message: str) -> None:
-    typer.echo(f"error: {one_line(message)}", err=True)
+    typer.echo(error_line(message), err=True)
     raise typer.Exit(code=2)
 
 
@@ -41,11 +74,24 @@ def as_options(message: str) -> str:
     return re.sub(r"`decoding\.(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`", message)
 
 
+def model_inputs(models: Iterable[Path], option: str = "--model") -> list[tuple[str, Path]]:
+    """The inputs a command that reads `models` has: every file each model is made of
+    (nmt.model.hub.model_files), each named for `check_outputs`'s message."""
+    found: list[tuple[str, Path]] = []
+    for model in models:
+        from nmt.model.hub import hub_name, is_hub_name, model_files  # torch: only for a command with a model
+
+        named = hub_name(model) if is_hub_name(model) else str(model)
+        for file in model_files(model):
+            found.append((option if str(file) == named else f"a file of {option} {named} ({file})", file))
+    return found
+
+
 def check_paths(outputs: dict[str, Path | None], inputs: Iterable[tuple[str, Path | None]] = (),
                 models: Sequence[Path] = ()) -> dict[str, Path]:
-    """`check_outputs` (nmt.output_files) with the models as inputs; a problem is one `error:` line."""
+    """`check_outputs` (nmt.output_files) with the files of the models as inputs; a problem is one `error:` line."""
     try:
-        return check_outputs(outputs, [*inputs, *(("--model", model) for model in models)])
+        return check_outputs(outputs, [*inputs, *model_inputs(models)])
     except FolderError as exc:
         fail(str(exc))
         return {}

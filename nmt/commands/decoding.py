@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from nmt.cli_options import decoding_options, given
-from nmt.commands.common import MODEL_HELP, app, as_options, fail, set_threads, user_errors
+from nmt.commands.common import MODEL_HELP, app, as_options, fail, model_inputs, set_threads, user_errors
 from nmt.config import MAX_BEAM, ConfigError
 
 
@@ -67,7 +67,7 @@ def translate(
         source = open_source(stack, input, sys.stdin.buffer if sys.stdin is not None else None, prefix_file,
                              prefix_column)
         inputs = [("--input", input), ("--prefix-file", prefix_file), ("--shortlist-file", shortlist_file)]
-        outputs.check([*inputs, *(("--model", model) for model in checkpoint)], stdin=input is None)
+        outputs.check([*inputs, *model_inputs(checkpoint)], stdin=input is None)
         set_threads(threads)
         reuse_freed_memory()
         translator = Translator.load(checkpoint, device, shortlist_file=shortlist_file, **given(decoding))
@@ -104,7 +104,7 @@ def score(
     outputs = OutputPaths(output)
     with ExitStack() as stack, user_errors():
         pairs = open_pairs(stack, src, tgt)
-        outputs.check([("--src", src), ("--tgt", tgt), *(("--model", model) for model in checkpoint)], stdin=False)
+        outputs.check([("--src", src), ("--tgt", tgt), *model_inputs(checkpoint)], stdin=False)
         set_threads(threads)
         scorer = Translator.load(checkpoint, device, **given(decoding))
         write_scores(scorer, pairs, outputs.open(stack, sys.stdout).text, json_lines)

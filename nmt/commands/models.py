@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from nmt.commands.common import MODEL_HELP, app, check_paths, fail
+from nmt.commands.common import MODEL_HELP, app, check_paths, fail, printable, printable_data, printable_json
 from nmt.config import ConfigError
 from nmt.folders import FolderError, register_file
 from nmt.output_files import output_target
@@ -33,7 +33,7 @@ def average(
         fail(str(exc))
     save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
     register_file(target)                   # `train --overwrite` may delete it with the rest of the run
-    typer.echo(f"averaged {len(checkpoints)} checkpoints into {output}", err=True)
+    typer.echo(printable(f"averaged {len(checkpoints)} checkpoints into {output}"), err=True)
 
 
 @app.command()
@@ -90,7 +90,7 @@ def export(
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
     size = target.stat().st_size / 2**20
-    typer.echo(f"wrote {output} ({size:.1f} MB)\n\n{format_card(info)}", err=True)
+    typer.echo(f"wrote {printable(output)} ({size:.1f} MB)\n\n{format_card(printable_data(info))}", err=True)
 
 
 def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, scores: list[str],
@@ -110,8 +110,9 @@ def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None,
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
     size = (target / "model.safetensors").stat().st_size / 2**20
-    typer.echo(f"wrote {output}/ (model.safetensors {size:.1f} MB, config.json, source.spm, target.spm, "
-               f"vocab.json, README.md with {len(read)} test scores)\n\n{format_card(describe(loaded))}", err=True)
+    card = format_card(printable_data(describe(loaded)))
+    typer.echo(f"wrote {printable(output)}/ (model.safetensors {size:.1f} MB, config.json, source.spm, target.spm, "
+               f"vocab.json, README.md with {len(read)} test scores)\n\n{card}", err=True)
 
 
 @app.command()
@@ -132,4 +133,5 @@ def info(
     architecture = card["architecture"]
     if architecture["attention"] == "bahdanau":  # its decoder feeds c_i, never h~ (nmt.model.seq2seq): n/a
         architecture["input_feeding"] = None
-    typer.echo(json.dumps(card, indent=2, ensure_ascii=False) if json_out else format_card(card))
+    typer.echo(printable_json(json.dumps(card, indent=2, ensure_ascii=False)) if json_out
+               else format_card(printable_data(card)))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-from nmt.commands.common import MODEL_HELP, app, as_options, check_paths, fail
+from nmt.commands.common import MODEL_HELP, app, as_options, check_paths, fail, printable
 from nmt.config import ConfigError
-from nmt.folders import FolderError, remove_leftovers
-from nmt.output_files import check_outputs, output_target
+from nmt.folders import FolderError
+from nmt.output_files import check_outputs, open_output, output_target
 
 
 @app.command()
@@ -80,13 +80,15 @@ def evaluate(
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
         return
-    typer.echo(ev.format_report(results, hyp_name, ", ".join(ref_names)))  # first: a closed stdout fails first
+    report = ev.format_report(results, printable(hyp_name), ", ".join(map(printable, ref_names)))
+    typer.echo(report)                                    # first: a closed stdout fails first
     if json_out is not None:
-        from nmt.folders import atomic_write
-
-        target = output_target(json_out, "--json")     # checked above; a link changed since is refused
-        remove_leftovers(target.parent, target.name)
-        atomic_write(target, lambda handle: handle.write(payload + "\n"), mode="w")
+        writer = open_output(output_target(json_out, "--json"))   # checked above; a link changed since is refused
+        try:
+            writer.handle.write(payload + "\n")
+            writer.commit()
+        finally:
+            writer.discard()
 
 
 plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs the plot extra: matplotlib).",
@@ -113,7 +115,7 @@ def plot_attention_command(
     one_file = not is_folder_target(out)
     try:
         if one_file:
-            check_outputs({"--out": Path(out)}, [("--model", checkpoint)])
+            check_paths({"--out": Path(out)}, models=[checkpoint])
         plotter = attention_output(out, len(src), "--out")
         translator = Translator.load(checkpoint, device, beam_size=beam_size)
     except (PlotUnavailable, PlotError, ModelFileError, ConfigError, FolderError) as exc:
@@ -122,7 +124,7 @@ def plot_attention_command(
     skipped = len(src) - len(plotter.written)          # an empty sentence has no attention to draw
     if one_file and skipped:
         fail(f"--src is empty: an empty sentence has no attention to draw; nothing was written to {out}")
-    typer.echo(f"wrote {len(plotter.written)} heatmap(s) to {out}"
+    typer.echo(f"wrote {len(plotter.written)} heatmap(s) to {printable(out)}"
                + (f"; {skipped} empty sentence(s) have none" if skipped else ""), err=True)
 
 
@@ -142,4 +144,4 @@ def plot_curves_command(
         fail(str(exc))
     except OSError as exc:
         fail(f"{exc.filename}: {exc.strerror}")
-    typer.echo(f"wrote {out}", err=True)
+    typer.echo(f"wrote {printable(out)}", err=True)

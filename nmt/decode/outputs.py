@@ -29,8 +29,8 @@ from torch import Tensor
 from nmt.config import ConfigError
 from nmt.data.tokenizer import Vocab
 from nmt.decode.search import Hypothesis, length_penalty
-from nmt.folders import FolderError, PendingFile, remove_leftovers
-from nmt.output_files import check_outputs, output_target
+from nmt.folders import FolderError, PendingFile
+from nmt.output_files import DeviceFile, check_outputs, open_output, output_target
 
 
 @dataclass
@@ -215,7 +215,8 @@ class ResultWriter:
 @dataclass
 class OutputPaths:
     """The files `nmt translate` writes, by option. `check` runs before the model loads; `open` makes each
-    a temporary file beside its target, renamed over it by `commit` and deleted on any failure (`stack`)."""
+    a temporary file beside its target, renamed over it by `commit` and deleted on any failure (`stack`)
+    (a device such as /dev/null is written directly)."""
 
     text: Path | None = None            # --output; None: stdout
     alignments: Path | None = None      # --alignments
@@ -223,7 +224,7 @@ class OutputPaths:
     scores: Path | None = None          # --scores
     scores_json: bool = False           # --scores-json
     plot_folder: Path | None = None     # --plot-attention
-    _pending: list[PendingFile] = field(default_factory=list, repr=False)
+    _pending: list[PendingFile | DeviceFile] = field(default_factory=list, repr=False)
 
     OPTIONS: ClassVar[dict[str, str]] = {"text": "--output", "alignments": "--alignments",
                                          "attention": "--attention-out", "scores": "--scores"}
@@ -257,9 +258,7 @@ class OutputPaths:
             if path is None:
                 handles[name] = None
                 continue
-            target = output_target(path)     # checked by `check`; a link changed since is refused
-            remove_leftovers(target.parent, target.name)
-            pending = PendingFile(target, "w")
+            pending = open_output(output_target(path))   # checked by `check`; a link changed since is refused
             stack.callback(pending.discard)
             self._pending.append(pending)
             handles[name] = pending.handle

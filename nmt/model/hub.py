@@ -6,6 +6,9 @@ Hub and for people (nmt.model.hf_layout). So loading a folder, local or from the
 file. `hf://org/name[@revision]` is fetched with huggingface_hub's `snapshot_download` (the `hub`
 extra), which keeps its cache (HF_HUB_CACHE or HF_HOME) and works from it alone when
 HF_HUB_OFFLINE=1.
+
+`model_files` names every file a model path stands for, so that no output of a command replaces
+one of them (nmt.output_files.check_outputs).
 """
 
 from __future__ import annotations
@@ -70,3 +73,30 @@ def download(spec: str) -> Path:
     if not file.is_file():
         raise ModelFileError(f"hf://{spec} has no {MODEL_FILE}; it is not a model `nmt export --format hf` wrote")
     return file
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """The files the model `path` names is made of, for the check that no output replaces one: the file
+    itself; every file of a folder (not only the `model.safetensors` that loading reads: the card,
+    config.json and the SentencePiece models are the model too); for hf://, every file of its
+    repository in the Hub cache, the snapshots' links and the blobs they point to. Nothing is
+    downloaded; a name that does not resolve gives what it would read once it does (its load reports
+    the problem)."""
+    if is_hub_name(path):
+        folder = _cache_folder(hub_name(path)[len("hf://"):])
+        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder is not None and folder.is_dir() else []
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file())
+    return [path]
+
+
+def _cache_folder(spec: str) -> Path | None:
+    """The Hub cache's folder of repository `spec` (where snapshot_download keeps it), None if unknown."""
+    try:
+        repo, _ = parse_hub_name(spec)
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+    except (ModelFileError, ImportError):
+        return None
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
