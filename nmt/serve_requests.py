@@ -17,8 +17,8 @@ from starlette import formparsers
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 
-from nmt.data.tokenizer import Vocab
 from nmt.bounded import loads_json
+from nmt.data.tokenizer import Vocab
 from nmt.decode.outputs import Translation, attention_record, nbest_json
 from nmt.serve_batcher import RequestError
 from nmt.serve_libre import KEYS as LIBRE_KEYS
