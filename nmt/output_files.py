@@ -173,17 +173,6 @@ def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str
     return targets
 
 
-def check_emptied_folder(folder: Path, key: str, option: str, inputs: Iterable[tuple[str, Path]]) -> None:
-    """A folder whose files nmt deletes (`train --overwrite` empties its run folder) may not hold an input,
-    by the input's own path (folders resolved) or by where its links lead."""
-    home = os.path.realpath(folder)
-    for what, path in inputs:
-        for where in (os.path.join(os.path.realpath(Path(path).parent), Path(path).name), os.path.realpath(path)):
-            if os.path.commonpath([home, where]) == home:
-                raise FolderError(f"{key} {folder} holds {path} ({what}), and {option} deletes nmt's files there; "
-                                  f"copy it elsewhere first, or choose another {key}")
-
-
 class DeviceFile:
     """A character device opened for writing, with PendingFile's interface: nothing to rename or discard."""
 

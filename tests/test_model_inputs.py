@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -130,17 +129,6 @@ def test_every_input_option_and_every_model_of_an_ensemble(trained_run, model_fi
               "is also a file of --model")
     one_error(run_cli("translate", "-m", str(hf), "-i", str(source), "--plot-attention", str(hf)), str(hf))
     assert contents(work) == before
-
-
-def test_train_overwrite_never_deletes_the_model_it_starts_from(prepared, trained_run, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(trained_run, run)
-    before = (run / "best.pt").read_bytes()
-    result = subprocess.run([sys.executable, "-m", "nmt", "train", "-c", str(prepared), "--set",
-                             f"training.run_dir={run}", "--overwrite", "--init-from", str(run / "best.pt")],
-                            capture_output=True, text=True, timeout=300)
-    one_error(result, f"training.run_dir {run} holds {run / 'best.pt'} (training.init_from)", "--overwrite")
-    assert (run / "best.pt").read_bytes() == before and (run / "last.pt").is_file()
 
 
 def test_dev_null_is_an_output(model_file, tmp_path):

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import typer
 
-from nmt.commands.common import ConfigOption, SetOption, app, fail, model_inputs
-from nmt.config import Config, ConfigError, load_config
+from nmt.commands.common import ConfigOption, SetOption, app, fail
+from nmt.config import ConfigError, load_config
 from nmt.data.corpus import DataError
 from nmt.folders import FolderError
-from nmt.output_files import check_emptied_folder
 from nmt.process import configure_process
 
 InitFromOption = typer.Option(
@@ -23,14 +22,6 @@ def _with_init(overrides: list[str] | None, init_from: Path | None, init_optimiz
     directory, where --set paths are relative to the config's folder)."""
     extra = [f"training.init_from={init_from.resolve()}"] if init_from is not None else []
     return [*(overrides or []), *extra, *(["training.init_optimizer=true"] if init_optimizer else [])]
-
-
-def _keep_parent(config: Config) -> None:
-    """`--overwrite` deletes nmt's files in the run folder: never the model the run starts from."""
-    t = config.training
-    if t.init_from and t.run_dir:
-        check_emptied_folder(Path(t.run_dir), "training.run_dir", "--overwrite",
-                             model_inputs([Path(t.init_from)], "training.init_from"))
 
 
 @app.command()
@@ -77,8 +68,6 @@ def train(
              "model; --resume continues this one from its last.pt")
     try:
         loaded = load_config(config, _with_init(overrides, init_from, init_optimizer))
-        if overwrite:
-            _keep_parent(loaded)
         trainer = run_training(loaded, resume=resume, overwrite=overwrite, config_path=config)
     except (ConfigError, DataError, CheckpointError, RunDirError, FolderError) as exc:
         fail(str(exc))
