@@ -41,7 +41,7 @@ from torch import Tensor
 
 from nmt.data.batching import bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.decode.search import NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
+from nmt.decode.search import MIN_LEN, NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
@@ -277,7 +277,7 @@ class SearchGraphs:
 
     @_on_model_device
     @torch.no_grad()
-    def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = 0,
+    def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = MIN_LEN,
                max_len: int | None = None) -> list[Hypothesis]:
         """nmt.decode.search.greedy_search, graphed."""
         model = self.model
@@ -328,7 +328,7 @@ class SearchGraphs:
     @_on_model_device
     @torch.no_grad()
     def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
-             max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, max_len: int | None = None,
+             max_len_ratio: float = 2.0, min_len: int = MIN_LEN, n_best: int = 1, max_len: int | None = None,
              early_stop: bool = False) -> list[list[Hypothesis]]:
         """nmt.decode.search.beam_search, graphed (see the module's docstring for the bookkeeping)."""
         model, k = self.model, beam_size
