@@ -7,6 +7,12 @@ Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, ev
 and a data cursor (epoch, batch index, sampler seed); the sampler regenerates the epoch's batch
 list from its seed and the loop continues at the cursor, so on the CPU an interrupted-then-
 resumed run ends with bitwise the same parameters as an uninterrupted one.
+
+`training.max_minutes` bounds the wall time of the whole run, the last validation and checkpoint
+included: of `nmt train`, from the process's start (Python's and torch's start-up count); through the
+API, from the Trainer's making. Updates stop while one more, the last validation, the last save and the
+process's exit still fit; their durations are measured (before the first validation, one dev batch
+is timed and last.pt saved once to measure them). A resumed run spends what its earlier sessions left.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from tqdm import tqdm
 from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.device import autocast
+from nmt.process import command_started
 from nmt.progress import progress_bar
 from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
@@ -32,6 +39,7 @@ from nmt.train.run_folder import RunDirError
 from nmt.train.schedules import teacher_forcing_ratio
 from nmt.train.validation import (
     ValidationAbandoned,
+    estimate_dev_seconds,
     evaluate_dev,
     first_sentence_attention,
     higher_is_better,
@@ -40,6 +48,10 @@ from nmt.train.validation import (
 )
 
 __all__ = ["RunDirError", "Trainer", "train", "train_step"]
+
+# What a budget keeps for the process to end once the last checkpoint is written (the progress bar,
+# the folders' locks, the interpreter's exit with torch loaded): measured at 0.2 to 0.4 s on 2 CPU cores.
+EXIT_SECONDS = 0.5
 
 
 def train(config: Config, resume: bool = False, overwrite: bool = False,
@@ -104,8 +116,13 @@ class Trainer:
         self.progress, self.tensorboard = parts.progress, parts.tensorboard
         self.stop_signal: int | None = None
         self.evaluating_dev = False                    # a signal now abandons validation at once
-        self.started: float | None = None             # when this process began training (`train`)
+        self.started = command_started() or time.monotonic()   # when this session began: max_minutes counts
         self.last_saved = time.monotonic()
+        # measured durations (seconds) that the budget keeps time for: an update (moving average), the
+        # last validation with its checkpoints (a scheduled one's, or an estimate), a save of last.pt
+        self.update_seconds: float | None = None
+        self.final_seconds: float | None = None
+        self.save_seconds: float | None = None
 
     def close(self) -> None:
         """Let go of the run folder's and data folder's locks (a process that ends lets go anyway)."""
@@ -136,7 +153,7 @@ class Trainer:
                 tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
                            "Raise that limit with --set to train on.", file=sys.stderr)
             return {}
-        self.started = self.last_saved = time.monotonic()
+        self.last_saved = time.monotonic()
         previous_handlers = self._install_signal_handlers()
         bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step, disable=not self.is_main,
                            dynamic_ncols=True)
@@ -156,7 +173,9 @@ class Trainer:
                     group = batches[p.cursor.batch : p.cursor.batch + t.accumulate]
                     tf_ratio = teacher_forcing_ratio(t, p.step)
                     lr = self.schedule.step(p.step + 1, (p.elapsed + self._session_time()) / 60)
+                    update_start = time.monotonic()
                     loss, tokens = self._update([self.train_ids.collate(rows) for rows in group], tf_ratio)
+                    self._measured_update(time.monotonic() - update_start)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
                     p.step += 1
@@ -183,12 +202,16 @@ class Trainer:
                     if on_schedule or stop:
                         # Validate on schedule, and once more when a budget ends. A signal skips it (exit
                         # fast) or cuts it short; it then stays due, for --resume to run first.
+                        block_start = time.monotonic()
                         if stop and stop.startswith("SIG"):
                             p.validation_due = on_schedule or bool(self.ranks.from_rank0(self._budget_spent()))
                         else:
                             last_metrics, stopping = self._validate_owed()
                             stop = stop or stopping
                         self._save("last.pt")
+                        if not p.validation_due:
+                            self.final_seconds = time.monotonic() - block_start
+                        stop = stop or self._stop_reason()   # no time for another update and validation
                         window_start = time.monotonic()
                     elif (t.save_every and p.step % t.save_every == 0) or self.ranks.from_rank0(self._save_due()):
                         self._save("last.pt")
@@ -242,13 +265,32 @@ class Trainer:
         return self._budget_spent()
 
     def _budget_spent(self) -> str | None:
-        """"max_updates" or "max_minutes" once that budget is spent (this process's view)."""
+        """"max_updates" once that many are done; "max_minutes" once one more update, the last validation and
+        checkpoint and the exit no longer fit in the budget (this process's view)."""
         t, p = self.config.training, self.progress
         if t.max_updates and p.step >= t.max_updates:
             return "max_updates"
-        if t.max_minutes and (p.elapsed + self._session_time()) / 60 >= t.max_minutes:
+        if t.max_minutes and p.elapsed + self._session_time() + self._time_to_finish() >= t.max_minutes * 60:
             return "max_minutes"
         return None
+
+    def _measured_update(self, seconds: float) -> None:
+        """An update's duration into the moving average (the first, with its warm-up, starts it high)."""
+        self.update_seconds = seconds if self.update_seconds is None else 0.9 * self.update_seconds + 0.1 * seconds
+
+    def _time_to_finish(self) -> float:
+        """Seconds that one more update, then the last validation, last.pt and the exit take. Before a scheduled
+        validation has been measured: one dev batch timed and scaled to the dev set, and last.pt saved once."""
+        if self.final_seconds is None:
+            if self.save_seconds is None:
+                self._save("last.pt")                               # times itself
+            dev = 0.0
+            if self.dev_ids is not None and self.is_main and self.progress.step > 0:
+                with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+                    dev = estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
+            # validation writes best.pt and a best-step file besides last.pt
+            self.final_seconds = dev + 3 * (self.save_seconds or 0.0)
+        return (self.update_seconds or 0.0) + 1.1 * self.final_seconds + EXIT_SECONDS
 
     # ------------------------------------------------------------------ validation
 
@@ -323,6 +365,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, name: str) -> None:
+        start = time.monotonic()
         if self.is_main:
             state = training_state(self.config, self.data.manifest["vocab"], self.model, self.optimizer,
                                    self.schedule, self.scaler, self.progress,
@@ -330,6 +373,7 @@ class Trainer:
             save_checkpoint(self.run_dir / name, state)
         if name == "last.pt":
             self.last_saved = time.monotonic()
+            self.save_seconds = self.last_saved - start
 
     def _save_due(self) -> bool:
         """`training.save_every_minutes` of training have passed since last.pt was written."""
@@ -337,5 +381,5 @@ class Trainer:
         return bool(minutes) and time.monotonic() - self.last_saved >= minutes * 60
 
     def _session_time(self) -> float:
-        """Seconds this process has trained (0 before `train`)."""
-        return time.monotonic() - self.started if self.started is not None else 0.0
+        """Seconds this session has run: since the `nmt` process started (see the module's docstring)."""
+        return time.monotonic() - self.started
