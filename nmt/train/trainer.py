@@ -11,8 +11,9 @@ resumed run ends with bitwise the same parameters as an uninterrupted one.
 `training.max_minutes` bounds the wall time of the whole run, the last validation and checkpoint
 included: of `nmt train`, from the process's start (Python's and torch's start-up count); through the
 API, from the Trainer's making. Updates stop while one more, the last validation, the last save and the
-process's exit still fit; their durations are measured (before the first validation, one dev batch
-is timed and last.pt saved once to measure them). A resumed run spends what its earlier sessions left.
+process's exit still fit; their durations are measured (before the first validation, a few dev
+sentences are decoded and last.pt saved once to time them, and the sentences are timed again before an
+old estimate stops the run). A resumed run spends what its earlier sessions left.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ class Trainer:
         # last validation with its checkpoints (a scheduled one's, or an estimate), a save of last.pt
         self.update_seconds: float | None = None
         self.final_seconds: float | None = None
+        self.final_estimated: float | None = None   # when final_seconds was last estimated; None: measured
+        self.estimate_interval = 0.0                  # how often to estimate again
         self.save_seconds: float | None = None
 
     def close(self) -> None:
@@ -202,15 +205,12 @@ class Trainer:
                     if on_schedule or stop:
                         # Validate on schedule, and once more when a budget ends. A signal skips it (exit
                         # fast) or cuts it short; it then stays due, for --resume to run first.
-                        block_start = time.monotonic()
                         if stop and stop.startswith("SIG"):
                             p.validation_due = on_schedule or bool(self.ranks.from_rank0(self._budget_spent()))
                         else:
                             last_metrics, stopping = self._validate_owed()
                             stop = stop or stopping
                         self._save("last.pt")
-                        if not p.validation_due:
-                            self.final_seconds = time.monotonic() - block_start
                         stop = stop or self._stop_reason()   # no time for another update and validation
                         window_start = time.monotonic()
                     elif (t.save_every and p.step % t.save_every == 0) or self.ranks.from_rank0(self._save_due()):
@@ -270,7 +270,11 @@ class Trainer:
         t, p = self.config.training, self.progress
         if t.max_updates and p.step >= t.max_updates:
             return "max_updates"
-        if t.max_minutes and p.elapsed + self._session_time() + self._time_to_finish() >= t.max_minutes * 60:
+        if not t.max_minutes:
+            return None
+        if self.final_estimated is not None and time.monotonic() - self.final_estimated > self.estimate_interval:
+            self._estimate_final()            # the model's greedy outputs change length as it learns
+        if p.elapsed + self._session_time() + self._time_to_finish() >= t.max_minutes * 60:
             return "max_minutes"
         return None
 
@@ -279,18 +283,27 @@ class Trainer:
         self.update_seconds = seconds if self.update_seconds is None else 0.9 * self.update_seconds + 0.1 * seconds
 
     def _time_to_finish(self) -> float:
-        """Seconds that one more update, then the last validation, last.pt and the exit take. Before a scheduled
-        validation has been measured: one dev batch timed and scaled to the dev set, and last.pt saved once."""
+        """Seconds that one more update, then the last validation, last.pt and the exit take; an estimate of the
+        validation gets a larger margin than a measured one."""
         if self.final_seconds is None:
-            if self.save_seconds is None:
-                self._save("last.pt")                               # times itself
-            dev = 0.0
-            if self.dev_ids is not None and self.is_main and self.progress.step > 0:
-                with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
-                    dev = estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
-            # validation writes best.pt and a best-step file besides last.pt
-            self.final_seconds = dev + 3 * (self.save_seconds or 0.0)
-        return (self.update_seconds or 0.0) + 1.1 * self.final_seconds + EXIT_SECONDS
+            self._estimate_final()
+        margin = 1.1 if self.final_estimated is None else 1.25
+        return (self.update_seconds or 0.0) + margin * (self.final_seconds or 0.0) + EXIT_SECONDS
+
+    def _estimate_final(self) -> None:
+        """Before a scheduled validation has been measured: a few dev sentences decoded, timed and scaled to
+        the dev set, and last.pt saved once, to time it."""
+        start = time.monotonic()
+        if self.save_seconds is None:
+            self._save("last.pt")                                   # times itself
+        dev = 0.0
+        if self.dev_ids is not None and self.is_main:
+            with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+                dev = estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
+        # validation writes best.pt and a best-step file besides last.pt
+        self.final_seconds, self.final_estimated = dev + 3 * (self.save_seconds or 0.0), time.monotonic()
+        # again after 5% of the budget, or 10 times what this took: estimating costs at most a tenth of it
+        self.estimate_interval = max(0.05 * self.config.training.max_minutes * 60, 10 * (time.monotonic() - start))
 
     # ------------------------------------------------------------------ validation
 
@@ -300,8 +313,12 @@ class Trainer:
         t, p = self.config.training, self.progress
         metrics: dict[str, Any] = {}
         p.validation_due, p.validated_step = False, p.step      # as best.pt, saved inside, must record them
+        start = time.monotonic()
         try:
             metrics = self.validate()
+            # what the last validation will take, with its checkpoints and last.pt after it (for max_minutes)
+            self.final_seconds = time.monotonic() - start + (self.save_seconds or 0.0)
+            self.final_estimated = None
         except ValidationAbandoned:
             p.validation_due = True
         if self.world_size > 1:                  # only rank 0 validates: its plateau schedule sets every rank's lr

@@ -30,6 +30,8 @@ from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
 from nmt.train.loss import output_cross_entropy
 
+PROBE_SENTENCES = 32        # what `estimate_dev_seconds` decodes: the longest dev sentences
+
 
 class ValidationAbandoned(Exception):
     """A stop signal arrived during validation: the loop saves last.pt and exits instead of finishing it."""
@@ -100,17 +102,19 @@ def _dev_batch(model: Seq2Seq, batch: Batch, config: Config, device: torch.devic
 @torch.no_grad()
 def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds, config: Config, device: torch.device,
                          amp_dtype: torch.dtype | None) -> float:
-    """Seconds `evaluate_dev` would take now: its first batch timed, scaled by the share of the dev tokens it
-    holds. A budget (`training.max_minutes`) keeps this much time for the last validation before one is
-    measured. The first batch holds the longest sentences, and an early model's greedy outputs run long:
-    the estimate errs high."""
+    """Seconds `evaluate_dev` would take now: its longest `PROBE_SENTENCES` sentences timed, scaled by the
+    share of the dev tokens they hold. A budget (`training.max_minutes`) keeps this much time for the last
+    validation before one is measured. An early model's greedy outputs run long, and a few rows cost more
+    per sentence than a full batch: the estimate errs high (the trainer estimates again before it stops on
+    an old estimate)."""
     model.eval()
     rows, batches = _dev_batches(dev, config)
     lengths = dev.src_lengths[rows] + dev.tgt_lengths[rows]
+    probe = batches[0][:PROBE_SENTENCES]
     start = time.perf_counter()
-    _dev_batch(model, dev.collate(rows[batches[0]]).to(device), config, device, amp_dtype)
+    _dev_batch(model, dev.collate(rows[probe]).to(device), config, device, amp_dtype)
     seconds = time.perf_counter() - start
-    return seconds * float(lengths.sum()) / max(float(lengths[batches[0]].sum()), 1.0)
+    return seconds * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
 
 
 @torch.no_grad()
