@@ -45,6 +45,25 @@ def test_max_minutes_bounds_the_whole_command(prepared, tmp_path):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == last["step"]
 
 
+def test_train_events_report_the_padding_of_the_logged_batches(prepared, tmp_path):
+    """src_padding and tgt_padding: PAD positions / all positions of the window's padded batch tensors."""
+    run = tmp_path / "run"
+    trainer = Trainer(config_for(prepared, run, max_updates=6, log_every=3, validate_every=100000,
+                                 val_max_sentences=5))
+    batches = [trainer.train_ids.collate(rows) for rows in trainer.sampler.batches(0)[:6]]
+    trainer.train()
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in train] == [3, 6]
+    for event, window in zip(train, (batches[:3], batches[3:]), strict=True):
+        src_real = sum(int((b.src != 0).sum()) for b in window)
+        tgt_real = sum(int((b.tgt_out != 0).sum()) for b in window)
+        src_cells, tgt_cells = sum(b.src.numel() for b in window), sum(b.tgt_out.numel() for b in window)
+        assert event["src_padding"] == pytest.approx(1 - src_real / src_cells)
+        assert event["tgt_padding"] == pytest.approx(1 - tgt_real / tgt_cells)
+        assert 0 < event["src_padding"] < 1 and 0 < event["tgt_padding"] < 1
+
+
 def test_resume_reaches_the_same_parameters(prepared, tmp_path):
     settings = dict(max_updates=8, validate_every=3, val_max_sentences=10, log_every=2)
     straight = Trainer(config_for(prepared, tmp_path / "a", **settings))

@@ -95,6 +95,27 @@ def train_step(parts: TrainingParts, batches: list[Batch], teacher_forcing: floa
     return float(total), tokens
 
 
+class Padding:
+    """PAD's share of the source and target batch tensors over a logging window (PAD positions / all
+    positions), counted from each batch's shapes and lengths: bucketing exists to keep it low."""
+
+    def __init__(self) -> None:
+        self.src_real = self.src_cells = self.tgt_real = self.tgt_cells = 0
+
+    def add(self, batches: list[Batch], tgt_tokens: int) -> None:
+        """An update's batches (several with gradient accumulation), with the target tokens it counted."""
+        for batch in batches:
+            src_cells, tgt_cells = batch.cells
+            self.src_cells += src_cells
+            self.tgt_cells += tgt_cells
+            self.src_real += batch.n_src_tokens
+        self.tgt_real += tgt_tokens
+
+    def fractions(self) -> tuple[float, float]:
+        """(source, target) padding fractions of the window so far."""
+        return (1 - self.src_real / max(self.src_cells, 1), 1 - self.tgt_real / max(self.tgt_cells, 1))
+
+
 class Trainer:
     """Trains the pieces of one run until a budget, early stopping or a signal ends it."""
 
@@ -161,6 +182,7 @@ class Trainer:
         bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step, disable=not self.is_main,
                            dynamic_ncols=True)
         session_tokens, window_start = 0, time.monotonic()     # for tokens/s: this process's share of the window
+        padding = Padding()                                    # this process's share of the window, too
         last_metrics: dict[str, Any] = {}
         reason = "max_epochs"
         try:
@@ -177,7 +199,9 @@ class Trainer:
                     tf_ratio = teacher_forcing_ratio(t, p.step)
                     lr = self.schedule.step(p.step + 1, (p.elapsed + self._session_time()) / 60)
                     update_start = time.monotonic()
-                    loss, tokens = self._update([self.train_ids.collate(rows) for rows in group], tf_ratio)
+                    collated = [self.train_ids.collate(rows) for rows in group]
+                    loss, tokens = self._update(collated, tf_ratio)
+                    padding.add(collated, tokens)
                     self._measured_update(time.monotonic() - update_start)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
@@ -190,16 +214,19 @@ class Trainer:
                     if p.step % t.log_every == 0:
                         speed = session_tokens / max(time.monotonic() - window_start, 1e-9)
                         mean_loss = p.window_loss / p.window_tokens
-                        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}")
+                        src_pad, tgt_pad = padding.fractions()
+                        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}",
+                                        pad=f"{src_pad:.0%}/{tgt_pad:.0%}")
                         event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
                                  "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
                                  "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+                                 "src_padding": src_pad, "tgt_padding": tgt_pad,
                                  "wall_time": p.elapsed + self._session_time()}
                         self.run.log(event)
                         if self.tensorboard is not None:
                             self.tensorboard.train(event)
                         p.window_loss, p.window_tokens = 0.0, 0
-                        session_tokens, window_start = 0, time.monotonic()
+                        session_tokens, window_start, padding = 0, time.monotonic(), Padding()
                     stop = self._stop_reason()
                     on_schedule = p.step % t.validate_every == 0
                     if on_schedule or stop:
