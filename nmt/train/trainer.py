@@ -167,7 +167,10 @@ class Trainer:
             self.close()
 
     def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
-        return train_step(self.parts, batches, teacher_forcing)
+        start = time.monotonic()
+        result = train_step(self.parts, batches, teacher_forcing)
+        self._measured_update(time.monotonic() - start)
+        return result
 
     def _train(self) -> dict[str, Any]:
         t, p = self.config.training, self.progress
@@ -198,11 +201,9 @@ class Trainer:
                     group = batches[p.cursor.batch : p.cursor.batch + t.accumulate]
                     tf_ratio = teacher_forcing_ratio(t, p.step)
                     lr = self.schedule.step(p.step + 1, (p.elapsed + self._session_time()) / 60)
-                    update_start = time.monotonic()
                     collated = [self.train_ids.collate(rows) for rows in group]
                     loss, tokens = self._update(collated, tf_ratio)
                     padding.add(collated, tokens)
-                    self._measured_update(time.monotonic() - update_start)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
                     p.step += 1
@@ -213,19 +214,7 @@ class Trainer:
                     bar.update(1)
                     if p.step % t.log_every == 0:
                         speed = session_tokens / max(time.monotonic() - window_start, 1e-9)
-                        mean_loss = p.window_loss / p.window_tokens
-                        src_pad, tgt_pad = padding.fractions()
-                        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}",
-                                        pad=f"{src_pad:.0%}/{tgt_pad:.0%}")
-                        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
-                                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
-                                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
-                                 "src_padding": src_pad, "tgt_padding": tgt_pad,
-                                 "wall_time": p.elapsed + self._session_time()}
-                        self.run.log(event)
-                        if self.tensorboard is not None:
-                            self.tensorboard.train(event)
-                        p.window_loss, p.window_tokens = 0.0, 0
+                        self._log_window(bar, lr, tf_ratio, speed, padding)
                         session_tokens, window_start, padding = 0, time.monotonic(), Padding()
                     stop = self._stop_reason()
                     on_schedule = p.step % t.validate_every == 0
@@ -262,6 +251,23 @@ class Trainer:
             if self.is_main:
                 tqdm.write(f"training stopped at update {p.step} ({reason}); checkpoints in {self.run_dir}",
                            file=sys.stderr)
+
+    def _log_window(self, bar: Any, lr: float, tf_ratio: float, speed: float, padding: Padding) -> None:
+        """The logging window's train event (metrics.jsonl, TensorBoard) and progress line; starts a new window."""
+        p = self.progress
+        mean_loss = p.window_loss / p.window_tokens
+        src_pad, tgt_pad = padding.fractions()
+        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}",
+                        pad=f"{src_pad:.0%}/{tgt_pad:.0%}")
+        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
+                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
+                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+                 "src_padding": src_pad, "tgt_padding": tgt_pad,
+                 "wall_time": p.elapsed + self._session_time()}
+        self.run.log(event)
+        if self.tensorboard is not None:
+            self.tensorboard.train(event)
+        p.window_loss, p.window_tokens = 0.0, 0
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """SIGINT/SIGTERM ask the loop to stop after this update; a second one gives up at once."""
