@@ -12,6 +12,7 @@ import gc
 import importlib
 import io
 import os
+import select
 import signal
 import sys
 
@@ -69,6 +70,28 @@ def _occupy_closed_descriptors() -> None:
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
+def _reader_gone() -> bool:
+    """stdout is a pipe whose reading end is closed (`| head` has exited): poll reports an error on it."""
+    try:
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):          # no poll() on this system
+        return False
+
+
+def _end_as_sigpipe_does() -> None:
+    """End silently, killed by SIGPIPE, as `cat` and `yes` end when `head` stops reading: the shell reports
+    141, and `set -o pipefail` treats it as it treats theirs. (Python ignores SIGPIPE, so the write failed with
+    EPIPE instead; the `with` blocks on the way here removed what was half-written.)"""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)   # nothing more reaches the pipe, not even a flush
+        sys.stderr.flush()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(128 + signal.SIGPIPE)                     # where the signal is not delivered at once
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"nmt {__version__}")
@@ -95,7 +118,7 @@ def main() -> None:
         signal.signal(sig, _interrupt)
     code = 0
     try:
-        code = app(standalone_mode=False) or 0
+        code = app(prog_name="nmt", standalone_mode=False) or 0
     except NoArgsIsHelpError as exc:
         exc.show()
         code = 2
@@ -111,9 +134,12 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
+    except SystemExit as exc:                    # click exits 1 when a write to stdout fails with EPIPE
+        if exc.code != 1 or not _reader_gone():
+            raise
+        _end_as_sigpipe_does()
     except BrokenPipeError:                      # the reader went away (`nmt translate | head`)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 1
+        _end_as_sigpipe_does()
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         typer.echo(error_line(f"{where}{exc.strerror or exc}"), err=True)

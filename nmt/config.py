@@ -176,7 +176,8 @@ class DecodingConfig:
     beam_size: int = _bounded(5, ge=1, le=MAX_BEAM, help="Beam size; 1 = greedy.")
     length_penalty: float = _bounded(1.0, ge=0.0, le=MAX_PENALTY, help="GNMT alpha (beam); 0 disables.")
     max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0, help="At most ratio * source pieces + 10 pieces.")
-    min_len: int = _bounded(0, ge=0, le=1000, help="No EOS before this many pieces.")
+    min_len: int = _bounded(1, ge=0, le=1000, help="No EOS before this many pieces: 1 (the default) never "
+                                                   "gives an empty output for a non-empty input; 0 allows it.")
     no_repeat_ngram: int = _bounded(0, ge=0, le=100, help="Block repeated n-grams of this size; 0 = off.")
     batch_tokens: int = _bounded(0, ge=0, le=MAX_TOKENS,
                                  help="Tokens per batch: source x beam (translate), source + target (score); "

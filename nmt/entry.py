@@ -20,6 +20,9 @@ def _exit_at_once(signum: int, _frame: object) -> None:
 def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_at_once)
+    from nmt.process import mark_command_start
+
+    mark_command_start()                 # `training.max_minutes` counts from the process's start
     from nmt.cli import main as run_command_line
 
     run_command_line()

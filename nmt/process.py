@@ -9,6 +9,7 @@ not set, and imports no torch, so `nmt --help` stays fast.
 from __future__ import annotations
 
 import os
+import time
 
 KERNEL_CACHE_ENTRIES = "16"
 
@@ -28,3 +29,30 @@ def configure_process(training: bool = False) -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", KERNEL_CACHE_ENTRIES)
     if training:
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", KERNEL_CACHE_ENTRIES)
+
+
+_command_started: float | None = None     # time.monotonic() when the `nmt` process started, set by nmt.entry
+
+
+def mark_command_start() -> None:
+    """Record when this `nmt` process started (Linux: its start time in /proc, so Python's and the imports'
+    start-up count; elsewhere: now). `training.max_minutes` bounds the command from then on."""
+    global _command_started
+    _command_started = time.monotonic() - (process_age() or 0.0)
+
+
+def command_started() -> float | None:
+    """time.monotonic() at the start of the `nmt` command; None inside another program (the Python API)."""
+    return _command_started
+
+
+def process_age() -> float | None:
+    """Seconds since this process started, from /proc (Linux, 10 ms resolution); None where unknown."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()      # after the command name, which may hold spaces
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            since_boot = float(uptime.read().split()[0])
+        return max(0.0, since_boot - int(fields[19]) / os.sysconf("SC_CLK_TCK"))   # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return None

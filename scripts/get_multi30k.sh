@@ -8,7 +8,7 @@
 #
 # DEST defaults to data/multi30k. Files stay gzipped (nmt reads .gz directly). A mirror must hold
 # the first three splits; the later test sets are copied when it has them and skipped (with a note)
-# when it does not.
+# when it does not. Offline, the first failed download ends the downloads: one line says why.
 set -euo pipefail
 # shellcheck source=scripts/script_usage.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/script_usage.sh"   # beside this file, links followed
@@ -31,7 +31,8 @@ for split in test_2017_flickr test_2017_mscoco test_2018_flickr; do
 done
 
 # Copy or download one file into $dest (kept if already there); returns 1 when the mirror lacks it
-# or the download fails.
+# or the download fails, with curl's last message in $why.
+why=""
 fetch() {
   local f="$1"
   [[ -s "$dest/$f" ]] && return 0
@@ -39,7 +40,11 @@ fetch() {
     [[ -f "$mirror/$f" ]] || return 1
     cp "$mirror/$f" "$dest/$f.part" || exit 1
   else
-    curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f" || { rm -f "$dest/$f.part"; return 1; }
+    if ! why=$(curl -fsSL --retry 3 -o "$dest/$f.part" "$base_url/$f" 2>&1); then
+      why=$(tail -n 1 <<< "$why")
+      rm -f "$dest/$f.part"
+      return 1
+    fi
   fi
   mv "$dest/$f.part" "$dest/$f" || exit 1
 }
@@ -50,15 +55,21 @@ for f in "${files[@]}"; do
     if [[ -n "$mirror" ]]; then
       echo "error: $mirror/$f does not exist (the Multi30k mirror folder)" >&2
     else
-      echo "error: could not download $base_url/$f" >&2
+      echo "error: could not download $base_url/$f (${why:-curl failed})" >&2
     fi
     exit 2
   fi
 done
 for f in "${heldout[@]}"; do
-  fetch "$f" || skipped+=("$f")
+  if [[ -z "$mirror" && -n "$why" ]]; then     # a download failed (offline?): do not try the others
+    skipped+=("$f")
+  elif ! fetch "$f"; then
+    skipped+=("$f")
+  fi
 done
 if (( ${#skipped[@]} )); then
-  echo "note: held-out test files not found, skipped: ${skipped[*]}" >&2
+  reason="not found"
+  [[ -z "$why" ]] || reason="not downloaded ($why)"
+  echo "note: held-out test files $reason, skipped: ${skipped[*]}" >&2
 fi
 echo "Multi30k raw files in $dest" >&2

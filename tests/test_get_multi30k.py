@@ -3,6 +3,7 @@ test sets are copied when the mirror has them."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from tests.conftest import REPO
@@ -38,3 +39,37 @@ def test_mirror_without_a_standard_split_is_an_error_naming_it(tmp_path):
     result = run(mirror, tmp_path / "dest")
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: {mirror}/{REQUIRED[-1]} does not exist")
+
+
+def offline(tmp_path):
+    """A PATH whose curl fails as it does without a network, and counts its calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    curl = bin_dir / "curl"
+    curl.write_text(f'#!/bin/sh\necho x >> "{tmp_path}/curl_calls"\n'
+                    'echo "curl: (6) Could not resolve host: github.com" >&2\nexit 6\n')
+    curl.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MULTI30K_MIRROR": ""}
+
+
+def test_offline_the_held_out_sets_are_skipped_in_one_line_after_one_try(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    for name in REQUIRED:                                   # the standard splits are there already
+        (dest / name).write_bytes(b"x")
+    result = subprocess.run(["bash", str(SCRIPT), str(dest)], capture_output=True, text=True, env=offline(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "curl_calls").read_text().count("x") == 1
+    note, done = result.stderr.splitlines()
+    assert note.startswith("note: held-out test files not downloaded (curl: (6) Could not resolve host: github.com)")
+    assert "test_2017_flickr.de.gz" in note and "test_2018_flickr.fr.gz" in note
+    assert done == f"Multi30k raw files in {dest}"
+
+
+def test_offline_a_standard_split_is_one_error_line_with_curls_reason(tmp_path):
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "dest")], capture_output=True, text=True,
+                            env=offline(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: could not download https://github.com/multi30k/dataset/raw/master/data/task1/raw/train.de.gz "
+        "(curl: (6) Could not resolve host: github.com)"]

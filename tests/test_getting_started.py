@@ -147,3 +147,20 @@ def test_the_readme_names_the_checkpoints_the_quickstart_and_the_steps_write():
     named = set(re.findall(r"\b(runs/[\w.-]+)/best\.pt", text[start:end]))
     assert named and named <= known, named - known
     assert quickstart_run() in text[start:end]
+
+
+def test_shell_completion_is_offered_for_nmt():
+    """`nmt --show-completion bash` prints the script that `--install-completion` installs; it completes the
+    `nmt` command (not `python -m nmt`), and the command answers its completion requests."""
+    env = {**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}   # the shell given, not detected
+    shown = subprocess.run([sys.executable, "-m", "nmt", "--show-completion", "bash"], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "complete -o default -F _nmt_completion nmt" in shown.stdout
+    assert "_NMT_COMPLETE=complete_bash" in shown.stdout
+    asked = subprocess.run([sys.executable, "-m", "nmt"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "_NMT_COMPLETE": "complete_bash", "COMP_WORDS": "nmt translate --beam",
+                                "COMP_CWORD": "2"})
+    assert asked.returncode == 0 and asked.stdout.split() == ["--beam-size"], (asked.stdout, asked.stderr)
+    listed = subprocess.run([sys.executable, "-m", "nmt", "--help"], capture_output=True, text=True, timeout=120)
+    assert "--install-completion" in listed.stdout

@@ -29,16 +29,17 @@ def test_an_n_best_list_has_exactly_k_entries_padded_by_one_rule():
 
 
 def test_cli_and_http_give_the_same_n_best_lists(model_file):
-    """--max-len 1 leaves EOS as the only output, so a line has one hypothesis and K - 1 padding entries;
-    an empty line has K entries of score 0. The command line and the server say the same."""
+    """--max-len 1 (with --min-len 0) leaves EOS as the only output, so a line has one hypothesis and K - 1
+    padding entries; an empty line has K entries of score 0. The command line and the server say the same."""
     pytest.importorskip("fastapi")
     from nmt.serve import format_response
 
     lines = ["Ein Hund läuft.", "", "Zwei Katzen schlafen."]
-    translator = Translator.load(model_file, device="cpu", precision="fp32", beam_size=3, max_len=1)
+    translator = Translator.load(model_file, device="cpu", precision="fp32", beam_size=3, max_len=1, min_len=0)
     http = format_response(translator.translate(lines, n_best=3), 3)["n_best"]
     result = CliRunner().invoke(app, ["translate", "-m", str(model_file), "--device", "cpu", "--precision", "fp32",
-                                      "--beam-size", "3", "--max-len", "1", "--n-best", "3", "-q"],
+                                      "--beam-size", "3", "--max-len", "1", "--min-len", "0", "--n-best", "3",
+                                      "-q"],
                                 input="".join(f"{line}\n" for line in lines))
     assert result.exit_code == 0, result.output
     rows = [line.split(" ||| ") for line in result.stdout.splitlines()]

@@ -56,8 +56,10 @@ def sequence_logprob(model, src, length, tokens):
 
 @pytest.mark.parametrize(("alpha", "eos_penalty"), [(0.0, 0.0), (1.0, 0.0), (1.0, 8.0)])
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_general"])
-def test_wide_beam_finds_the_exhaustive_optimum(alpha, eos_penalty, attention):
-    """Outputs of at most 3 symbols + EOS over {UNK, 4, 5}: enumerate all 40 and compare.
+@pytest.mark.parametrize("min_len", [0, 1])
+def test_wide_beam_finds_the_exhaustive_optimum(alpha, eos_penalty, attention, min_len):
+    """Outputs of at most 3 symbols + EOS over {UNK, 4, 5}: enumerate all 40 (39 without the
+    empty one: min_len 1) and compare.
     A lower EOS bias makes longer outputs win under the length penalty, after shorter ones finished."""
     max_len = 4                                     # tokens including EOS
     symbols = [UNK, 4, 5]
@@ -66,11 +68,11 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha, eos_penalty, attention):
         with torch.no_grad():
             model.decoder.output.bias[EOS] -= eos_penalty
         src, lengths = source_batch(seed)
-        results = beam_search(model, src, lengths, beam_size=128, alpha=alpha, max_len=max_len)
-        narrow = beam_search(model, src, lengths, beam_size=2, alpha=alpha, max_len=max_len)
+        results = beam_search(model, src, lengths, beam_size=128, alpha=alpha, max_len=max_len, min_len=min_len)
+        narrow = beam_search(model, src, lengths, beam_size=2, alpha=alpha, max_len=max_len, min_len=min_len)
         for i in range(src.size(0)):
             n = int(lengths[i])
-            candidates = [list(c) for k in range(max_len) for c in itertools.product(symbols, repeat=k)]
+            candidates = [list(c) for k in range(min_len, max_len) for c in itertools.product(symbols, repeat=k)]
             scored = [(sequence_logprob(model, src[i, :n], n, c) / length_penalty(len(c) + 1, alpha), c)
                       for c in candidates]
             best_score, best_tokens = max(scored, key=lambda x: x[0])
@@ -197,6 +199,38 @@ def test_min_length_and_max_length():
         assert 4 <= len(hyps[0].tokens) <= 5       # EOS not allowed before 4 tokens; at most 6 with EOS
     for hyp in greedy_search(model, src, lengths, min_len=2, max_len=3):
         assert 2 <= len(hyp.tokens) <= 2
+
+
+def eos_first_model(seed=0):
+    """An undertrained model's habit, exaggerated: EOS is by far the most probable first token."""
+    model = random_model(seed=seed)
+    with torch.no_grad():
+        model.decoder.output.bias[EOS] += 30.0
+    return model
+
+
+def test_by_default_no_search_gives_an_empty_output():
+    """EOS is not allowed at the first position unless min_len 0 asks for it (Joey NMT, fairseq): greedy,
+    beam and sampling, eager and static-shape (nmt.decode.graphed, the CUDA-graph search run eagerly)."""
+    from nmt.decode.graphed import SearchGraphs
+
+    model = eos_first_model()
+    src, lengths = source_batch()
+    sampler = Sampler(generator=generator(0))
+    empty = [greedy_search(model, src, lengths, min_len=0),
+             [h[0] for h in beam_search(model, src, lengths, beam_size=4, min_len=0)],
+             [h[0] for h in sample(model, src, lengths, sampler, min_len=0)]]
+    assert all(h.tokens == [] for hyps in empty for h in hyps)          # the setup: EOS wins position 0
+    greedy = greedy_search(model, src, lengths)
+    beams = beam_search(model, src, lengths, beam_size=4, n_best=3)
+    samples = sample(model, src, lengths, sampler, num_samples=2)
+    assert all(len(h.tokens) >= 1 for h in greedy)
+    assert all(len(hyps) == 3 and all(len(h.tokens) >= 1 for h in hyps) for hyps in beams)
+    assert all(len(h.tokens) >= 1 for hyps in samples for h in hyps)
+    graphs = SearchGraphs(model.decoding(), capture=False)
+    assert [h.tokens for h in graphs.greedy(src, lengths)] == [h.tokens for h in greedy]
+    assert ([[h.tokens for h in hyps] for hyps in graphs.beam(src, lengths, 4, n_best=3)]
+            == [[h.tokens for h in hyps] for hyps in beams])
 
 
 def test_the_length_cap_wins_over_the_minimum_length():

@@ -404,3 +404,24 @@ def test_a_signal_while_the_console_script_imports_exits_quietly(sig):
     assert process.returncode == 128 + sig, err
     assert b"Traceback" not in err
     assert err.decode().splitlines() == [f"interrupted ({signal.Signals(sig).name})"]
+
+
+@pytest.mark.parametrize("options", [["--beam-size", "3"], ["--sampling"]])
+def test_a_reader_that_stops_early_ends_translate_as_it_ends_yes(trained_run, tmp_path, options):
+    """`nmt translate | head -1`: the writes after head has gone fail (3-best lists of 2,000 lines are more
+    than a pipe holds), and translate ends silently with the status `yes | head -1` gives `yes` (killed by
+    SIGPIPE: 141), not 1."""
+    err = tmp_path / "stderr"
+    script = f"""
+yes | head -1 > /dev/null; expected=${{PIPESTATUS[0]}}
+for i in $(seq 2000); do echo "Zwei Männer spielen Fußball."; done \\
+  | "{sys.executable}" -m nmt translate -m "{trained_run / 'best.pt'}" --device cpu --threads 1 -q \\
+    --n-best 3 --max-len 3 {' '.join(options)} 2> "{err}" | head -1
+echo "$expected ${{PIPESTATUS[1]}}"
+"""
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    first, statuses = result.stdout.splitlines()
+    assert first.strip()                                          # head got its line
+    expected, status = statuses.split()
+    assert expected == "141" and status == expected, (statuses, err.read_text())
+    assert err.read_text() == ""

@@ -25,6 +25,45 @@ def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True, **kwargs)
 
 
+def test_max_minutes_bounds_the_whole_command(prepared, tmp_path):
+    """`training.max_minutes` bounds `nmt train` from the process's start to its exit: start-up, the last
+    validation and the last checkpoint included, not only the updates. (Start-up alone took up to 30 s on a
+    busy 2-core machine, hence 45 s.) Validation is not scheduled within the budget: the time kept for the
+    last one comes from the estimate before it."""
+    budget = 45.0
+    start = time.monotonic()
+    result = run_cli("train", "--config", str(prepared), "--set", f"training.run_dir={tmp_path / 'run'}",
+                     "--set", f"training.max_minutes={budget / 60}", "--set", "training.max_updates=0",
+                     "--set", "training.validate_every=100000", "--set", "training.threads=1", timeout=300)
+    wall = time.monotonic() - start
+    assert result.returncode == 0, result.stderr
+    assert "(max_minutes)" in result.stderr
+    assert 0.8 * budget <= wall <= 1.05 * budget, wall
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last = events[-1]
+    assert last["event"] == "validation" and last["step"] >= 1 and last["wall_time"] <= budget
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == last["step"]
+
+
+def test_train_events_report_the_padding_of_the_logged_batches(prepared, tmp_path):
+    """src_padding and tgt_padding: PAD positions / all positions of the window's padded batch tensors."""
+    run = tmp_path / "run"
+    trainer = Trainer(config_for(prepared, run, max_updates=6, log_every=3, validate_every=100000,
+                                 val_max_sentences=5))
+    batches = [trainer.train_ids.collate(rows) for rows in trainer.sampler.batches(0)[:6]]
+    trainer.train()
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in train] == [3, 6]
+    for event, window in zip(train, (batches[:3], batches[3:]), strict=True):
+        src_real = sum(int((b.src != 0).sum()) for b in window)
+        tgt_real = sum(int((b.tgt_out != 0).sum()) for b in window)
+        src_cells, tgt_cells = sum(b.src.numel() for b in window), sum(b.tgt_out.numel() for b in window)
+        assert event["src_padding"] == pytest.approx(1 - src_real / src_cells)
+        assert event["tgt_padding"] == pytest.approx(1 - tgt_real / tgt_cells)
+        assert 0 < event["src_padding"] < 1 and 0 < event["tgt_padding"] < 1
+
+
 def test_resume_reaches_the_same_parameters(prepared, tmp_path):
     settings = dict(max_updates=8, validate_every=3, val_max_sentences=10, log_every=2)
     straight = Trainer(config_for(prepared, tmp_path / "a", **settings))

@@ -18,7 +18,7 @@ from nmt.output_files import check_outputs
 app = typer.Typer(
     help="RNN-attention neural machine translation: preprocess, train, translate, evaluate.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,             # --install-completion, --show-completion (nmt.cli names the program)
     rich_markup_mode=None,           # plain help: rich tables cut option names at 80 columns
     pretty_exceptions_enable=False,
 )

@@ -43,6 +43,15 @@ class Batch:
     def n_tgt_tokens(self) -> int:
         return int((self.tgt_out != PAD).sum())
 
+    @property
+    def n_src_tokens(self) -> int:
+        return int(self.src_lengths.sum())                       # EOS included, as in `src`
+
+    @property
+    def cells(self) -> tuple[int, int]:
+        """(source, target) positions of the padded tensors, PAD included: what the model computes over."""
+        return self.src.numel(), self.tgt_out.numel()
+
     def to(self, device: torch.device) -> Batch:
         if device.type == "cpu":
             return self

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from nmt.data.batching import bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.decode.search import NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
+from nmt.decode.search import MIN_LEN, NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
@@ -168,19 +168,20 @@ class _ChunkConstants:
 
     positions: Tensor       # (STEPS_PER_GRAPH,) the output position t of each step
     at_limit: Tensor        # (rows, STEPS_PER_GRAPH) whether step j is the row's last allowed position (or past it)
+    eos_banned: Tensor      # (rows, STEPS_PER_GRAPH) no EOS at step j: before min_len, unless at the limit
     banned: Tensor          # (2,) PAD and BOS, never produced
     not_eos: Tensor         # (vocab,) True but at EOS
-    neg_inf: Tensor         # () what `torch.where` fills in: given a Python number, it would make a tensor
-    #                         of it at every call, one kernel more
+    neg_inf: Tensor         # () what `torch.where` fills in (a Python number: a new tensor, a kernel, per call)
 
     @classmethod
-    def make(cls, s: _Static, row_limits: Tensor, vocab: int) -> _ChunkConstants:
+    def make(cls, s: _Static, row_limits: Tensor, vocab: int, min_len: int) -> _ChunkConstants:
         device = row_limits.device
         banned = torch.full((2,), PAD, device=device)
         banned[1:].fill_(BOS)           # a kernel: `banned[1] = BOS` copies a host scalar, which a capture refuses
         positions = s.step + torch.arange(STEPS_PER_GRAPH, device=device)
-        return cls(positions=positions, at_limit=(row_limits - 1).unsqueeze(1) <= positions, banned=banned,
-                   not_eos=torch.arange(vocab, device=device) != EOS,
+        at_limit = (row_limits - 1).unsqueeze(1) <= positions
+        return cls(positions=positions, at_limit=at_limit, eos_banned=(positions < min_len) & ~at_limit,
+                   banned=banned, not_eos=torch.arange(vocab, device=device) != EOS,
                    neg_inf=torch.full((), NEG_INF, dtype=torch.float32, device=device))
 
 
@@ -188,10 +189,9 @@ def _constrain_static(logp: Tensor, j: int, min_len: int, c: _ChunkConstants) ->
     """nmt.decode.search._constrain for the chunk's step j, whose position is on the device. In place;
     logp: (rows, vocab)."""
     logp.index_fill_(1, c.banned, NEG_INF)
-    at_limit = c.at_limit[:, j]                                              # (rows,)
-    if min_len:
-        logp[:, EOS] = logp[:, EOS].masked_fill((c.positions[j] < min_len) & ~at_limit, NEG_INF)
-    logp.masked_fill_(at_limit.unsqueeze(1) & c.not_eos, NEG_INF)
+    if min_len:                                                              # one kernel, in place
+        logp[:, EOS].masked_fill_(c.eos_banned[:, j], NEG_INF)
+    logp.masked_fill_(c.at_limit[:, j].unsqueeze(1) & c.not_eos, NEG_INF)
 
 
 def _on_model_device(search: Callable) -> Callable:
@@ -277,7 +277,7 @@ class SearchGraphs:
 
     @_on_model_device
     @torch.no_grad()
-    def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = 0,
+    def greedy(self, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0, min_len: int = MIN_LEN,
                max_len: int | None = None) -> list[Hypothesis]:
         """nmt.decode.search.greedy_search, graphed."""
         model = self.model
@@ -289,7 +289,7 @@ class SearchGraphs:
 
         def chunk(s: _Static) -> None:
             state, prev = s.state(), s.prev
-            constants = _ChunkConstants.make(s, s.limits, model.vocab_size)
+            constants = _ChunkConstants.make(s, s.limits, model.vocab_size, min_len)
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)
                 logp = logits.log_softmax(-1, dtype=torch.float32)           # (rows, vocab)
@@ -328,7 +328,7 @@ class SearchGraphs:
     @_on_model_device
     @torch.no_grad()
     def beam(self, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
-             max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, max_len: int | None = None,
+             max_len_ratio: float = 2.0, min_len: int = MIN_LEN, n_best: int = 1, max_len: int | None = None,
              early_stop: bool = False) -> list[list[Hypothesis]]:
         """nmt.decode.search.beam_search, graphed (see the module's docstring for the bookkeeping)."""
         model, k = self.model, beam_size
@@ -348,7 +348,7 @@ class SearchGraphs:
             row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
             lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
             vocab = model.vocab_size
-            constants = _ChunkConstants.make(s, row_limits, vocab)
+            constants = _ChunkConstants.make(s, row_limits, vocab, min_len)
             penalties = length_penalty(constants.positions.float() + 1, alpha)   # (STEPS_PER_GRAPH,)
             for j in range(STEPS_PER_GRAPH):
                 logits, state, _ = model.step(prev, state, s.memory)

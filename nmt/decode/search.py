@@ -44,6 +44,10 @@ from torch import Tensor, nn
 from nmt.data.tokenizer import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
+# No EOS at the first output position, as `decoding.min_len` defaults to (Joey NMT's min_output_length and
+# fairseq's min_len do the same): an undertrained model's searches otherwise prefer the empty output, whose
+# one EOS step outscores every real sentence, and a short run translates every line to nothing.
+MIN_LEN = 1
 
 
 class Rows(Protocol):
@@ -187,7 +191,7 @@ DROP_ENDED_FRACTION = 0.25
 @torch.no_grad()
 @_on_search_model
 def greedy_search(model: SearchModel, src: Tensor, src_lengths: Tensor, max_len_ratio: float = 2.0,
-                  min_len: int = 0, return_attention: bool = False, max_len: int | None = None,
+                  min_len: int = MIN_LEN, return_attention: bool = False, max_len: int | None = None,
                   no_repeat_ngram: int = 0, prefix: Tensor | None = None, sampler: Sampler | None = None,
                   num_samples: int = 1) -> list[Hypothesis]:
     """The most probable token at each step, for every sentence of the batch at once.
@@ -258,8 +262,9 @@ def _collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor 
 
 
 def sample(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tensor, sampler: Sampler, num_samples: int = 1,
-           max_len_ratio: float = 2.0, min_len: int = 0, return_attention: bool = False, max_len: int | None = None,
-           no_repeat_ngram: int = 0, prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+           max_len_ratio: float = 2.0, min_len: int = MIN_LEN, return_attention: bool = False,
+           max_len: int | None = None, no_repeat_ngram: int = 0, prefix: Tensor | None = None
+           ) -> list[list[Hypothesis]]:
     """`num_samples` sampled outputs per sentence (for back-translation), in the order drawn."""
     hyps = greedy_search(model, src, src_lengths, max_len_ratio, min_len, return_attention, max_len,
                          no_repeat_ngram, prefix, sampler, num_samples)
@@ -280,7 +285,7 @@ def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
 @torch.no_grad()
 @_on_search_model
 def beam_search(model: SearchModel, src: Tensor, src_lengths: Tensor, beam_size: int = 5, alpha: float = 1.0,
-                max_len_ratio: float = 2.0, min_len: int = 0, n_best: int = 1, no_repeat_ngram: int = 0,
+                max_len_ratio: float = 2.0, min_len: int = MIN_LEN, n_best: int = 1, no_repeat_ngram: int = 0,
                 return_attention: bool = False, max_len: int | None = None, prefix: Tensor | None = None,
                 coverage: float = 0.0, early_stop: bool = False) -> list[list[Hypothesis]]:
     """Beam search for a whole batch; returns the `n_best` hypotheses of every sentence, best first.

@@ -6,10 +6,14 @@ waiting. A file therefore goes through in large chunks (full speed), and a slow 
 line's translation shortly after the line (streaming). Memory stays bounded either way. Inside a
 batch the translator sorts by length and cuts by a token budget, and puts the results back in
 input order. An item may be a `(source, target prefix)` pair, which forces that prefix.
+
+When more than half of the non-empty input lines translate to nothing, one `warning:` line on stderr
+says so at the end: a BLEU of 0.00 without a word reads as a broken tool, not an undertrained model.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -115,13 +119,22 @@ def translate_batches(translator: Translator, lines: Iterable[Line], chunk_lines
     raises, the results of every earlier line are yielded first, then the exception propagates."""
     if isinstance(lines, str):
         raise TypeError("lines must be an iterable of lines (a list, a file), not one string")
-    first = 1
+    first, inputs, empty = 1, 0, 0                  # non-empty input lines, and those translated to nothing
     for chunk in micro_batches(lines, chunk_lines, max_wait):
         sources, prefixes = split_prefixes(chunk)
-        yield translator.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
+        results = translator.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
+        for source, result in zip(sources, results, strict=True):
+            if source.strip():
+                inputs += 1
+                empty += not result.text.strip()
+        yield results
         first += len(chunk)
         if progress is not None:
             progress.update(len(chunk))
+    if empty > inputs / 2:
+        hint = "" if translator.decoding.min_len else "; --min-len 1 forbids empty outputs"
+        print(f"warning: {empty} of {inputs} non-empty input lines translated to empty lines; the model may be "
+              f"undertrained (train longer){hint}", file=sys.stderr, flush=True)
 
 
 _MISSING = object()

@@ -7,6 +7,13 @@ Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, ev
 and a data cursor (epoch, batch index, sampler seed); the sampler regenerates the epoch's batch
 list from its seed and the loop continues at the cursor, so on the CPU an interrupted-then-
 resumed run ends with bitwise the same parameters as an uninterrupted one.
+
+`training.max_minutes` bounds the wall time of the whole run, the last validation and checkpoint
+included: of `nmt train`, from the process's start (Python's and torch's start-up count); through the
+API, from the Trainer's making. Updates stop while one more, the last validation, the last save and the
+process's exit still fit; their durations are measured (before the first validation, a few dev
+sentences are decoded and last.pt saved once to time them, and the sentences are timed again before an
+old estimate stops the run). A resumed run spends what its earlier sessions left.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from tqdm import tqdm
 from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.device import autocast
+from nmt.process import command_started
 from nmt.progress import progress_bar
 from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
@@ -32,6 +40,7 @@ from nmt.train.run_folder import RunDirError
 from nmt.train.schedules import teacher_forcing_ratio
 from nmt.train.validation import (
     ValidationAbandoned,
+    estimate_dev_seconds,
     evaluate_dev,
     first_sentence_attention,
     higher_is_better,
@@ -40,6 +49,10 @@ from nmt.train.validation import (
 )
 
 __all__ = ["RunDirError", "Trainer", "train", "train_step"]
+
+# What a budget keeps for the process to end once the last checkpoint is written (the progress bar,
+# the folders' locks, the interpreter's exit with torch loaded): measured at 0.2 to 0.4 s on 2 CPU cores.
+EXIT_SECONDS = 0.5
 
 
 def train(config: Config, resume: bool = False, overwrite: bool = False,
@@ -82,6 +95,27 @@ def train_step(parts: TrainingParts, batches: list[Batch], teacher_forcing: floa
     return float(total), tokens
 
 
+class Padding:
+    """PAD's share of the source and target batch tensors over a logging window (PAD positions / all
+    positions), counted from each batch's shapes and lengths: bucketing exists to keep it low."""
+
+    def __init__(self) -> None:
+        self.src_real = self.src_cells = self.tgt_real = self.tgt_cells = 0
+
+    def add(self, batches: list[Batch], tgt_tokens: int) -> None:
+        """An update's batches (several with gradient accumulation), with the target tokens it counted."""
+        for batch in batches:
+            src_cells, tgt_cells = batch.cells
+            self.src_cells += src_cells
+            self.tgt_cells += tgt_cells
+            self.src_real += batch.n_src_tokens
+        self.tgt_real += tgt_tokens
+
+    def fractions(self) -> tuple[float, float]:
+        """(source, target) padding fractions of the window so far."""
+        return (1 - self.src_real / max(self.src_cells, 1), 1 - self.tgt_real / max(self.tgt_cells, 1))
+
+
 class Trainer:
     """Trains the pieces of one run until a budget, early stopping or a signal ends it."""
 
@@ -104,8 +138,15 @@ class Trainer:
         self.progress, self.tensorboard = parts.progress, parts.tensorboard
         self.stop_signal: int | None = None
         self.evaluating_dev = False                    # a signal now abandons validation at once
-        self.started: float | None = None             # when this process began training (`train`)
+        self.started = command_started() or time.monotonic()   # when this session began: max_minutes counts
         self.last_saved = time.monotonic()
+        # measured durations (seconds) that the budget keeps time for: an update (moving average), the
+        # last validation with its checkpoints (a scheduled one's, or an estimate), a save of last.pt
+        self.update_seconds: float | None = None
+        self.final_seconds: float | None = None
+        self.final_estimated: float | None = None   # when final_seconds was last estimated; None: measured
+        self.estimate_interval = 0.0                  # how often to estimate again
+        self.save_seconds: float | None = None
 
     def close(self) -> None:
         """Let go of the run folder's and data folder's locks (a process that ends lets go anyway)."""
@@ -126,7 +167,10 @@ class Trainer:
             self.close()
 
     def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
-        return train_step(self.parts, batches, teacher_forcing)
+        start = time.monotonic()
+        result = train_step(self.parts, batches, teacher_forcing)
+        self._measured_update(time.monotonic() - start)
+        return result
 
     def _train(self) -> dict[str, Any]:
         t, p = self.config.training, self.progress
@@ -136,11 +180,12 @@ class Trainer:
                 tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
                            "Raise that limit with --set to train on.", file=sys.stderr)
             return {}
-        self.started = self.last_saved = time.monotonic()
+        self.last_saved = time.monotonic()
         previous_handlers = self._install_signal_handlers()
         bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step, disable=not self.is_main,
                            dynamic_ncols=True)
         session_tokens, window_start = 0, time.monotonic()     # for tokens/s: this process's share of the window
+        padding = Padding()                                    # this process's share of the window, too
         last_metrics: dict[str, Any] = {}
         reason = "max_epochs"
         try:
@@ -156,7 +201,9 @@ class Trainer:
                     group = batches[p.cursor.batch : p.cursor.batch + t.accumulate]
                     tf_ratio = teacher_forcing_ratio(t, p.step)
                     lr = self.schedule.step(p.step + 1, (p.elapsed + self._session_time()) / 60)
-                    loss, tokens = self._update([self.train_ids.collate(rows) for rows in group], tf_ratio)
+                    collated = [self.train_ids.collate(rows) for rows in group]
+                    loss, tokens = self._update(collated, tf_ratio)
+                    padding.add(collated, tokens)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
                     p.step += 1
@@ -167,17 +214,8 @@ class Trainer:
                     bar.update(1)
                     if p.step % t.log_every == 0:
                         speed = session_tokens / max(time.monotonic() - window_start, 1e-9)
-                        mean_loss = p.window_loss / p.window_tokens
-                        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}")
-                        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
-                                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
-                                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
-                                 "wall_time": p.elapsed + self._session_time()}
-                        self.run.log(event)
-                        if self.tensorboard is not None:
-                            self.tensorboard.train(event)
-                        p.window_loss, p.window_tokens = 0.0, 0
-                        session_tokens, window_start = 0, time.monotonic()
+                        self._log_window(bar, lr, tf_ratio, speed, padding)
+                        session_tokens, window_start, padding = 0, time.monotonic(), Padding()
                     stop = self._stop_reason()
                     on_schedule = p.step % t.validate_every == 0
                     if on_schedule or stop:
@@ -189,6 +227,7 @@ class Trainer:
                             last_metrics, stopping = self._validate_owed()
                             stop = stop or stopping
                         self._save("last.pt")
+                        stop = stop or self._stop_reason()   # no time for another update and validation
                         window_start = time.monotonic()
                     elif (t.save_every and p.step % t.save_every == 0) or self.ranks.from_rank0(self._save_due()):
                         self._save("last.pt")
@@ -212,6 +251,23 @@ class Trainer:
             if self.is_main:
                 tqdm.write(f"training stopped at update {p.step} ({reason}); checkpoints in {self.run_dir}",
                            file=sys.stderr)
+
+    def _log_window(self, bar: Any, lr: float, tf_ratio: float, speed: float, padding: Padding) -> None:
+        """The logging window's train event (metrics.jsonl, TensorBoard) and progress line; starts a new window."""
+        p = self.progress
+        mean_loss = p.window_loss / p.window_tokens
+        src_pad, tgt_pad = padding.fractions()
+        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}",
+                        pad=f"{src_pad:.0%}/{tgt_pad:.0%}")
+        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
+                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
+                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+                 "src_padding": src_pad, "tgt_padding": tgt_pad,
+                 "wall_time": p.elapsed + self._session_time()}
+        self.run.log(event)
+        if self.tensorboard is not None:
+            self.tensorboard.train(event)
+        p.window_loss, p.window_tokens = 0.0, 0
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """SIGINT/SIGTERM ask the loop to stop after this update; a second one gives up at once."""
@@ -242,13 +298,45 @@ class Trainer:
         return self._budget_spent()
 
     def _budget_spent(self) -> str | None:
-        """"max_updates" or "max_minutes" once that budget is spent (this process's view)."""
+        """"max_updates" once that many are done; "max_minutes" once one more update, the last validation and
+        checkpoint and the exit no longer fit in the budget (this process's view)."""
         t, p = self.config.training, self.progress
         if t.max_updates and p.step >= t.max_updates:
             return "max_updates"
-        if t.max_minutes and (p.elapsed + self._session_time()) / 60 >= t.max_minutes:
+        if not t.max_minutes:
+            return None
+        if self.final_estimated is not None and time.monotonic() - self.final_estimated > self.estimate_interval:
+            self._estimate_final()            # the model's greedy outputs change length as it learns
+        if p.elapsed + self._session_time() + self._time_to_finish() >= t.max_minutes * 60:
             return "max_minutes"
         return None
+
+    def _measured_update(self, seconds: float) -> None:
+        """An update's duration into the moving average (the first, with its warm-up, starts it high)."""
+        self.update_seconds = seconds if self.update_seconds is None else 0.9 * self.update_seconds + 0.1 * seconds
+
+    def _time_to_finish(self) -> float:
+        """Seconds that one more update, then the last validation, last.pt and the exit take; an estimate of the
+        validation gets a larger margin than a measured one."""
+        if self.final_seconds is None:
+            self._estimate_final()
+        margin = 1.1 if self.final_estimated is None else 1.25
+        return (self.update_seconds or 0.0) + margin * (self.final_seconds or 0.0) + EXIT_SECONDS
+
+    def _estimate_final(self) -> None:
+        """Before a scheduled validation has been measured: a few dev sentences decoded, timed and scaled to
+        the dev set, and last.pt saved once, to time it."""
+        start = time.monotonic()
+        if self.save_seconds is None:
+            self._save("last.pt")                                   # times itself
+        dev = 0.0
+        if self.dev_ids is not None and self.is_main:
+            with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+                dev = estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
+        # validation writes best.pt and a best-step file besides last.pt
+        self.final_seconds, self.final_estimated = dev + 3 * (self.save_seconds or 0.0), time.monotonic()
+        # again after 5% of the budget, or 10 times what this took: estimating costs at most a tenth of it
+        self.estimate_interval = max(0.05 * self.config.training.max_minutes * 60, 10 * (time.monotonic() - start))
 
     # ------------------------------------------------------------------ validation
 
@@ -258,8 +346,12 @@ class Trainer:
         t, p = self.config.training, self.progress
         metrics: dict[str, Any] = {}
         p.validation_due, p.validated_step = False, p.step      # as best.pt, saved inside, must record them
+        start = time.monotonic()
         try:
             metrics = self.validate()
+            # what the last validation will take, with its checkpoints and last.pt after it (for max_minutes)
+            self.final_seconds = time.monotonic() - start + (self.save_seconds or 0.0)
+            self.final_estimated = None
         except ValidationAbandoned:
             p.validation_due = True
         if self.world_size > 1:                  # only rank 0 validates: its plateau schedule sets every rank's lr
@@ -323,6 +415,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, name: str) -> None:
+        start = time.monotonic()
         if self.is_main:
             state = training_state(self.config, self.data.manifest["vocab"], self.model, self.optimizer,
                                    self.schedule, self.scaler, self.progress,
@@ -330,6 +423,7 @@ class Trainer:
             save_checkpoint(self.run_dir / name, state)
         if name == "last.pt":
             self.last_saved = time.monotonic()
+            self.save_seconds = self.last_saved - start
 
     def _save_due(self) -> bool:
         """`training.save_every_minutes` of training have passed since last.pt was written."""
@@ -337,5 +431,5 @@ class Trainer:
         return bool(minutes) and time.monotonic() - self.last_saved >= minutes * 60
 
     def _session_time(self) -> float:
-        """Seconds this process has trained (0 before `train`)."""
-        return time.monotonic() - self.started if self.started is not None else 0.0
+        """Seconds this session has run: since the `nmt` process started (see the module's docstring)."""
+        return time.monotonic() - self.started

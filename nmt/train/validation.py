@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,16 +19,18 @@ import torch
 from sacrebleu.metrics import CHRF
 
 from nmt.config import Config
-from nmt.data.batching import BucketBatchSampler, ParallelIds
+from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.corpus import DataError
 from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
-from nmt.decode.search import greedy_search
+from nmt.decode.search import Hypothesis, greedy_search
 from nmt.device import autocast
 from nmt.evaluate import bleu_metric
 from nmt.model.seq2seq import Seq2Seq
 from nmt.textio import read_lines
 from nmt.train.loss import output_cross_entropy
+
+PROBE_SENTENCES = 32        # what `estimate_dev_seconds` decodes: the longest dev sentences
 
 
 class ValidationAbandoned(Exception):
@@ -48,21 +51,16 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
     t = config.training
     src_vocab, tgt_vocab = vocabs
     model.eval()
-    rows = np.arange(len(dev) if not t.val_max_sentences else min(t.val_max_sentences, len(dev)))
-    sampler = BucketBatchSampler(dev.src_lengths[rows], dev.tgt_lengths[rows], t.val_batch_tokens, shuffle=False)
+    rows, batches = _dev_batches(dev, config)
     loss_sum, tokens = 0.0, 0
     hyps: dict[int, list[int]] = {}
-    for batch_rows in sampler.batches(0):
+    for batch_rows in batches:
         if stopping():
             raise ValidationAbandoned
         batch = dev.collate(rows[batch_rows]).to(device)
-        with autocast(device, amp_dtype):
-            features, _ = model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
-            output = model.decoder.output                   # in 1024-token chunks: no tokens x vocab peak
-            loss_sum += float(output_cross_entropy(features, output.weight, output.bias, batch.tgt_out,
-                                                   chunk_rows=1024))
-            tokens += batch.n_tgt_tokens
-            results = greedy_search(model, batch.src, batch.src_lengths, config.decoding.max_len_ratio)
+        batch_loss, results = _dev_batch(model, batch, config, device, amp_dtype)
+        loss_sum += batch_loss
+        tokens += batch.n_tgt_tokens
         for index, hyp in zip(batch.indices.tolist(), results, strict=True):
             hyps[index] = hyp.tokens
     hypotheses = tgt_vocab.decode([hyps[i] for i in rows.tolist()])
@@ -80,6 +78,43 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
         examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
     return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "chrf": chrf.score,
             "bleu_signature": metric.get_signature().format(), "examples": examples}
+
+
+def _dev_batches(dev: ParallelIds, config: Config) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The dev rows validation reads (the first `training.val_max_sentences`) and its batches of them."""
+    t = config.training
+    rows = np.arange(len(dev) if not t.val_max_sentences else min(t.val_max_sentences, len(dev)))
+    sampler = BucketBatchSampler(dev.src_lengths[rows], dev.tgt_lengths[rows], t.val_batch_tokens, shuffle=False)
+    return rows, sampler.batches(0)
+
+
+def _dev_batch(model: Seq2Seq, batch: Batch, config: Config, device: torch.device,
+               amp_dtype: torch.dtype | None) -> tuple[float, list[Hypothesis]]:
+    """One dev batch's summed loss and greedy hypotheses."""
+    with autocast(device, amp_dtype):
+        features, _ = model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
+        output = model.decoder.output                   # in 1024-token chunks: no tokens x vocab peak
+        loss = float(output_cross_entropy(features, output.weight, output.bias, batch.tgt_out, chunk_rows=1024))
+        return loss, greedy_search(model, batch.src, batch.src_lengths, config.decoding.max_len_ratio,
+                                   config.decoding.min_len)
+
+
+@torch.no_grad()
+def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds, config: Config, device: torch.device,
+                         amp_dtype: torch.dtype | None) -> float:
+    """Seconds `evaluate_dev` would take now: its longest `PROBE_SENTENCES` sentences timed, scaled by the
+    share of the dev tokens they hold. A budget (`training.max_minutes`) keeps this much time for the last
+    validation before one is measured. An early model's greedy outputs run long, and a few rows cost more
+    per sentence than a full batch: the estimate errs high (the trainer estimates again before it stops on
+    an old estimate)."""
+    model.eval()
+    rows, batches = _dev_batches(dev, config)
+    lengths = dev.src_lengths[rows] + dev.tgt_lengths[rows]
+    probe = batches[0][:PROBE_SENTENCES]
+    start = time.perf_counter()
+    _dev_batch(model, dev.collate(rows[probe]).to(device), config, device, amp_dtype)
+    seconds = time.perf_counter() - start
+    return seconds * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
 
 
 @torch.no_grad()
