@@ -10,6 +10,7 @@ the 1-based line number.
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +111,13 @@ def read_lines(path: str | Path) -> list[str]:
     """All lines of a UTF-8 text file (plain or .gz), without their endings."""
     with open_text(path) as handle:
         return list(iter_lines(handle, str(path)))
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")        # C0, DEL and C1: ESC, BEL, CSI, OSC, newlines
+
+
+def printable(text: object) -> str:
+    """`text` with each control character written as its escape (\\x1b, \\n): a value from a file (a model
+    card, a file name, an error quoting either) shown on a terminal never moves the cursor, clears the
+    screen or retitles the window, and a newline inside a value cannot pass for a line of nmt's own."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))

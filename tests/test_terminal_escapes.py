@@ -1,4 +1,4 @@
-"""Text from a file never reaches the terminal raw (nmt/commands/common.py `printable`): a model card,
+"""Text from a file never reaches the terminal raw (nmt/textio.py `printable`): a model card,
 a version, a config value or a file name holding terminal escapes is printed with them escaped, by
 `nmt info` (Markdown and JSON), `nmt export` and every `error:` line."""
 
@@ -86,3 +86,14 @@ def test_printable(text, shown):
 
     assert printable(text) == shown
     assert error_line(f"x\n{text}") == f"error: x {printable(' '.join(text.split()))}"
+
+
+def test_training_and_preprocessing_logs_escape_the_text_of_their_files(capsys):
+    """The dev examples training prints and the file names preprocessing logs come from the user's files."""
+    from nmt.data.preprocess import log
+    from nmt.train.validation import example_lines
+
+    shown = example_lines(HOSTILE, "a dog", HOSTILE)
+    assert not RAW.search(shown) and shown.count("\n") == 2 and "\\x1b]0;pwned" in shown
+    log(f"reading {HOSTILE}.de")
+    assert not RAW.search(capsys.readouterr().err.rstrip("\n"))

@@ -14,6 +14,7 @@ import typer
 
 from nmt.folders import FolderError
 from nmt.output_files import check_outputs
+from nmt.textio import printable
 
 app = typer.Typer(
     help="RNN-attention neural machine translation: preprocess, train, translate, evaluate.",
@@ -29,15 +30,7 @@ MODEL_HELP = ("A model file (nmt export), a training checkpoint, an exported Hug
 SetOption = typer.Option(None, "--set", help="Override a config key: --set training.lr=3e-4 (repeatable).")
 
 
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")        # C0, DEL and C1: ESC, BEL, CSI, OSC, newlines
 _JSON_RAW = re.compile(r"[\x7f-\x9f]")                  # what json.dumps(ensure_ascii=False) leaves raw
-
-
-def printable(text: object) -> str:
-    """`text` with each control character written as its escape (\\x1b, \\n): a value from a file (a model
-    card, a file name, an error quoting either) shown on a terminal never moves the cursor, clears the
-    screen or retitles the window, and a newline inside a value cannot pass for a line of nmt's own."""
-    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def printable_data(value: Any) -> Any:

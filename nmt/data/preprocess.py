@@ -57,12 +57,14 @@ from nmt.folders import (
 )
 from nmt.locks import holds_lock, release_folder
 from nmt.progress import progress_bar
+from nmt.textio import printable
 
 CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
 
 
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A progress line on stderr; the file names in it are escaped (see nmt.textio.printable)."""
+    print(printable(message), file=sys.stderr, flush=True)
 
 
 def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:

@@ -42,6 +42,7 @@ from nmt.train.validation import (
     ValidationAbandoned,
     estimate_dev_seconds,
     evaluate_dev,
+    example_lines,
     first_sentence_attention,
     higher_is_better,
     peak_rss_mb,
@@ -408,8 +409,8 @@ class Trainer:
             f"validation @ {p.step}: dev loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
             f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}{'  (best)' if improved else ''}",
             file=sys.stderr)
-        for src, hyp, ref in metrics.get("examples", []):
-            tqdm.write(f"  src: {src}\n  hyp: {hyp}\n  ref: {ref}", file=sys.stderr)
+        for example in metrics.get("examples", []):
+            tqdm.write(example_lines(*example), file=sys.stderr)
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

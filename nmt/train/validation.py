@@ -27,7 +27,7 @@ from nmt.decode.search import Hypothesis, greedy_search
 from nmt.device import autocast
 from nmt.evaluate import bleu_metric
 from nmt.model.seq2seq import Seq2Seq
-from nmt.textio import read_lines
+from nmt.textio import printable, read_lines
 from nmt.train.loss import output_cross_entropy
 
 PROBE_SENTENCES = 32        # what `estimate_dev_seconds` decodes: the longest dev sentences
@@ -147,3 +147,9 @@ def peak_rss_mb() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
+def example_lines(src: str, hyp: str, ref: str) -> str:
+    """A dev example as the training log shows it; the dev files' text escaped (nmt.textio.printable), so a
+    control character in them never reaches the terminal."""
+    return f"  src: {printable(src)}\n  hyp: {printable(hyp)}\n  ref: {printable(ref)}"
