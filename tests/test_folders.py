@@ -410,3 +410,25 @@ def test_preprocess_refuses_inputs_inside_the_data_folder_it_rewrites(trained_ru
         result = _cli("preprocess", "--config", str(prepared), "--set", f"data.out_dir={data}", "--force", *args)
         _one_error(result, message)
         assert _listing(data) == before
+
+
+def test_a_failed_first_preprocess_leaves_a_file_someone_put_in_its_new_folder(tmp_path, corpus_dir, monkeypatch):
+    """A preprocess that created its data folder and then failed removes its marker, lock and temporaries, and
+    the folder only if nothing else is in it: never a file that appeared there meanwhile."""
+    from nmt.config import load_config
+    from nmt.data import preprocess as module
+
+    from .conftest import make_config
+
+    config = load_config(make_config(tmp_path, corpus_dir))
+    out_dir = Path(config.data.out_dir)
+
+    def fail_midway(_config, _files, folder, *_args):
+        (folder / "notes.txt").write_text("mine")
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(module, "_preprocess_locked", fail_midway)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        module.preprocess(config)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["notes.txt"]
+    assert (out_dir / "notes.txt").read_text() == "mine"

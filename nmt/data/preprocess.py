@@ -15,6 +15,7 @@ that trainings hold (nmt.data.fingerprint).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -46,6 +47,8 @@ from nmt.data.folder import FORMAT_VERSION, SPLITS, input_prefixes, text_files, 
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
 from nmt.folders import (
+    LOCK,
+    MARKER,
     TEMP_SUFFIX,
     check_overlap,
     copy_atomically,
@@ -53,6 +56,7 @@ from nmt.folders import (
     open_work_folder,
     read_marker,
     refuse_inputs_inside,
+    remove_leftovers,
     write_marker,
 )
 from nmt.locks import holds_lock, release_folder
@@ -187,8 +191,12 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     try:
         return _preprocess_locked(config, files, out_dir, force, built_from)
     except BaseException:
-        if created:                     # holds only our marker, lock and temporary folder
-            shutil.rmtree(out_dir, ignore_errors=True)
+        if created:                     # our marker, lock and temporaries go; a file someone put there stays
+            remove_leftovers(out_dir)
+            for name in (MARKER, LOCK):
+                (out_dir / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
         raise
     finally:
         if not held:                    # done: training may read the folder now
