@@ -124,25 +124,25 @@ def test_beam_hypotheses_are_scored_as_the_equations_score_them(model, alpha):
                 assert hyp.score == pytest.approx(hyp.log_prob / length_penalty(len(hyp.tokens) + 1, alpha),
                                                   abs=EXACT), name
             assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True), name
-    limits = max_output_lengths(lengths, 1.5).tolist()
+    limits = max_output_lengths(lengths, 1.5, 1).tolist()
     with torch.no_grad():
-        beam_one = beam_search(model, src, lengths, beam_size=1, alpha=0.0, max_len_ratio=1.5)
-    assert [hyps[0].tokens for hyps in beam_one] == [r.greedy(n)[0] for r, n in zip(refs, limits, strict=True)]
+        beam_one = beam_search(model, src, lengths, beam_size=1, alpha=0.0, max_len_ratio=1.5, min_len=1)
+    assert [hyps[0].tokens for hyps in beam_one] == [r.greedy(n, 1)[0] for r, n in zip(refs, limits, strict=True)]
 
 
 def test_a_shortlist_scores_its_subset_as_the_equations_do(model):
     """Greedy search over a vocabulary subset that holds the full search's choices: the same tokens, each
     step normalised over the subset (log_softmax of the equations' logits at the kept ids)."""
     src, lengths, sentences = batch()
-    limits = max_output_lengths(lengths, 1.5).tolist()
+    limits = max_output_lengths(lengths, 1.5, 1).tolist()
     refs = [Reference(model, s) for s in sentences]
-    chosen = {t for r, n in zip(refs, limits, strict=True) for t in r.greedy(n)[0]}
+    chosen = {t for r, n in zip(refs, limits, strict=True) for t in r.greedy(n, 1)[0]}
     keep = torch.tensor(sorted({PAD, 1, BOS, EOS} | chosen | set(range(4, VOCAB, 3))))
     ctx = Inference().with_output_rows(model.decoder.output, keep)
     with torch.no_grad():
-        found = greedy_search(model.decoding(ctx), src, lengths, max_len_ratio=1.5)
+        found = greedy_search(model.decoding(ctx), src, lengths, max_len_ratio=1.5, min_len=1)
     for ref, limit, hyp in zip(refs, limits, found, strict=True):
-        tokens, _ = ref.greedy(limit)
+        tokens, _ = ref.greedy(limit, 1)
         assert hyp.tokens == tokens
         steps = ref.run([BOS, *tokens])
         subset_logp = sum(float(torch.log_softmax(s.logits[keep], 0)[(keep == y).nonzero().item()])
