@@ -159,7 +159,9 @@ if has profile; then
   [[ "$device" == cpu ]] && size=(--updates 2 --lines 20)   # a rehearsal: the CPU's op events take long to parse
   python -m bench.profile_gpu_step --config "$config" --device "$device" "${size[@]}" \
     ${model:+--model "$model" --source "$test_src"} --json-out "$out/profile.json" || true
-  python -m bench.step_kernels --json-out "$out/step-kernels.json" || true
+  kernels=()
+  [[ "$device" == cpu ]] && kernels=(--config "$config")   # a rehearsal counts the data config's (small) model
+  python -m bench.step_kernels "${kernels[@]}" --json-out "$out/step-kernels.json" || true
 fi
 
 # The GPU recipe from nothing to its test BLEU: trains until its schedule ends it, averages, chooses on dev.
