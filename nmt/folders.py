@@ -1,13 +1,12 @@
 """What nmt may delete and when: folder markers, locks, leftovers, path overlaps, atomic writes.
 
-A run folder or data folder carries a marker file, `.nmt-folder.json`, that nmt writes when it
-creates or adopts the folder. Only a marked folder is ever cleared, and only of the files nmt
-writes there; anything else in it is foreign and makes nmt refuse. One process writes in a
-folder at a time: it holds an exclusive `flock` on the folder's `.nmt.lock` (see nmt.locks;
-the kernel lets go when it dies). Every file is written atomically: to an unpredictable
-temporary name beside it (`.NAME.PID-RANDOM.nmt-tmp`, created with O_EXCL), fsynced, then
-renamed into place with the mode the umask gives a new file; temporaries of dead processes are
-removed the next time a command opens the folder.
+A run folder or data folder carries a marker file, `.nmt-folder.json`, that nmt writes when it creates or adopts the
+folder. Only a marked folder is ever cleared, and only of the files nmt writes there; anything else in it is foreign
+and makes nmt refuse. One process writes in a folder at a time: it holds an exclusive `flock` on the folder's
+`.nmt.lock` (see nmt.locks; the kernel lets go when it dies). Every file is written atomically: to an unpredictable
+temporary name beside it (`.NAME.PID-RANDOM.nmt-tmp`, created with O_EXCL), fsynced, then renamed into place with
+the mode the umask gives a new file; temporaries of dead processes are removed the next time a command opens the
+folder.
 
 Nothing in a folder of nmt's is ever written through a symbolic link, and every name a marker
 lists is a plain file name inside its folder: a link there, a marker that is a link, or a marker

@@ -1,20 +1,17 @@
 """Greedy and beam search over whole batches as tensors.
 
-Beam search keeps all sentences and all their beams in one tensor of shape (batch×beam, …):
-there is no Python loop over sentences or hypotheses, only over output positions. Encoder
-output and attention keys are computed once per sentence and shared by its beams (the
-attention scores a sentence's beams as one block of queries, see nmt.model.attention).
-Sentences whose search is over are dropped from the active tensors, so the batch shrinks as
-it goes.
+Beam search keeps all sentences and all their beams in one tensor of shape (batch×beam, …): there is no Python loop
+over sentences or hypotheses, only over output positions. Encoder output and attention keys are computed once per
+sentence and shared by its beams (the attention scores a sentence's beams as one block of queries, see
+nmt.model.attention). Sentences whose search is over are dropped from the active tensors: the batch shrinks.
 
-Length penalty (GNMT): lp(y) = ((5 + |y|) / 6)^α, and a hypothesis is ranked by log p(y) / lp(y),
-with |y| counting the tokens generated, EOS included. A sentence stops once it has `n_best`
-finished hypotheses and no unfinished one can still beat the n_best-th of them: an unfinished
-hypothesis with log-probability s ≤ 0 can at best reach s / lp(max_len), since its score only
-falls and lp only grows. The returned n-best list is then final; searching on until `beam`
-hypotheses have finished would only add ones ranked below it. Stopping when the top beam
-reaches EOS (OpenNMT-py's rule) can miss a longer hypothesis that α > 0 would rank first; it is
-the opt-in `early_stop`, which decodes fewer rows (test_2016_flickr, beam 5: about 14% fewer).
+Length penalty (GNMT): lp(y) = ((5 + |y|) / 6)^α, and a hypothesis is ranked by log p(y) / lp(y), with |y| counting
+the tokens generated, EOS included. A sentence stops once it has `n_best` finished hypotheses and no unfinished one
+can still beat the n_best-th of them: an unfinished hypothesis with log-probability s ≤ 0 can at best reach s /
+lp(max_len), since its score only falls and lp only grows. The returned n-best list is then final; searching on
+until `beam` hypotheses have finished would only add ones ranked below it. Stopping when the top beam reaches EOS
+(OpenNMT-py's rule) can miss a longer hypothesis that α > 0 would rank first; it is the opt-in `early_stop`, which
+decodes fewer rows (test_2016_flickr, beam 5: about 14% fewer).
 
 Options that cost nothing when off (each is a branch inside the step loop):
   * a target prefix per sentence (`prefix`, PAD-padded): its tokens are forced, search goes on after it;
