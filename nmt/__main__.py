@@ -1,3 +1,3 @@
-from nmt.entry import main
+from nmt.cli.entry import main
 
 main()

@@ -17,15 +17,15 @@ from typing import Any, Literal
 
 import yaml
 
-from nmt.bounded import MAX_YAML_BYTES, YAML_LOADER, BoundError, file_kind, load_yaml, read_bytes
 from nmt.config_check import ConfigError, build
+from nmt.fs.bounded import MAX_YAML_BYTES, YAML_LOADER, BoundError, file_kind, load_yaml, read_bytes
 
 
 def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
              since_saved: bool = False, help: str | None = None) -> Any:
     """A dataclass field with a range check. `since_saved`: a check newer than files that earlier nmt
     versions saved, so a config read back from one (`stored_config`) is not held to it. `help`: the
-    key's description, also the help of the command-line option made from it (nmt.cli_options)."""
+    key's description, also the help of the command-line option made from it (nmt.cli.options)."""
     return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "since_saved": since_saved, "help": help})
 
 
@@ -316,7 +316,7 @@ def stored_config(raw: Any) -> Config:
 class _UniqueKeyLoader(YAML_LOADER):  # type: ignore[misc,valid-type]
     """yaml.safe_load's loader, except that a key given twice in one mapping is an error (YAML would
     silently keep the last: a second `training:` section would drop the first). Texts reach it through
-    `load_yaml`, which first bounds their size, nesting and alias expansion (nmt.bounded)."""
+    `load_yaml`, which first bounds their size, nesting and alias expansion (nmt.fs.bounded)."""
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:

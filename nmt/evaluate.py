@@ -19,7 +19,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
 
 from nmt.config import BleuTokenize, memory_bytes
-from nmt.textio import TextInputError, read_lines
+from nmt.fs.text import TextInputError, read_lines
 
 MAX_BOOTSTRAP = 100_000     # bootstrap samples: each is a Python-level BLEU computation (~0.1 ms)
 TOKENIZERS: tuple[str, ...] = typing.get_args(BleuTokenize)
@@ -33,7 +33,7 @@ class EvaluationError(ValueError):
 
 
 def read_text(path: str | Path) -> list[str]:
-    """The lines of a text file: only "\\n" ends a line (see nmt.textio)."""
+    """The lines of a text file: only "\\n" ends a line (see nmt.fs.text)."""
     try:
         return read_lines(path)
     except TextInputError as exc:

@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 from torch import Tensor
 
-from nmt.bounded import load_yaml, loads_json
-from nmt.folders import atomic_write, refuse_foreign, write_marker
-from nmt.output_files import output_target
+from nmt.fs.bounded import load_yaml, loads_json
+from nmt.fs.folders import atomic_write, refuse_foreign, write_marker
+from nmt.fs.outputs import output_target
 
 DPI = 100
 

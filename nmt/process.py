@@ -31,7 +31,7 @@ def configure_process(training: bool = False) -> None:
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", KERNEL_CACHE_ENTRIES)
 
 
-_command_started: float | None = None     # time.monotonic() when the `nmt` process started, set by nmt.entry
+_command_started: float | None = None     # time.monotonic() when the `nmt` process started, set by nmt.cli.entry
 
 
 def mark_command_start() -> None:

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from nmt.cli import one_line
+from nmt.cli.main import one_line
 from nmt.decode.translator import Translator
 from nmt.evaluate import check_lengths, read_text, score
-from nmt.folders import atomic_write
-from nmt.output_files import check_outputs
+from nmt.fs.folders import atomic_write
+from nmt.fs.outputs import check_outputs
 
 
 def parse_list(text: str, option: str, kind: type, minimum: float) -> list:

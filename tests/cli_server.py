@@ -3,7 +3,7 @@
 
 Each child is still its own process with its own file descriptors, as `python -m nmt ARGS` would be:
 it reads stdin from a file, writes stdout and stderr to files, takes the environment and folder of
-the request and ends with nmt.cli.main's exit code. This process never runs a torch operation, so
+the request and ends with nmt.cli.main.main's exit code. This process never runs a torch operation, so
 no thread pool is forked half-started. One JSON request per line on stdin: {"args": [...],
 "cwd": ..., "env": {...}, "stdin": path or null, "stdout": path, "stderr": path, "timeout": s};
 one line back: {"returncode": n, "timed_out": bool}.
@@ -20,7 +20,7 @@ import time
 import traceback
 
 # Imported here, once, so that every child starts with them loaded.
-import nmt.cli
+import nmt.cli.main
 import nmt.data.preprocess
 import nmt.decode.translator
 import nmt.evaluate
@@ -44,7 +44,7 @@ def child(request: dict) -> None:
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
         sys.argv = ["nmt", *request["args"]]
-        nmt.cli.main()
+        nmt.cli.main.main()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -134,7 +134,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, prepared: Path) -> Pat
 @pytest.fixture(scope="session")
 def model_file(tmp_path_factory: pytest.TempPathFactory, trained_run: Path) -> Path:
     """`trained_run`'s best.pt exported as a model file (`nmt export`)."""
-    from nmt.model.modelfile import export_model
+    from nmt.modelfile.file import export_model
 
     out = tmp_path_factory.mktemp("exported") / "model.nmt"
     export_model(trained_run / "best.pt", out)

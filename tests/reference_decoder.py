@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 
 
 def gru_cell(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:

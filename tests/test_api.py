@@ -181,8 +181,8 @@ def test_load_holds_its_settings_to_the_config_rules(model_file, settings, messa
 def test_a_stored_min_len_above_max_len_translates_and_only_length_options_are_checked(model_file, tmp_path):
     """Older nmt stored such configs: unrelated options still load it, and the cap wins over min_len."""
     from nmt.config import ConfigError
-    from nmt.model.modelfile import read_state
-    from nmt.model.safefile import write_model_file
+    from nmt.modelfile.file import read_state
+    from nmt.modelfile.tensors import write_model_file
 
     state, _ = read_state(model_file)
     state["config"]["decoding"].update(min_len=10, max_len=5)

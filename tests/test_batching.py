@@ -7,7 +7,7 @@ import torch
 from nmt.config import load_config
 from nmt.data.batching import BucketBatchSampler, ParallelIds, cut_by_budget, pad_rows
 from nmt.data.folder import DataFolder
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 from nmt import evaluate as ev
 from nmt.config import ConfigError, load_config
 from nmt.data.corpus import DataError, IdWriter, write_error
-from nmt.serve import ServeSettings
-from nmt.textio import TextInputError, iter_lines
+from nmt.fs.text import TextInputError, iter_lines
+from nmt.serve.server import ServeSettings
 from tests.conftest import nmt_server
 
 

@@ -1,4 +1,4 @@
-"""nmt.cli_options: decoding options made from DecodingConfig, and options that do not apply are errors."""
+"""nmt.cli.options: decoding options made from DecodingConfig, and options that do not apply are errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from nmt.cli import app
-from nmt.cli_options import option_name
+from nmt.cli.main import app
+from nmt.cli.options import option_name
 from nmt.config import DecodingConfig
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nmt.data.tokenizer import BOS, PAD
+from nmt.data.special import BOS, PAD
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.search import (
     Sampler,

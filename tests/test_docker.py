@@ -140,7 +140,7 @@ def test_dockerignore_keeps_data_and_environment_out():
 def test_serve_takes_its_address_from_the_environment(monkeypatch):
     import typer.main
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     command = typer.main.get_command(app).commands["serve"]
     host = next(p for p in command.params if p.name == "host")

@@ -9,7 +9,7 @@ import torch
 
 from nmt.config import DecodingConfig, ModelConfig, load_config
 from nmt.data.folder import DataFolder
-from nmt.data.tokenizer import EOS
+from nmt.data.special import EOS
 from nmt.decode.translator import Translator
 from nmt.model.seq2seq import Seq2Seq
 

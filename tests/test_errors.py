@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from nmt.data.preprocess import FORMAT_VERSION
-from nmt.folders import LOCK
+from nmt.fs.folders import LOCK
 
 from .conftest import make_config, nmt_server, write_slice
 
@@ -392,7 +392,7 @@ def test_a_locked_run_folder_names_the_holder(world, tmp_path):
     shutil.copytree(world["run"], run, ignore=shutil.ignore_patterns("mismatch.pt"))
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from nmt.locks import lock_folder
+        from nmt.fs.locks import lock_folder
         lock_folder({str(run)!r}, "train")
         print("locked", flush=True)
         time.sleep(120)
@@ -419,7 +419,7 @@ def test_disk_full_while_saving_a_checkpoint(prepared, tmp_path):
     run = tmp_path / "run"
     patch = textwrap.dedent("""
         import errno, os, sys
-        import nmt.folders as f
+        import nmt.fs.folders as f
         _commit, _count = f.PendingFile.commit, [0]
         def commit(self):
             if self.path.name == "last.pt":
@@ -431,7 +431,7 @@ def test_disk_full_while_saving_a_checkpoint(prepared, tmp_path):
     """)
     args = ["train", "-c", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.save_every=1",
             "--set", "training.validate_every=1000", "--set", "training.max_updates=5", "--set", "training.threads=1"]
-    code = f"{patch}\nfrom nmt.cli import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
+    code = f"{patch}\nfrom nmt.cli.main import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=REPO, timeout=300)
     line = assert_one_error(result)
     assert f"cannot write checkpoint {run}/last.pt (No space left on device)" in line
@@ -542,7 +542,7 @@ def test_help_at_80_columns_names_every_option_in_full():
     """Every option of every command appears whole in its --help on an 80-column terminal."""
     import typer.main
 
-    from nmt.cli import app
+    from nmt.cli.main import app
 
     group = typer.main.get_command(app)
     commands = [(name, cmd) for name, cmd in group.commands.items() if not hasattr(cmd, "commands")]

@@ -19,7 +19,7 @@ from nmt.data.folder import DataFolder
 from nmt.data.preprocess import preprocess
 from nmt.decode.translator import Translator
 from nmt.evaluate import bleu
-from nmt.model.modelfile import export_model, load_model
+from nmt.modelfile.file import export_model, load_model
 from nmt.train.checkpoint import load_checkpoint
 from nmt.train.parts import build_parts
 from nmt.train.trainer import Trainer

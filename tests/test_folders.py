@@ -1,4 +1,4 @@
-"""Folder markers, locks, leftovers, overlap checks and atomic writes (nmt/folders.py)."""
+"""Folder markers, locks, leftovers, overlap checks and atomic writes (nmt/fs/folders.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt import folders
-from nmt.folders import (
+from nmt.fs import folders
+from nmt.fs.folders import (
     LOCK,
     MARKER,
     FolderError,
@@ -28,8 +28,8 @@ from nmt.folders import (
     remove_nmt_files,
     write_marker,
 )
-from nmt.locks import lock_folder, release_folder
-from nmt.output_files import check_output_path, output_target
+from nmt.fs.locks import lock_folder, release_folder
+from nmt.fs.outputs import check_output_path, output_target
 
 
 def mode_of(path: Path) -> int:
@@ -160,7 +160,7 @@ def test_lock_is_exclusive_across_processes_and_names_the_holder(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from nmt.locks import lock_folder
+            from nmt.fs.locks import lock_folder
             lock_folder({str(folder)!r}, "train")
             print("locked", flush=True)
             time.sleep(60)

@@ -1,4 +1,4 @@
-"""Hostile structure in what nmt reads (nmt.bounded): deep JSON, YAML aliases that expand to billions of
+"""Hostile structure in what nmt reads (nmt.fs.bounded): deep JSON, YAML aliases that expand to billions of
 nodes, huge configs, pipes and devices given as files. Each is refused with one `error:` line and exit 2
 within seconds (the timeouts make a hang fail the test), never an internal error or minutes of work."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nmt.bounded import MAX_DEPTH, BoundError, check_yaml, load_yaml, loads_json, read_json
-from nmt.folders import MARKER, write_marker
+from nmt.fs.bounded import MAX_DEPTH, BoundError, check_yaml, load_yaml, loads_json, read_json
+from nmt.fs.folders import MARKER, write_marker
 from tests.conftest import nmt_server
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -113,14 +113,14 @@ def _with_metadata(source: Path, target: Path, key: str, value: str) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save
 
-    from nmt.model import safefile
+    from nmt.modelfile import tensors as model_tensors
 
     with safe_open(str(source), framework="pt") as handle:
         metadata = handle.metadata()
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
     metadata[key] = value
-    metadata["nmt.checksums"] = json.dumps({"metadata": safefile._metadata_crc(metadata),
-                                            "tensors": {n: safefile._crc(t) for n, t in sorted(tensors.items())}})
+    metadata["nmt.checksums"] = json.dumps({"metadata": model_tensors._metadata_crc(metadata),
+                                            "tensors": {n: model_tensors._crc(t) for n, t in sorted(tensors.items())}})
     target.write_bytes(save(tensors, metadata))
     return target
 

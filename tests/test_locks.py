@@ -1,4 +1,4 @@
-"""Folder locks (nmt/locks.py): exclusive writers, shared readers, the holder named as the kernel sees it."""
+"""Folder locks (nmt/fs/locks.py): exclusive writers, shared readers, the holder named as the kernel sees it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.folders import LOCK, FolderError
-from nmt.locks import holds_lock, lock_folder, release_folder
+from nmt.fs.folders import LOCK, FolderError
+from nmt.fs.locks import holds_lock, lock_folder, release_folder
 
 from .conftest import nmt_server
 
@@ -26,7 +26,7 @@ def hold(folder: Path, code: str) -> subprocess.Popen:
 
 
 def nmt_holder(folder: Path, command: str, shared: bool) -> subprocess.Popen:
-    return hold(folder, f"from nmt.locks import lock_folder; lock_folder({str(folder)!r}, {command!r}, {shared})")
+    return hold(folder, f"from nmt.fs.locks import lock_folder; lock_folder({str(folder)!r}, {command!r}, {shared})")
 
 
 def stop(holder: subprocess.Popen) -> None:

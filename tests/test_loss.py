@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.data.tokenizer import PAD
+from nmt.data.special import PAD
 from nmt.train.loss import output_cross_entropy
 
 

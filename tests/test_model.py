@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from nmt.config import ModelConfig, load_config
 from nmt.data.batching import ParallelIds
 from nmt.data.folder import DataFolder
-from nmt.data.tokenizer import PAD
+from nmt.data.special import PAD
 from nmt.decode.search import greedy_search
 from nmt.device import make_optimizer
 from nmt.model.inference import Inference

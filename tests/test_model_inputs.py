@@ -1,4 +1,4 @@
-"""No output replaces a file a command reads (nmt/output_files.py, nmt/model/hub.py model_files): the
+"""No output replaces a file a command reads (nmt/fs/outputs.py, nmt/modelfile/hub.py model_files): the
 files of a model folder, the blobs of a Hub cache, the second model of an ensemble, every input option,
 compared by where links lead and by inode. And /dev/null is an output."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_hf_layout import lay_out_cache
+from tests.test_modelfile_hf import lay_out_cache
 
 from .conftest import nmt_server
 

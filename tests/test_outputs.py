@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from nmt.cli import app
+from nmt.cli.main import app
 from nmt.decode.outputs import Translation, nbest_json, nbest_lines, score_lines
 from nmt.decode.search import Hypothesis
 from nmt.decode.translator import Translator
@@ -32,7 +32,7 @@ def test_cli_and_http_give_the_same_n_best_lists(model_file):
     """--max-len 1 (with --min-len 0) leaves EOS as the only output, so a line has one hypothesis and K - 1
     padding entries; an empty line has K entries of score 0. The command line and the server say the same."""
     pytest.importorskip("fastapi")
-    from nmt.serve import format_response
+    from nmt.serve.server import format_response
 
     lines = ["Ein Hund läuft.", "", "Zwei Katzen schlafen."]
     translator = Translator.load(model_file, device="cpu", precision="fp32", beam_size=3, max_len=1, min_len=0)

@@ -132,7 +132,7 @@ def test_curves_of_several_real_runs(trained_run, tmp_path):
 
 
 def test_without_matplotlib_plot_commands_say_how_to_install(tmp_path):
-    code = ("import sys; sys.modules['matplotlib'] = None; from nmt.cli import main; "
+    code = ("import sys; sys.modules['matplotlib'] = None; from nmt.cli.main import main; "
             f"sys.argv = ['nmt', 'plot', 'curves', {str(tmp_path)!r}]; main()")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 2
@@ -140,7 +140,7 @@ def test_without_matplotlib_plot_commands_say_how_to_install(tmp_path):
 
 
 def test_other_commands_do_not_import_matplotlib():
-    code = ("import sys; import nmt.cli, nmt.decode.translator, nmt.train.trainer, nmt.evaluate; "
+    code = ("import sys; import nmt.cli.main, nmt.decode.translator, nmt.train.trainer, nmt.evaluate; "
             "print('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 

@@ -10,7 +10,7 @@ from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import DataError, read_lines
 from nmt.data.folder import DataFolder
 from nmt.data.preprocess import preprocess
-from nmt.data.tokenizer import BOS, EOS, PAD, UNK
+from nmt.data.special import BOS, EOS, PAD, UNK
 
 from .conftest import link_marker, make_config, nmt_server, write_slice
 
@@ -160,7 +160,7 @@ def test_target_vocab_holds_only_target_pieces(prepared):
 def test_iter_lines_splits_only_at_newline_across_blocks():
     import io
 
-    from nmt.textio import iter_lines
+    from nmt.fs.text import iter_lines
 
     raw = "eins\r\nzwei\rdrei\nvier\u2028fünf\n\n\u00e4\u00f6\u00fc sechs\r".encode()
     expected = ["eins", "zwei\rdrei", "vier\u2028fünf", "", "\u00e4\u00f6\u00fc sechs\r"]  # no "\n": "\r" is content
@@ -173,7 +173,7 @@ def test_iter_lines_splits_only_at_newline_across_blocks():
 def test_iter_lines_names_the_line_of_invalid_utf8_in_a_later_block():
     import io
 
-    from nmt.textio import TextInputError, iter_lines
+    from nmt.fs.text import TextInputError, iter_lines
 
     raw = b"".join(f"line {i}\n".encode() for i in range(1, 40)) + b"bad \xc3\x28 here\nok\n"
     read = []
@@ -310,7 +310,7 @@ def test_a_data_folder_matches_the_settings_it_was_built_with(prepared):
 
 @pytest.mark.parametrize("name", ["../victim.txt", "ABSOLUTE"])
 def test_a_marker_naming_files_outside_the_data_folder_deletes_nothing(tmp_path, corpus_dir, name):
-    from nmt.folders import MARKER
+    from nmt.fs.folders import MARKER
 
     config = make_config(tmp_path, corpus_dir)
     victim = tmp_path / "victim.txt"
@@ -327,7 +327,7 @@ def test_a_marker_naming_files_outside_the_data_folder_deletes_nothing(tmp_path,
 
 
 def test_a_marker_that_is_a_link_is_never_written_through(tmp_path, corpus_dir):
-    from nmt.folders import MARKER
+    from nmt.fs.folders import MARKER
 
     config = make_config(tmp_path, corpus_dir)
     data = tmp_path / "data"

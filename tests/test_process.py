@@ -57,7 +57,7 @@ def run_python(code: str) -> str:
 
 def test_importing_every_nmt_module_changes_no_process_state():
     report = json.loads(run_python(PROBE).splitlines()[-1])
-    assert {"nmt.train.trainer", "nmt.decode.translator", "nmt.cli", "nmt.device"} <= set(report["imported"])
+    assert {"nmt.train.trainer", "nmt.decode.translator", "nmt.cli.main", "nmt.device"} <= set(report["imported"])
     before, after = report["before"], report["after"]
     assert set(after["environ"].items()) ^ set(before["environ"].items()) == set()
     assert after == before
@@ -75,7 +75,7 @@ def test_configure_process_caps_the_kernel_caches_it_is_asked_for_and_keeps_the_
 
 def test_loading_a_model_leaves_the_compiler_stack_unimported(model_file: Path) -> None:
     """torch._dynamo costs 0.7 s of start-up; checking a file's weights on the meta device must not pull it in."""
-    probe = ("import sys; from nmt.model.modelfile import load_model; load_model(sys.argv[1]); "
+    probe = ("import sys; from nmt.modelfile.file import load_model; load_model(sys.argv[1]); "
              "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe, str(model_file)], capture_output=True, text=True,
                          check=True, cwd=REPO)

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nmt.config import DecodingConfig, ModelConfig, TrainingConfig
-from nmt.model.modelfile import LEGACY_MODEL_FORMAT, read_state
-from nmt.model.safefile import write_model_file
+from nmt.modelfile.file import LEGACY_MODEL_FORMAT, read_state
+from nmt.modelfile.tensors import write_model_file
 from tests.conftest import nmt_server
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],

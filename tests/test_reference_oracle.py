@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 from nmt.decode.graphed import SearchGraphs
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import beam_search, greedy_search, length_penalty, max_output_lengths

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.data.tokenizer import BOS, EOS, UNK
+from nmt.data.special import BOS, EOS, UNK
 from nmt.decode import search
 from nmt.decode.search import Sampler, beam_search, greedy_search, length_penalty, max_output_lengths, sample
 from nmt.model.seq2seq import Seq2Seq

@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip ins
 pytest.importorskip("python_multipart", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
 from nmt.decode.translator import Translator
-from nmt.serve import Batcher, Job, RequestError, ServeSettings, format_response
+from nmt.serve.server import Batcher, Job, RequestError, ServeSettings, format_response
 
 from .conftest import MULTI30K, nmt_server, read_gz
 from .serve_process import REPO, Server
@@ -630,7 +630,7 @@ def test_without_python_multipart_a_multipart_body_is_a_415_that_says_what_to_in
     from starlette import formparsers
     from starlette.datastructures import Headers
 
-    from nmt.serve_requests import parse_body
+    from nmt.serve.requests import parse_body
 
     body, headers = multipart([("q", "Hund", None)])
     monkeypatch.setattr(formparsers, "multipart", None)

@@ -15,7 +15,7 @@ from nmt.data.folder import DataFolder
 from nmt.data.shortlist import CooccurrenceCounts, load_shortlist, vocab_fingerprint
 from nmt.decode.shortlist import SPECIALS, Shortlist
 from nmt.decode.translator import Translator
-from nmt.model.modelfile import export_model
+from nmt.modelfile.file import export_model
 from tests.test_errors import assert_one_error, run_cli
 
 
@@ -251,7 +251,7 @@ def test_the_cpu_decodes_with_the_embedded_shortlist_by_default(trained_run, sou
     """The fast path needs no flag: a model that embeds a shortlist uses it on the CPU; --no-shortlist, a model
     without one, sampling and a GPU keep the full vocabulary."""
     from nmt.decode.shortlist import shortlist_by_default
-    from nmt.model.modelfile import load_model
+    from nmt.modelfile.file import load_model
 
     default = Translator.load(trained_run / "best.pt", "cpu", beam_size=3)
     listed = Translator.load(trained_run / "best.pt", "cpu", beam_size=3, shortlist=True)

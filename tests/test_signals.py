@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nmt.folders import TEMP_SUFFIX
+from nmt.fs.folders import TEMP_SUFFIX
 from nmt.train.checkpoint import load_checkpoint
 
 from .conftest import make_config, nmt_server
@@ -31,7 +31,7 @@ SAVE_DELAY = 3                      # seconds slow_save adds to one write of las
 def slow_save(at: int) -> str:
     """A wrapper that makes the `at`-th write of last.pt take SAVE_DELAY s more, announced on stderr."""
     return f"""
-import nmt.folders as f
+import nmt.fs.folders as f
 _commit, _count = f.PendingFile.commit, [0]
 def commit(self):
     if self.path.name == "last.pt":
@@ -83,7 +83,7 @@ tt.Trainer._update = update
 
 
 SLOW_READ = """
-import nmt.textio as t
+import nmt.fs.text as t
 _iter = t.iter_lines
 def iter_lines(stream, name):
     print("READING", file=sys.stderr, flush=True)
@@ -110,7 +110,7 @@ def run_nmt(*args: str) -> subprocess.CompletedProcess:
 
 
 def start(args: list[str], patch: str = "", stdin=None) -> subprocess.Popen:
-    code = f"import sys, time\n{patch}\nfrom nmt.cli import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
+    code = f"import sys, time\n{patch}\nfrom nmt.cli.main import main\nsys.argv = ['nmt', *{args!r}]\nmain()\n"
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=stdin, cwd=REPO)
 

@@ -57,7 +57,7 @@ def test_a_resumed_run_continues_the_events_and_overwrite_removes_them(prepared,
 
 def test_without_the_package_the_option_is_an_error_before_the_run_folder_is_touched(prepared, tmp_path):
     run = tmp_path / "run"
-    code = ("import sys; sys.modules['tensorboard'] = None; from nmt.cli import main; "
+    code = ("import sys; sys.modules['tensorboard'] = None; from nmt.cli.main import main; "
             f"sys.argv = ['nmt', 'train', '--config', {str(prepared)!r}, '--set', 'training.run_dir={run}', "
             "'--set', 'training.tensorboard=true']; main()")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

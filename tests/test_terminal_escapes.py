@@ -1,4 +1,4 @@
-"""Text from a file never reaches the terminal raw (nmt/textio.py `printable`): a model card,
+"""Text from a file never reaches the terminal raw (nmt/fs/text.py `printable`): a model card,
 a version, a config value or a file name holding terminal escapes is printed with them escaped, by
 `nmt info` (Markdown and JSON), `nmt export` and every `error:` line."""
 
@@ -31,8 +31,8 @@ def assert_clean(result: subprocess.CompletedProcess) -> None:
 
 def hostile_model(model_file: Path, out: Path, edit: Callable[[dict[str, Any]], Any] = lambda payload: None) -> Path:
     """`model_file` written again by nmt's own writer, with a hostile card; `edit` changes the rest."""
-    from nmt.model.modelfile import export_model
-    from nmt.model.safefile import write_model_file
+    from nmt.modelfile.file import export_model
+    from nmt.modelfile.tensors import write_model_file
 
     payload = export_model(model_file, out.with_name("plain.nmt"))
     card = payload["card"]
@@ -82,7 +82,7 @@ def test_error_lines_escape_what_they_quote(model_file, tmp_path):
 @pytest.mark.parametrize("text, shown", [("a\x1b[2Jb", "a\\x1b[2Jb"), ("tab\there", "tab\\there"),
                                          ("c1\x9bx", "c1\\x9bx"), ("Fußball ▁", "Fußball ▁")])
 def test_printable(text, shown):
-    from nmt.commands.common import error_line, printable
+    from nmt.cli.common import error_line, printable
 
     assert printable(text) == shown
     assert error_line(f"x\n{text}") == f"error: x {printable(' '.join(text.split()))}"

@@ -51,7 +51,7 @@ def test_batch_tokens_are_the_devices_unless_given(trained_run, translator, sour
     import torch
 
     from nmt.config import DECODING_BATCH_TOKENS
-    from nmt.model.modelfile import load_model
+    from nmt.modelfile.file import load_model
 
     assert load_model(trained_run / "best.pt", {}).config.decoding.batch_tokens == 0
     assert translator.batch_tokens() == translator.batch_tokens(scoring=True) == DECODING_BATCH_TOKENS["cpu"] == 8000

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.corpus import IdFile
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 
 
 @dataclass

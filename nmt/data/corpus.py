@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt import textio
+from nmt.fs import text
 
 
 class DataError(ValueError):
@@ -39,19 +39,19 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
 
 @contextmanager
 def open_lines(path: Path) -> Iterator[Iterator[str]]:
-    """The lines of a text file, plain or gzip, read by `nmt.textio`; its errors become `DataError`."""
+    """The lines of a text file, plain or gzip, read by `nmt.fs.text`; its errors become `DataError`."""
     try:
-        handle = textio.open_text(path)
-    except textio.TextInputError as exc:
+        handle = text.open_text(path)
+    except text.TextInputError as exc:
         raise DataError(str(exc)) from None
     with handle:
-        yield _as_data_errors(textio.iter_lines(handle, str(path)))
+        yield _as_data_errors(text.iter_lines(handle, str(path)))
 
 
 def _as_data_errors(lines: Iterator[str]) -> Iterator[str]:
     try:
         yield from lines
-    except textio.TextInputError as exc:
+    except text.TextInputError as exc:
         raise DataError(str(exc)) from None
 
 

@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nmt.bounded import read_json
 from nmt.config import Config
 from nmt.data.corpus import file_digest
 from nmt.data.folder import FORMAT_VERSION
-from nmt.folders import FolderError, read_marker, refuse_foreign
-from nmt.locks import lock_folder, release_folder
+from nmt.fs.bounded import read_json
+from nmt.fs.folders import FolderError, read_marker, refuse_foreign
+from nmt.fs.locks import lock_folder, release_folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ def inputs_of(config: Config, files: dict[str, tuple[Path, Path]]) -> Inputs:
             digests[model_key] = file_digest(Path(getattr(data, model_key)))
     parent = None
     if config.training.init_from:                   # fine-tuning: the parent's vocabularies, not new ones
-        from nmt.model.parent import parent_vocabularies, vocabulary_digest
+        from nmt.modelfile.parent import parent_vocabularies, vocabulary_digest
 
         parent = parent_vocabularies(config.training.init_from)
         digests["init_from"] = {"vocabularies": vocabulary_digest(*parent)}
@@ -54,7 +54,7 @@ def recorded_fingerprint(out_dir: Path) -> str | None:
     """The fingerprint in `out_dir`'s manifest; None without a readable one."""
     try:
         manifest = read_json(out_dir / "manifest.json")
-    except (OSError, ValueError):           # not JSON, not UTF-8, past a bound (nmt.bounded)
+    except (OSError, ValueError):           # not JSON, not UTF-8, past a bound (nmt.fs.bounded)
         return None
     return manifest.get("fingerprint") if isinstance(manifest, dict) else None
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from nmt.bounded import read_json
 from nmt.config import ConfigError, DataConfig
 from nmt.data.corpus import DataError, IdFile, resolve_text_file
 from nmt.data.tokenizer import Vocab
+from nmt.fs.bounded import read_json
 
 FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")

@@ -45,8 +45,9 @@ from nmt.data.corpus import (
 from nmt.data.fingerprint import Inputs, current_for_readers, inputs_of, recorded_fingerprint
 from nmt.data.folder import FORMAT_VERSION, SPLITS, input_prefixes, text_files, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
-from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_sentencepiece
-from nmt.folders import (
+from nmt.data.special import BOS, EOS, PAD, UNK
+from nmt.data.tokenizer import Vocab, train_sentencepiece
+from nmt.fs.folders import (
     LOCK,
     MARKER,
     TEMP_SUFFIX,
@@ -59,15 +60,15 @@ from nmt.folders import (
     remove_leftovers,
     write_marker,
 )
-from nmt.locks import holds_lock, release_folder
+from nmt.fs.locks import holds_lock, release_folder
+from nmt.fs.text import printable
 from nmt.progress import progress_bar
-from nmt.textio import printable
 
 CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
 
 
 def log(message: str) -> None:
-    """A progress line on stderr; the file names in it are escaped (see nmt.textio.printable)."""
+    """A progress line on stderr; the file names in it are escaped (see nmt.fs.text.printable)."""
     print(printable(message), file=sys.stderr, flush=True)
 
 
@@ -329,7 +330,7 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
     if parent is None:
         src_model, tgt_model = _build_vocabs(data, train_files, out)
     else:
-        from nmt.model.parent import write_vocabularies
+        from nmt.modelfile.parent import write_vocabularies
         src_model, tgt_model = write_vocabularies(*parent, out)
     src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
     for vocab in (src_vocab, tgt_vocab):

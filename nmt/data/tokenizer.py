@@ -1,8 +1,6 @@
 """SentencePiece training, encoding and decoding, with an optional per-side vocabulary.
 
-Special ids are fixed for every model the toolkit trains and every vocabulary it builds:
-
-    PAD = 0, UNK = 1, BOS = 2, EOS = 3
+Special ids are fixed for every model the toolkit trains and every vocabulary it builds (nmt.data.special).
 
 A joint SentencePiece model serves both sides; each side may still keep only the pieces it saw
 in training (`Vocab.pieces`), which shrinks the target output layer to the pieces it can emit.
@@ -22,10 +20,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from nmt.folders import plain_name
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+from nmt.data.special import BOS, EOS, PAD, UNK
+from nmt.fs.folders import plain_name
 
 
 def cpu_count() -> int:

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.batching import bucket_size
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 from nmt.decode.search import MIN_LEN, NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory

@@ -29,8 +29,8 @@ from torch import Tensor
 from nmt.config import ConfigError
 from nmt.data.tokenizer import Vocab
 from nmt.decode.search import Hypothesis, length_penalty
-from nmt.folders import FolderError, PendingFile
-from nmt.output_files import DeviceFile, check_outputs, open_output, output_target
+from nmt.fs.folders import FolderError, PendingFile
+from nmt.fs.outputs import DeviceFile, check_outputs, open_output, output_target
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 
 NEG_INF = float("-inf")
 # No EOS at the first output position, as `decoding.min_len` defaults to (Joey NMT's min_output_length and

@@ -19,8 +19,9 @@ from torch import Tensor
 
 from nmt.config import ConfigError
 from nmt.data.shortlist import load_shortlist, vocab_fingerprint
-from nmt.data.tokenizer import EOS, Vocab
-from nmt.model.modelfile import LoadedModel, ModelFileError
+from nmt.data.special import EOS
+from nmt.data.tokenizer import Vocab
+from nmt.modelfile.file import LoadedModel, ModelFileError
 
 SPECIALS = EOS + 1                      # ids 0 .. EOS: always kept, so they keep their numbers
 

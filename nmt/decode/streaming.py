@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from nmt.decode.outputs import score_line
-from nmt.textio import TextInputError, iter_lines, open_text
+from nmt.fs.text import TextInputError, iter_lines, open_text
 
 if TYPE_CHECKING:
     from nmt.decode.outputs import Translation

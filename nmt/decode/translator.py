@@ -33,7 +33,8 @@ from torch import Tensor
 
 from nmt.config import DECODING_BATCH_TOKENS, MAX_BEAM, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
-from nmt.data.tokenizer import EOS, UNK, Vocab
+from nmt.data.special import EOS, UNK
+from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.graphed import SearchGraphs, graphable
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
@@ -52,8 +53,8 @@ from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for,
 from nmt.decode.streaming import Line, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.inference import Inference
-from nmt.model.modelfile import ModelFileError, load_model
 from nmt.model.seq2seq import Seq2Seq
+from nmt.modelfile.file import ModelFileError, load_model
 from nmt.process import configure_process
 
 __all__ = ["Translation", "Translator"]
@@ -115,7 +116,7 @@ class Translator:
         `shortlist=True` uses the vocabulary shortlist the model embeds; `shortlist_file` (a data
         folder's shortlist.npz, for a model that embeds none) and `shortlist_k` imply it, unless
         `shortlist=False` is given.
-        Raises `nmt.model.modelfile.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
+        Raises `nmt.modelfile.file.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
         Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
         """
         if not isinstance(path, (str, Path)):

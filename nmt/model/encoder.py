@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.data.tokenizer import PAD
+from nmt.data.special import PAD
 from nmt.model.dropout import Dropout, dropout
 
 # Padded steps cost p / (1 - p) of the real ones, the packed call's overhead ~a fifth: break-even near 17%.

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.config import ConfigError, ModelConfig
-from nmt.data.tokenizer import PAD
+from nmt.data.special import PAD
 from nmt.model.attention import Memory, build_attention
 from nmt.model.bahdanau import BahdanauDecoder
 from nmt.model.decoder import Decoder, DecoderState

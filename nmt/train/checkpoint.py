@@ -1,7 +1,7 @@
 """Training checkpoints: the model file's contents plus the training state, best-k averaging.
 
 A checkpoint is one `torch.save` dictionary: what a model file holds (config, weights, the
-tokenizer as bytes, a card with the data and dev scores; see nmt.model.modelfile) plus the
+tokenizer as bytes, a card with the data and dev scores; see nmt.modelfile.file) plus the
 optimiser, schedule, scaler, RNG states and data cursor. It is written to a temporary file in
 the same folder, fsynced, then renamed over the target, so a crash never leaves a half-written
 checkpoint under a real name. Because it embeds its tokenizer, a checkpoint moved out of its run
@@ -24,8 +24,8 @@ from nmt import __version__
 from nmt.config import Config, stored_config
 from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
-from nmt.folders import atomic_write, plain_name
-from nmt.model.modelfile import (
+from nmt.fs.folders import atomic_write, plain_name
+from nmt.modelfile.file import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_KEYS,
     MODEL_KIND,
@@ -279,7 +279,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
-    for path in paths:                  # each one's weights fit its config and are finite (nmt.model.filecheck)
+    for path in paths:                  # each one's weights fit its config and are finite (nmt.modelfile.check)
         try:
             load_model(path)
         except ModelFileError as exc:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.data.batching import Batch, bucket_size
-from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.data.special import BOS, EOS, PAD
 from nmt.device import capturing
 from nmt.model.seq2seq import Seq2Seq
 from nmt.train.loss import output_cross_entropy

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.data.tokenizer import PAD
+from nmt.data.special import PAD
 from nmt.device import active_autocast_dtype
 from nmt.model.output_rows import padded_rows
 

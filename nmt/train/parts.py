@@ -20,10 +20,10 @@ from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
 from nmt.device import autocast_dtype, grad_scaler, make_optimizer, resolve_device, use_deterministic_algorithms
 from nmt.evaluate import bleu_metric
-from nmt.locks import lock_folder, release_folder
-from nmt.model.filecheck import expected_weights
-from nmt.model.parent import Parent, check_data_vocabularies, load_parent
+from nmt.fs.locks import lock_folder, release_folder
 from nmt.model.seq2seq import Seq2Seq
+from nmt.modelfile.check import expected_weights
+from nmt.modelfile.parent import Parent, check_data_vocabularies, load_parent
 from nmt.train.checkpoint import (
     CheckpointError,
     Cursor,

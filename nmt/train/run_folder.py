@@ -16,11 +16,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from nmt.bounded import loads_json, read_json
 from nmt.config import Config, dump_config
 from nmt.data.folder import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
-from nmt.folders import (
+from nmt.fs.bounded import loads_json, read_json
+from nmt.fs.folders import (
     LOCK,
     MARKER,
     append_text,
@@ -36,7 +36,7 @@ from nmt.folders import (
     remove_nmt_files,
     write_marker,
 )
-from nmt.locks import lock_folder, release_folder
+from nmt.fs.locks import lock_folder, release_folder
 
 # Keys whose change would move the data stream that a checkpoint's cursor points into.
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")

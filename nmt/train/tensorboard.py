@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from nmt.config import ConfigError
-from nmt.folders import register_file
+from nmt.fs.folders import register_file
 
 FOLDER = "tensorboard"
 TRAIN_SCALARS = ("loss", "ppl", "lr", "tgt_tokens_per_s")

@@ -26,8 +26,8 @@ from nmt.data.tokenizer import Vocab
 from nmt.decode.search import Hypothesis, greedy_search
 from nmt.device import autocast
 from nmt.evaluate import bleu_metric
+from nmt.fs.text import printable, read_lines
 from nmt.model.seq2seq import Seq2Seq
-from nmt.textio import printable, read_lines
 from nmt.train.loss import output_cross_entropy
 
 PROBE_SENTENCES = 32        # what `estimate_dev_seconds` decodes: the longest dev sentences
@@ -150,6 +150,6 @@ def peak_rss_mb() -> float:
 
 
 def example_lines(src: str, hyp: str, ref: str) -> str:
-    """A dev example as the training log shows it; the dev files' text escaped (nmt.textio.printable), so a
+    """A dev example as the training log shows it; the dev files' text escaped (nmt.fs.text.printable), so a
     control character in them never reaches the terminal."""
     return f"  src: {printable(src)}\n  hyp: {printable(hyp)}\n  ref: {printable(ref)}"

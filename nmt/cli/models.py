@@ -1,0 +1,137 @@
+"""`nmt average`, `nmt export` and `nmt info`: model files and checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from nmt.cli.common import MODEL_HELP, app, check_paths, fail, printable, printable_data, printable_json
+from nmt.config import ConfigError
+from nmt.fs.folders import FolderError, register_file
+from nmt.fs.outputs import output_target
+
+
+@app.command()
+def average(
+    checkpoints: list[Path] = typer.Argument(..., help="Checkpoints of one run to average."),
+    output: Path = typer.Option(..., "--output", "-o", help="The averaged checkpoint (in the same run folder)."),
+) -> None:
+    """Average the parameters of several checkpoints into a new one."""
+    from nmt.train.checkpoint import CheckpointError, average_checkpoints, save_checkpoint
+
+    if output.exists():
+        fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
+    target = check_paths({"--output": output}, models=checkpoints)["--output"]
+    if len({os.path.realpath(path) for path in checkpoints}) < 2:   # one file's "average" is a mislabelled copy
+        named = ", ".join(dict.fromkeys(map(str, checkpoints)))
+        fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
+    try:
+        state = average_checkpoints(checkpoints)
+    except CheckpointError as exc:
+        fail(str(exc))
+    save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
+    register_file(target)                   # `train --overwrite` may delete it with the rest of the run
+    typer.echo(printable(f"averaged {len(checkpoints)} checkpoints into {output}"), err=True)
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Argument(..., help="A training checkpoint (e.g. RUN/best.pt) or a model file."),
+    output: Path = typer.Option(..., "--output", "-o",
+                                help="The model file to write (model.nmt), or with --format hf a new folder."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Weights stored as fp32, fp16 or bf16 (half the size)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing nmt model file at --output."),
+    quantize: str | None = typer.Option(None, "--quantize",
+                                        help="int8: the file decodes with int8 products by default (CPU); none."),
+    layout: str = typer.Option("nmt", "--format",
+                               help="nmt: one model file; hf: a Hugging Face model folder (model.safetensors, "
+                                    "config.json, SentencePiece models, README.md card)."),
+    score: list[str] | None = typer.Option(None, "--score", metavar="TESTSET=FILE",
+                                           help="hf: a test set's `nmt evaluate --json` result, for the card's "
+                                                "model-index, e.g. multi30k_test_2016_flickr=test.json "
+                                                "(repeatable)."),
+    card_license: str | None = typer.Option(None, "--license", help="hf: the card's license id (default unknown)."),
+) -> None:
+    """Write one self-contained model file (safetensors: weights without optimiser state, config,
+    tokenizer, card), or with --format hf a folder to share on the Hugging Face Hub."""
+    from nmt.modelfile.file import DTYPES, ModelFileError, describe, export_model, format_card, load_model
+
+    if dtype not in DTYPES:
+        fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if layout not in ("nmt", "hf"):
+        fail(f"--format must be nmt or hf, got {layout!r}")
+    if layout == "hf":
+        _export_hf(checkpoint, output, dtype, quantize, force, score or [], card_license)
+        return
+    given = [name for name, value in (("--score", score), ("--license", card_license)) if value]
+    if given:
+        fail(f"{given[0]} applies only to --format hf (the model card of a Hugging Face folder)")
+    if output.is_dir():
+        fail(f"--output {output} is a folder; give a file name such as {output / 'model.nmt'} "
+             "(or --format hf to write a Hugging Face folder)")
+    if not output.parent.is_dir():
+        fail(f"--output {output}: folder {output.parent} does not exist")
+    target = check_paths({"--output": output}, models=[checkpoint])["--output"]
+    if target.exists():
+        if not force:
+            fail(f"{output} exists; choose a new name, or pass --force to replace an nmt model file")
+        try:
+            if load_model(target).kind != "model":
+                raise ModelFileError("a checkpoint")
+        except (ModelFileError, ConfigError):
+            fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
+    try:
+        export_model(checkpoint, target, dtype, quantize)
+        info = describe(load_model(target))
+    except (ModelFileError, ConfigError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
+    size = target.stat().st_size / 2**20
+    typer.echo(f"wrote {printable(output)} ({size:.1f} MB)\n\n{format_card(printable_data(info))}", err=True)
+
+
+def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, scores: list[str],
+               card_license: str | None) -> None:
+    """`nmt export --format hf`: a new folder in the Hugging Face layout (nmt.modelfile.hf)."""
+    from nmt.modelfile.file import ModelFileError, describe, format_card
+    from nmt.modelfile.hf import ExportError, export_hf, read_score
+
+    if force:
+        fail("--force applies only to --format nmt; --format hf writes only a new or empty folder")
+    try:
+        target = output_target(output, "--output")
+        read = [read_score(option) for option in scores]
+        loaded = export_hf(checkpoint, target, dtype, quantize, read, card_license or "unknown")
+    except (ExportError, FolderError, ModelFileError, ConfigError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
+    size = (target / "model.safetensors").stat().st_size / 2**20
+    card = format_card(printable_data(describe(loaded)))
+    typer.echo(f"wrote {printable(output)}/ (model.safetensors {size:.1f} MB, config.json, source.spm, target.spm, "
+               f"vocab.json, README.md with {len(read)} test scores)\n\n{card}", err=True)
+
+
+@app.command()
+def info(
+    model: Path = typer.Argument(..., help=MODEL_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the card as JSON instead of Markdown."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Show a model with NaN/inf weights."),
+) -> None:
+    """Show the model card: languages, vocabulary, parameters, data, scores (after checking the file)."""
+    import json
+
+    from nmt.modelfile.file import ModelFileError, describe, format_card, load_model
+
+    try:
+        card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
+    except (ModelFileError, ConfigError) as exc:
+        fail(str(exc))
+    architecture = card["architecture"]
+    if architecture["attention"] == "bahdanau":  # its decoder feeds c_i, never h~ (nmt.model.seq2seq): n/a
+        architecture["input_feeding"] = None
+    typer.echo(printable_json(json.dumps(card, indent=2, ensure_ascii=False)) if json_out
+               else format_card(printable_data(card)))

@@ -1,0 +1,199 @@
+"""A model as the field shares it: a Hugging Face model folder (`nmt export --format hf DIR`).
+
+    model.safetensors  the nmt model file itself (nmt.modelfile.tensors): weights, config, tokenizer, card
+    config.json        architecture, languages, vocabulary sizes, decoding defaults, nmt version
+    source.spm, target.spm, vocab.json   the SentencePiece models and each side's pieces (by side id)
+    README.md          the model card: YAML front matter (language, license, library_name, tags, and a
+                       `model-index` of test scores with their sacreBLEU signatures), then Markdown
+
+nmt reads only model.safetensors (nmt.modelfile.hub), so a folder holds one truth; the other files are
+what the Hub and people read. The card is written with PyYAML, whatever is installed, so the same
+model gives the same card everywhere; huggingface_hub's ModelCard parses it (tests check that).
+Test scores come from `nmt evaluate --json` results (`--score TESTSET=RESULT.json`), the test set
+named as OPUS-MT cards name theirs (e.g. multi30k_test_2016_flickr).
+
+The folder is built under a temporary name beside DIR and renamed into place, so DIR is either
+absent, empty, or complete; nmt never writes into a folder that holds anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nmt import __version__
+from nmt.fs.bounded import read_json
+from nmt.fs.folders import TEMP_SUFFIX, atomic_write, fsync_folder, new_file_mode, remove_leftovers
+from nmt.modelfile.file import LoadedModel, describe, export_model, format_card, load_model
+from nmt.modelfile.hub import MODEL_FILE
+
+TAGS = ["translation", "nmt", "rnn"]
+_LICENSE = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
+_TESTSET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
+
+
+class ExportError(ValueError):
+    """An export the user asked for that cannot be done as asked (bad --score, --license, folder)."""
+
+
+@dataclass
+class TestScore:
+    """One test set's scores from an `nmt evaluate --json` result."""
+
+    testset: str
+    sentences: int | None
+    metrics: dict[str, tuple[float, str]]    # "bleu"|"chrf"|"ter" -> (score, sacreBLEU signature)
+
+
+def read_score(option: str) -> TestScore:
+    """`TESTSET=RESULT.json` (the `--score` option) read and checked."""
+    testset, sep, file = option.partition("=")
+    where = f"--score {option}"
+    if not sep or not _TESTSET.match(testset) or not file:
+        raise ExportError(f"{where}: write TESTSET=RESULT.json, e.g. multi30k_test_2016_flickr=test.json "
+                          "(a test set name of letters, digits, '.', '_', '-')")
+    try:
+        result = read_json(file)
+    except FileNotFoundError:
+        raise ExportError(f"{where}: {file} does not exist") from None
+    except OSError as exc:
+        raise ExportError(f"{where}: cannot read {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ExportError(f"{where}: {file} is not JSON (not UTF-8 text)") from None
+    except ValueError as exc:
+        raise ExportError(f"{where}: {file} is not JSON ({exc})") from None
+    metrics = {}
+    for name in METRIC_NAMES:
+        entry = result.get(name) if isinstance(result, dict) else None
+        if entry is None and name != "bleu":
+            continue
+        score = entry.get("score") if isinstance(entry, dict) else None
+        signature = entry.get("signature") if isinstance(entry, dict) else None
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) \
+                or not isinstance(signature, str):
+            raise ExportError(f"{where}: {file} is not an `nmt evaluate --json` result ({name}.score and "
+                              f"{name}.signature missing or of the wrong type)")
+        metrics[name] = (float(score), signature)
+    sentences = result.get("sentences")
+    return TestScore(testset, sentences if isinstance(sentences, int) and not isinstance(sentences, bool) else None,
+                     metrics)
+
+
+def check_target(folder: Path) -> None:
+    """DIR must be absent or an empty folder, in an existing folder."""
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"--output {folder} is a file; --format hf writes a folder: give a new folder name")
+    if folder.is_dir() and any(folder.iterdir()):
+        raise ExportError(f"--output {folder} is a folder that holds files; --format hf writes only a new or empty "
+                          "folder: choose another name, or empty it yourself")
+    if not folder.parent.is_dir():
+        raise ExportError(f"--output {folder}: folder {folder.parent} does not exist")
+
+
+def export_hf(source: str | Path, folder: str | Path, dtype: str = "fp32", quantize: str | None = None,
+              scores: list[TestScore] | None = None, license: str = "unknown") -> LoadedModel:
+    """Write the model of a checkpoint or model file as a Hugging Face model folder; returns it as loaded back."""
+    folder = Path(folder)
+    if not _LICENSE.match(license):
+        raise ExportError(f"--license {license!r} is not a license id such as cc-by-4.0, apache-2.0, other or unknown")
+    names = [score.testset for score in scores or []]
+    if len(set(names)) != len(names):
+        raise ExportError(f"--score names the test set {next(n for n in names if names.count(n) > 1)} twice")
+    check_target(folder)
+    remove_leftovers(folder.parent, folder.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder.parent))
+    try:
+        mode = new_file_mode()
+        os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
+        export_model(source, tmp / MODEL_FILE, dtype, quantize)
+        loaded = load_model(tmp / MODEL_FILE)
+        _write_files(tmp, loaded, folder.name, scores or [], license)
+        check_target(folder)                                # again: someone may have written there meanwhile
+        os.rename(tmp, folder)                              # replaces an empty folder, never a full one
+        fsync_folder(folder.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    loaded.path = folder / MODEL_FILE
+    return loaded
+
+
+def _write_files(folder: Path, loaded: LoadedModel, name: str, scores: list[TestScore], license: str) -> None:
+    def text(file: str, content: str) -> None:
+        atomic_write(folder / file, lambda handle: handle.write(content), mode="w")
+
+    def raw(file: str, content: bytes) -> None:
+        atomic_write(folder / file, lambda handle: handle.write(content))
+
+    raw("source.spm", loaded.src_vocab.sp.serialized_model_proto())
+    raw("target.spm", loaded.tgt_vocab.sp.serialized_model_proto())
+    vocab = {side: [vocab.sp.id_to_piece(int(i)) for i in vocab.pieces]
+             for side, vocab in (("source", loaded.src_vocab), ("target", loaded.tgt_vocab))}
+    text("vocab.json", json.dumps(vocab, ensure_ascii=False, indent=0) + "\n")
+    text("config.json", json.dumps(hf_config(loaded), indent=2, ensure_ascii=False) + "\n")
+    text("README.md", model_card(loaded, name, scores, license))
+
+
+def hf_config(loaded: LoadedModel) -> dict[str, Any]:
+    """config.json: what a reader of the folder needs to know about the model without nmt."""
+    c = loaded.config
+    languages = loaded.languages
+    return {
+        "library_name": "nmt", "nmt_version": __version__, "model_type": "rnn-attention-seq2seq",
+        "model_file": MODEL_FILE, "model_format": 2, "dtype": loaded.dtype,
+        "source_language": languages["src"], "target_language": languages["tgt"],
+        "parameters": sum(t.numel() for t in loaded.weights.values()),
+        "model": c.to_dict()["model"],
+        "tokenizer": {"type": "sentencepiece", "joint": c.data.joint_vocab, "source": "source.spm",
+                      "target": "target.spm", "vocab": "vocab.json", "source_vocab_size": len(loaded.src_vocab),
+                      "target_vocab_size": len(loaded.tgt_vocab)},
+        "decoding": c.to_dict()["decoding"],
+    }
+
+
+def model_card(loaded: LoadedModel, name: str, scores: list[TestScore], license: str) -> str:
+    """README.md: YAML front matter the Hub indexes, then the card in Markdown."""
+    info = describe(loaded)
+    src, tgt = info["languages"]["src"], info["languages"]["tgt"]
+    pair = f"{src}-{tgt}"
+    results = [{"task": {"type": "translation", "name": f"Translation {pair}"},
+                "dataset": {"name": score.testset, "type": score.testset, "args": pair},
+                "metrics": [{"type": metric, "value": value, "name": METRIC_NAMES[metric], "config": signature}
+                            for metric, (value, signature) in score.metrics.items()]}
+               for score in scores]
+    front: dict[str, Any] = {"language": list(dict.fromkeys([src, tgt])), "license": license, "library_name": "nmt",
+                             "tags": TAGS, "pipeline_tag": "translation"}
+    if results:
+        front["model-index"] = [{"name": name, "results": results}]
+    header = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
+    lines = [f"---\n{header}---", "", f"# {name}", "",
+             f"A {src} → {tgt} translation model: an RNN encoder-decoder with attention, trained and exported "
+             f"with nmt {__version__}.", "", "## Use", "", "```bash", "pip install 'nmt[hub]'",
+             f"nmt translate -m hf://OWNER/{name} < input.{src} > output.{tgt}", "```", "",
+             "`-m` also takes a local copy of this folder. `model.safetensors` is the complete nmt model file "
+             "(weights, config, SentencePiece models, this card's facts); config.json, source.spm, target.spm and "
+             "vocab.json show the same for other tools, and nmt does not read them.", "", "## Test scores", ""]
+    if scores:
+        lines += ["| test set | sentences | BLEU | chrF | sacreBLEU signature (BLEU) |", "|---|---|---|---|---|"]
+        for score in scores:
+            chrf = score.metrics.get("chrf")
+            bleu, signature = score.metrics["bleu"]
+            signature = signature.replace("|", "\\|")          # a pipe inside a table cell, even in `code`
+            lines.append(f"| {score.testset} | {score.sentences if score.sentences is not None else '?'} | "
+                         f"{bleu:.2f} | {f'{chrf[0]:.2f}' if chrf else '-'} | `{signature}` |")
+        lines += ["", "Detokenised output scored against the raw references with sacreBLEU (`nmt evaluate`)."]
+    else:
+        lines.append("None given at export (`nmt export --format hf --score TESTSET=RESULT.json`).")
+    card = [line for line in format_card(info).splitlines()[1:] if line and not line.startswith("- file:")]
+    lines += ["", "## Model", "", *card, ""]
+    return "\n".join(lines)

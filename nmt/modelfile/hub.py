@@ -1,0 +1,102 @@
+"""Where a model the user names lives: a file, a folder in the Hugging Face layout, or `hf://org/name`.
+
+`nmt export --format hf DIR` writes a folder whose `model.safetensors` is a complete nmt model file
+(nmt.modelfile.tensors); config.json, the SentencePiece models and README.md beside it are for the
+Hub and for people (nmt.modelfile.hf). So loading a folder, local or from the Hub, loads that one
+file. `hf://org/name[@revision]` is fetched with huggingface_hub's `snapshot_download` (the `hub`
+extra), which keeps its cache (HF_HUB_CACHE or HF_HOME) and works from it alone when
+HF_HUB_OFFLINE=1.
+
+`model_files` names every file a model path stands for, so that no output of a command replaces
+one of them (nmt.fs.outputs.check_outputs).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nmt import __version__
+from nmt.modelfile.check import ModelFileError
+
+MODEL_FILE = "model.safetensors"          # the weights file name the Hub's tools expect
+SCHEME = "hf:"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def is_hub_name(path: str | Path) -> bool:
+    """`hf://org/name` (a Path made of it reads `hf:/org/name`)."""
+    return str(path).startswith(SCHEME + "/")
+
+
+def hub_name(path: str | Path) -> str:
+    """`hf://org/name[@revision]` as the user wrote it, also when it went through a Path."""
+    return "hf://" + str(path)[len(SCHEME):].lstrip("/")
+
+
+def locate_model(path: str | Path) -> Path:
+    """The file to read for `path`: itself, the `model.safetensors` of a folder, or that of a Hub snapshot."""
+    if is_hub_name(path):
+        return download(hub_name(path)[len("hf://"):])
+    path = Path(path)
+    if path.is_dir():
+        if not (path / MODEL_FILE).is_file():
+            raise ModelFileError(f"{path} is a folder without {MODEL_FILE}; give a model file, a checkpoint, or a "
+                                 "folder written by `nmt export --format hf`")
+        return path / MODEL_FILE
+    return path
+
+
+def parse_hub_name(spec: str) -> tuple[str, str | None]:
+    """(repo id, revision or None) of `org/name[@revision]`."""
+    repo, _, revision = spec.partition("@")
+    if not _REPO_ID.match(repo) or ".." in repo or (revision == "" and "@" in spec):
+        raise ModelFileError(f"hf://{spec} is not a Hub model name; write hf://ORG/NAME or hf://ORG/NAME@REVISION")
+    return repo, revision or None
+
+
+def download(spec: str) -> Path:
+    """The local `model.safetensors` of the Hub repository `spec` (`org/name[@revision]`): from the cache, or
+    downloaded into it. Raises a one-line `ModelFileError`."""
+    repo, revision = parse_hub_name(spec)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ModelFileError("hf:// models need the hub extra: pip install 'nmt[hub]'") from None
+    try:
+        folder = snapshot_download(repo, revision=revision, allow_patterns=[MODEL_FILE], library_name="nmt",
+                                   library_version=__version__)
+    except Exception as exc:    # huggingface_hub: offline without a cached copy, no such repository, HTTP errors
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ModelFileError(f"hf://{spec}: {type(exc).__name__}: {reason[:300]}") from None
+    file = Path(folder) / MODEL_FILE
+    if not file.is_file():
+        raise ModelFileError(f"hf://{spec} has no {MODEL_FILE}; it is not a model `nmt export --format hf` wrote")
+    return file
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """The files the model `path` names is made of, for the check that no output replaces one: the file
+    itself; every file of a folder (not only the `model.safetensors` that loading reads: the card,
+    config.json and the SentencePiece models are the model too); for hf://, every file of its
+    repository in the Hub cache, the snapshots' links and the blobs they point to. Nothing is
+    downloaded; a name that does not resolve gives what it would read once it does (its load reports
+    the problem)."""
+    if is_hub_name(path):
+        folder = _cache_folder(hub_name(path)[len("hf://"):])
+        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder is not None and folder.is_dir() else []
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file())
+    return [path]
+
+
+def _cache_folder(spec: str) -> Path | None:
+    """The Hub cache's folder of repository `spec` (where snapshot_download keeps it), None if unknown."""
+    try:
+        repo, _ = parse_hub_name(spec)
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+    except (ModelFileError, ImportError):
+        return None
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")

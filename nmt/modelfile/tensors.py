@@ -1,0 +1,175 @@
+"""The model file in safetensors: tensors plus text metadata, read without unpickling anything.
+
+A model file (`nmt export`, format 2) is a safetensors file, which any safetensors reader opens
+(`safetensors.torch.load_file` gives the weights): a JSON header and raw tensor bytes, so reading it
+can run no code, unlike a pickle. nmt stores in it what the pickled format 1 held:
+
+    tensors   the model's weights under their state-dict names, in the file's dtype
+              nmt.tokenizer.src.spm / .tgt.spm      uint8: SentencePiece model bytes (tgt absent when joint)
+              nmt.tokenizer.src.pieces / .tgt.pieces int32: side id -> SentencePiece id
+              nmt.shortlist.targets / .frequent      the vocabulary shortlist, when there is one
+    metadata  (str -> str, as safetensors requires) "format": "pt" (what transformers expects of a
+              torch file); nmt.kind, nmt.format, nmt.version, nmt.dtype; nmt.config, nmt.card and
+              nmt.shortlist (its scalar fields) as JSON; nmt.checksums
+
+safetensors checks that the header is well formed and that every tensor's bytes lie in the file,
+but keeps no checksum: nmt.checksums holds the CRC-32 of every tensor's bytes and of the other
+metadata, so a file damaged in a copy is refused instead of translating garbage (the CRC-32s of
+the zip records did this for format 1). `read_state` returns the same dictionary a format-1 file
+unpickles to, so one set of checks (nmt.modelfile.check) serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.fs.bounded import loads_json
+from nmt.fs.folders import atomic_write
+from nmt.modelfile.check import ModelFileError
+
+PREFIX = "nmt."
+SIDES = ("src", "tgt")
+SHORTLIST_TENSORS = ("targets", "frequent")
+META_KEYS = ("nmt.kind", "nmt.format", "nmt.version", "nmt.dtype", "nmt.config", "nmt.card")
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def is_pickled(path: Path) -> bool:
+    """A torch.save zip (a format-1 model file or a checkpoint), not a safetensors file."""
+    with open(path, "rb") as handle:
+        return handle.read(4) == ZIP_MAGIC
+
+
+def looks_like_safetensors(head: bytes) -> bool:
+    """Whether a file's first 9 bytes can begin a safetensors file: a little-endian 64-bit header length
+    below 4 GiB (safetensors allows 100 MB), then the header's opening brace. Text, an image or a truncated
+    download of a web page fails this; a safetensors file cut short anywhere after its first 9 bytes passes
+    (and safetensors then says what is missing)."""
+    return len(head) >= 9 and head[4:8] == bytes(4) and head[8:9] == b"{"
+
+
+def _crc(tensor: Tensor) -> int:
+    return zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _metadata_crc(metadata: dict[str, str]) -> int:
+    crc = 0
+    for key in sorted(metadata):
+        if key != "nmt.checksums":
+            crc = zlib.crc32(f"{key}\0{metadata[key]}\0".encode(), crc)
+    return crc
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    """The safetensors bytes of a model-file dictionary (the keys of modelfile.MODEL_KEYS, shortlist optional)."""
+    from safetensors.torch import save
+
+    tensors: dict[str, Tensor] = {}
+    for name, tensor in payload["model"].items():
+        if name.startswith(PREFIX):
+            raise ModelFileError(f"weight name {name} clashes with nmt's own tensors ({PREFIX}*)")
+        tensors[name] = tensor.contiguous()
+    for side in SIDES:
+        entry = payload["tokenizer"][side]
+        if entry["spm"] is not None:
+            tensors[f"nmt.tokenizer.{side}.spm"] = torch.frombuffer(bytearray(entry["spm"]), dtype=torch.uint8)
+        tensors[f"nmt.tokenizer.{side}.pieces"] = torch.tensor(entry["pieces"], dtype=torch.int32)
+    metadata = {"format": "pt", "nmt.kind": str(payload["kind"]), "nmt.format": str(payload["format"]),
+                "nmt.version": str(payload["nmt_version"]), "nmt.dtype": str(payload["dtype"]),
+                "nmt.config": json.dumps(payload["config"]), "nmt.card": json.dumps(payload["card"])}
+    shortlist = payload.get("shortlist")
+    if shortlist is not None:
+        tensors.update({f"nmt.shortlist.{key}": shortlist[key].contiguous() for key in SHORTLIST_TENSORS})
+        metadata["nmt.shortlist"] = json.dumps({k: v for k, v in shortlist.items() if k not in SHORTLIST_TENSORS})
+    metadata["nmt.checksums"] = json.dumps({"metadata": _metadata_crc(metadata),
+                                            "tensors": {name: _crc(t) for name, t in sorted(tensors.items())}})
+    return save(tensors, metadata)
+
+
+def write_model_file(payload: dict[str, Any], path: str | Path) -> None:
+    """Write a model-file dictionary as a safetensors model file, atomically."""
+    data = encode(payload)
+    atomic_write(Path(path), lambda handle: handle.write(data))
+
+
+def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
+    """The model-file dictionary stored in a safetensors file, after its checksums; one-line `ModelFileError`s."""
+    from safetensors import safe_open
+
+    with open(path, "rb") as handle:
+        head = handle.read(9)
+    if len(head) < 9 and head[4:] == bytes(len(head[4:])):
+        raise ModelFileError(f"{what} {path} is truncated or corrupt (only {len(head)} bytes)")
+    if not looks_like_safetensors(head):
+        raise ModelFileError(f"{path} is not an nmt model file (neither safetensors nor a torch checkpoint: "
+                             f"it begins with {head[:8]!r})")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as exc:    # safetensors raises SafetensorError (and OSError) for a garbled or truncated file
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelFileError(f"{what} {path} is truncated or corrupt ({reason[:200]})") from None
+    if metadata.get("nmt.kind") is None or any(key not in metadata for key in (*META_KEYS, "nmt.checksums")):
+        raise ModelFileError(f"{path} is not an nmt model file or checkpoint (a safetensors file without "
+                             "nmt's metadata)")
+    _check_checksums(path, what, metadata, tensors)
+    try:
+        return _state(metadata, tensors)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelFileError(f"{path}: its metadata is unusable ({str(exc)[:200]}); the file is damaged or "
+                             "not written by nmt") from None
+
+
+def _check_checksums(path: Path, what: str, metadata: dict[str, str], tensors: dict[str, Tensor]) -> None:
+    try:
+        checksums = loads_json(metadata["nmt.checksums"])
+        stored, expected = checksums["tensors"], checksums["metadata"]
+        if not isinstance(stored, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ModelFileError(f"{what} {path} is damaged: its checksums are unreadable; copy or export it "
+                             "again") from None
+    if _metadata_crc(metadata) != expected:
+        raise ModelFileError(f"{what} {path} is damaged: its metadata fails its checksum; copy or export it again")
+    if set(stored) != set(tensors):
+        different = sorted(set(stored) ^ set(tensors))[0]
+        raise ModelFileError(f"{what} {path} is damaged: tensor {different} is not the file's checksums' "
+                             "(missing or added); copy or export it again")
+    for name, tensor in tensors.items():
+        if _crc(tensor) != stored[name]:
+            raise ModelFileError(f"{what} {path} is damaged: its tensor {name} fails its checksum; copy or "
+                                 "export it again")
+
+
+def _state(metadata: dict[str, str], tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """The format-1 dictionary: kind, format, nmt_version, config, model, dtype, tokenizer, card[, shortlist]."""
+    tokenizer: dict[str, Any] = {}
+    for side in SIDES:
+        spm = tensors.get(f"nmt.tokenizer.{side}.spm")
+        pieces = tensors.get(f"nmt.tokenizer.{side}.pieces")
+        if pieces is None or (spm is None and side == "src"):
+            raise KeyError(f"the {side} tokenizer tensors are missing")
+        tokenizer[side] = {"spm": None if spm is None else spm.numpy().tobytes(), "pieces": pieces.tolist()}
+    try:
+        file_format: Any = int(metadata["nmt.format"])
+    except ValueError:
+        file_format = metadata["nmt.format"]
+    state = {"kind": metadata["nmt.kind"], "format": file_format, "nmt_version": metadata["nmt.version"],
+             "config": loads_json(metadata["nmt.config"]), "dtype": metadata["nmt.dtype"],
+             "card": loads_json(metadata["nmt.card"]), "tokenizer": tokenizer,
+             "model": {name: t for name, t in tensors.items() if not name.startswith(PREFIX)}}
+    if "nmt.shortlist" in metadata:
+        shortlist = loads_json(metadata["nmt.shortlist"])
+        if not isinstance(shortlist, dict):
+            raise TypeError("nmt.shortlist is not a JSON object")
+        for key in SHORTLIST_TENSORS:
+            shortlist[key] = tensors[f"nmt.shortlist.{key}"]
+        state["shortlist"] = shortlist
+    return state

@@ -1,0 +1,67 @@
+"""The page of `nmt serve` (nmt.serve.server): translate in a browser, see each sentence's attention and the model card.
+
+    GET /                     the page (nmt/serve/static/index.html)
+    GET /page.js, /page.css   its script and style
+    GET /card                 {"card": what `nmt info --json` shows, "server": this server's search limits}
+
+Plain HTML, CSS and a little script, served by the same app with nothing fetched from elsewhere (a
+Content-Security-Policy of 'self' says so to the browser), so that it works offline. The page sends
+each line of the text as its own POST /translate with `attention: true`, so that translations
+appear one by one, and draws the attention of the chosen line on a <canvas>: the weights
+`--attention-out` writes and `--plot-attention` draws.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from nmt.serve.settings import ServeSettings
+
+STATIC = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript; charset=utf-8"),
+          "/page.css": ("page.css", "text/css; charset=utf-8")}
+HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+           "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+
+
+def model_card(model: str | Path) -> dict[str, Any]:
+    """The card of `nmt info` (nmt.modelfile.file.describe), with the file's name and size on disk instead
+    of its path on the server. Reads the model file once more: the Translator keeps no card."""
+    from nmt.modelfile.file import describe, load_model
+
+    loaded = load_model(model)
+    card = describe(loaded)
+    path = Path(card.pop("file"))
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    card["name"] = path.name
+    card["size_bytes"] = sum(f.stat().st_size for f in files)
+    if card["architecture"]["attention"] == "bahdanau":     # as `nmt info`: its decoder has no input feeding
+        card["architecture"]["input_feeding"] = None
+    return card
+
+
+def add_page(app: FastAPI, card: dict[str, Any], beam_size: int, settings: ServeSettings) -> None:
+    """The page's routes on `app`; `beam_size` is what a request without one gets."""
+    pages = {route: (resources.files("nmt.serve").joinpath("static", name).read_bytes(), media_type)
+             for route, (name, media_type) in STATIC.items()}        # read once: a missing file fails at start
+    server = {"beam_size": beam_size, "max_beam": settings.max_beam, "max_sentences": settings.max_sentences,
+              "max_body_bytes": settings.max_body_bytes}
+
+    def static(route: str) -> Any:
+        content, media_type = pages[route]
+
+        async def serve_file() -> Response:
+            return Response(content, media_type=media_type, headers=HEADERS)
+        return serve_file
+
+    for route in STATIC:
+        app.add_api_route(route, static(route), methods=["GET"], include_in_schema=False)
+
+    @app.get("/card")
+    async def model_card_route() -> JSONResponse:
+        """The model card (as `nmt info --json`) and this server's search limits, for the page."""
+        return JSONResponse({"card": card, "server": server})

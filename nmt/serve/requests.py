@@ -1,0 +1,201 @@
+"""Reading and answering `nmt serve`'s requests (nmt.serve.server): bounded bodies, JSON or forms, nmt's own shapes.
+
+A /translate body is JSON, whatever its Content-Type says (`curl -d` labels JSON as a form), except
+that LibreTranslate's clients may send a form: multipart/form-data always is one, and a
+form-urlencoded body that is not JSON is read as one (nmt.serve.libre then checks its fields).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette import formparsers
+from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
+
+from nmt.data.tokenizer import Vocab
+from nmt.decode.outputs import Translation, attention_record, nbest_json
+from nmt.fs.bounded import loads_json
+from nmt.serve.batcher import RequestError
+from nmt.serve.libre import KEYS as LIBRE_KEYS
+from nmt.serve.settings import ServeSettings
+
+MAX_FORM_FIELDS = 2 * len(LIBRE_KEYS)     # more is no LibreTranslate request: refused before it is all read
+
+
+@dataclass
+class Body:
+    """A parsed request body: JSON's value, or a form's fields in order (`form` True)."""
+
+    payload: Any
+    form: bool = False
+
+
+@dataclass
+class Options:
+    """An nmt /translate request's search options."""
+
+    beam_size: int
+    n_best: int
+    attention: bool = False
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes, with 408 if it
+    has not all arrived within `timeout` seconds, and with 400 if the client goes away before the end."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - loop.time()))
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"the request body did not arrive within {timeout:g} s") from None
+        except ClientDisconnect:
+            raise RequestError(400, "the client disconnected before the end of the request body") from None
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request body over {limit} bytes")
+        chunks.append(chunk)
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON; raises RequestError(400)."""
+    try:
+        return loads_json(body)
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
+
+
+async def parse_body(headers: Headers, body: bytes) -> Body:
+    """JSON, or a LibreTranslate form (see the module's docstring); raises RequestError(400 or 415)."""
+    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "multipart/form-data":
+        return Body(await parse_multipart(headers, body), form=True)
+    try:
+        return Body(parse_json(body))
+    except RequestError:
+        if media_type != "application/x-www-form-urlencoded":
+            raise
+        fields = parse_urlencoded(body)
+        if not any(key in LIBRE_KEYS for key, _ in fields):
+            raise RequestError(400, "the request body is neither valid JSON nor a LibreTranslate form (q, source, "
+                                    "target)") from None
+        return Body(fields, form=True)
+
+
+def parse_urlencoded(body: bytes) -> list[tuple[str, str]]:
+    """An application/x-www-form-urlencoded body's fields, UTF-8 as browsers send them; raises RequestError(400)."""
+    try:
+        return parse_qsl(body.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict",
+                         max_num_fields=MAX_FORM_FIELDS)
+    except UnicodeDecodeError:
+        raise RequestError(400, "Invalid request: the form is not valid UTF-8") from None
+    except ValueError:                                # max_num_fields
+        raise RequestError(400, f"Invalid request: more than {MAX_FORM_FIELDS} form fields") from None
+
+
+async def parse_multipart(headers: Headers, body: bytes) -> list[tuple[str, Any]]:
+    """A multipart/form-data body's fields, by python-multipart (through Starlette's parser, which files
+    uploads as UploadFile); raises RequestError(400), or 415 where python-multipart is not installed."""
+    if formparsers.multipart is None:
+        raise RequestError(415, "this server cannot read multipart/form-data: python-multipart is not installed "
+                                "(pip install 'nmt[serve]'); send JSON or a form-urlencoded body")
+
+    async def chunks() -> Any:
+        yield body
+
+    parser = formparsers.MultiPartParser(headers, chunks(), max_files=MAX_FORM_FIELDS, max_fields=MAX_FORM_FIELDS,
+                                         max_part_size=max(len(body), 1))
+    try:
+        form = await parser.parse()
+    except formparsers.MultiPartException as exc:
+        raise RequestError(400, f"Invalid request: the multipart body cannot be read ({exc.message[:200]})") from None
+    fields = list(form.multi_items())
+    await form.close()                                # files: closed now; nmt.serve.libre refuses them
+    return fields
+
+
+def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> tuple[list[str], Options]:
+    """A parsed /translate body of nmt's own shape -> (sentences, options); raises RequestError(400 or 413)."""
+    options: dict[str, Any] = {}
+    if isinstance(payload, dict):
+        unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best", "attention"})
+        if unknown:
+            raise RequestError(400, f"unknown key {unknown[0]!r}; expected sentences, beam_size, n_best, attention")
+        if "sentences" not in payload:
+            raise RequestError(400, "missing key 'sentences': a list of strings to translate")
+        options, payload = payload, payload["sentences"]
+    if not isinstance(payload, list):
+        raise RequestError(400, "expected a JSON list of sentences, or an object {\"sentences\": [...], "
+                                "\"beam_size\": k, \"n_best\": n}")
+    if len(payload) > settings.max_sentences:
+        raise RequestError(413, f"{len(payload)} sentences in one request; the limit is {settings.max_sentences}")
+    for i, sentence in enumerate(payload):
+        if not isinstance(sentence, str):
+            raise RequestError(400, f"sentences[{i}] is {type(sentence).__name__}, not a string")
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(400, f"sentences[{i}] is not valid Unicode (a lone surrogate)") from None
+        if "\n" in sentence:                 # as in `nmt translate`, where \n ends a line and nothing else does
+            raise RequestError(400, f"sentences[{i}] contains a line break (\\n); send each line as its own "
+                                    "sentence")
+    beam_size = _int_option(options, "beam_size", default_beam, 1, settings.max_beam)
+    n_best = _int_option(options, "n_best", 1, 1, beam_size)
+    attention = options.get("attention", False)
+    if not isinstance(attention, bool):
+        raise RequestError(400, f"attention must be true or false, got {_shown(attention)}")
+    return payload, Options(beam_size, n_best, attention)
+
+
+def _int_option(options: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = options.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        limit = f"{low}..{high}" + (" (at most beam_size)" if key == "n_best" else "")
+        raise RequestError(400, f"{key} must be an integer in {limit}, got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    shown = json.dumps(value)
+    return shown if len(shown) <= 40 else shown[:40] + "..."      # not a large body echoed back
+
+
+def format_response(results: list[Translation], n_best: int, vocabs: tuple[Vocab, Vocab] | None = None
+                    ) -> dict[str, Any]:
+    """{"translations": [...]}, with "n_best" lists when n_best > 1 (exactly n_best entries each, by the rule
+    of nmt.decode.outputs that `nmt translate --n-best` follows too), "attention" records when `vocabs`
+    (source, target) are given (those of `--attention-out`), and, when a sentence was over the model's input
+    length and translated cut short, "truncated": the indices of those sentences."""
+    response: dict[str, Any] = {"translations": [r.text for r in results]}
+    if n_best > 1:
+        response["n_best"] = [nbest_json(r) for r in results]
+    if vocabs is not None:
+        response["attention"] = [attention_json(i, r, *vocabs) for i, r in enumerate(results)]
+    truncated = [i for i, r in enumerate(results) if r.truncated]
+    if truncated:
+        response["truncated"] = truncated
+    return response
+
+
+def attention_json(number: int, result: Translation, src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, Any]:
+    """The best hypothesis's attention as `nmt translate --attention-out` writes it: {"line", "src", "tgt",
+    "attention"}, the pieces of both sides with </s> and the weights (tgt rows x src columns), 4 places."""
+    hyp = result.hypotheses[0] if result.hypotheses else None
+    src_pieces = src_vocab.to_pieces(result.src_ids)
+    tgt_pieces = tgt_vocab.to_pieces(hyp.tokens) if hyp else []
+    return json.loads(attention_record(number, src_pieces, tgt_pieces, hyp))
