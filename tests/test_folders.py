@@ -22,13 +22,12 @@ from nmt.fs.folders import (
     check_overlap,
     copy_atomically,
     foreign_files,
-    open_work_folder,
     read_marker,
     remove_leftovers,
     remove_nmt_files,
     write_marker,
 )
-from nmt.fs.locks import lock_folder, release_folder
+from nmt.fs.locks import lock_folder, open_work_folder, release_folder
 from nmt.fs.outputs import check_output_path, output_target
 
 

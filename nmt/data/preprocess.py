@@ -54,13 +54,12 @@ from nmt.fs.folders import (
     check_overlap,
     copy_atomically,
     fsync_folder,
-    open_work_folder,
     read_marker,
     refuse_inputs_inside,
     remove_leftovers,
     write_marker,
 )
-from nmt.fs.locks import holds_lock, release_folder
+from nmt.fs.locks import holds_lock, open_work_folder, release_folder
 from nmt.fs.text import printable
 from nmt.progress import progress_bar
 

@@ -394,28 +394,6 @@ def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
             entry.unlink()
 
 
-# ---------------------------------------------------------------------------------------------- work folders
-
-
-def open_work_folder(folder: str | Path, kind: str, key: str, command: str, what: str) -> tuple[bool, dict | None]:
-    """Refuse a foreign folder, create it if missing, lock it, clean leftovers, re-check under the lock.
-
-    Returns (created, marker before this call). The marker is written for new and empty folders.
-    """
-    from nmt.fs.locks import lock_folder  # nmt.fs.locks builds on this module
-
-    folder = Path(folder)
-    refuse_foreign(folder, kind, key, what)
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    lock_folder(folder, command)
-    remove_leftovers(folder)
-    marker = refuse_foreign(folder, kind, key, what)   # again, now that no other nmt process can change it
-    if marker is None:
-        write_marker(folder, kind, [] if kind == "data" else None)
-    return created, marker
-
-
 # ---------------------------------------------------------------------------------------------- overlaps
 
 

@@ -17,7 +17,15 @@ import os
 import time
 from pathlib import Path
 
-from nmt.fs.folders import LOCK, FolderError, new_file_mode, process_alive
+from nmt.fs.folders import (
+    LOCK,
+    FolderError,
+    new_file_mode,
+    process_alive,
+    refuse_foreign,
+    remove_leftovers,
+    write_marker,
+)
 
 _held_locks: dict[Path, int] = {}      # folder -> fd of its lock file, held until released or the process ends
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
@@ -101,6 +109,23 @@ def release_folder(folder: str | Path) -> None:
     fd = _held_locks.pop(Path(folder).resolve(), None)
     if fd is not None:
         os.close(fd)
+
+
+def open_work_folder(folder: str | Path, kind: str, key: str, command: str, what: str) -> tuple[bool, dict | None]:
+    """Refuse a foreign folder, create it if missing, lock it, clean leftovers, re-check under the lock.
+
+    Returns (created, marker before this call). The marker is written for new and empty folders.
+    """
+    folder = Path(folder)
+    refuse_foreign(folder, kind, key, what)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock_folder(folder, command)
+    remove_leftovers(folder)
+    marker = refuse_foreign(folder, kind, key, what)   # again, now that no other nmt process can change it
+    if marker is None:
+        write_marker(folder, kind, [] if kind == "data" else None)
+    return created, marker
 
 
 def _holders(fd: int) -> str:

@@ -27,7 +27,6 @@ from nmt.fs.folders import (
     atomic_write,
     check_overlap,
     copy_atomically,
-    open_work_folder,
     read_marker,
     refuse_inputs_inside,
     refuse_links,
@@ -36,7 +35,7 @@ from nmt.fs.folders import (
     remove_nmt_files,
     write_marker,
 )
-from nmt.fs.locks import lock_folder, release_folder
+from nmt.fs.locks import lock_folder, open_work_folder, release_folder
 
 # Keys whose change would move the data stream that a checkpoint's cursor points into.
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
