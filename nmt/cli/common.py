@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -57,7 +57,7 @@ def error_line(message: object) -> str:
     return f"error: {printable(one_line(str(message)))}"
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     typer.echo(error_line(message), err=True)
     raise typer.Exit(code=2)
 

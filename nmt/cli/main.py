@@ -110,7 +110,7 @@ def main() -> None:
     try:                                 # typer >= 0.20 carries its own copy of click
         from typer._click.exceptions import ClickException, NoArgsIsHelpError
     except ImportError:
-        from click.exceptions import ClickException, NoArgsIsHelpError
+        from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[assignment]
 
     configure_process()              # before torch's first oneDNN call; imports no torch
     _occupy_closed_descriptors()

@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ def _depth_over(value: Any, max_depth: int) -> bool:
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):

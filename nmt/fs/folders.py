@@ -134,7 +134,7 @@ class PendingFile:
         self.tmp = Path(tmp)
         try:
             os.fchmod(fd, new_file_mode())
-            text = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+            text: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
             self._writer = _NamedErrors(os.fdopen(fd, mode, **text), self.path)
             self.handle: IO[Any] = self._writer  # type: ignore[assignment]
         except BaseException:
@@ -167,7 +167,7 @@ class PendingFile:
         self.tmp.unlink(missing_ok=True)
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], None], mode: str = "wb") -> None:
+def atomic_write(path: str | Path, write: Callable[[IO], object], mode: str = "wb") -> None:
     """Call `write(handle)` on an unpredictably named temporary file beside `path`, fsync, rename over `path`."""
     pending = PendingFile(path, mode)
     try:
@@ -240,7 +240,7 @@ def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]
     (call this before writing anything: under a lock, a container's PID 1 is its own leftover).
     """
     folder = Path(folder)
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(folder.iterdir())
     except OSError:
@@ -319,7 +319,7 @@ def is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
     """Data folders list their files in the marker; run folders have fixed names plus registered ones."""
     if name in (MARKER, LOCK) or _temp_owner(name) is not None or name in marker.get("files", ()):
         return True
-    patterns = NMT_FILES.get(marker.get("kind"), ())
+    patterns = NMT_FILES.get(str(marker.get("kind")), ())
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 

@@ -166,9 +166,9 @@ def _command(pid: int) -> str:
     """A process's command line, shortened ("sleep 60"), or "not nmt" when it cannot be read."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            words = handle.read().split(b"\0")
+            raw = handle.read().split(b"\0")
     except OSError:
         return "not nmt"
-    words = [Path(words[0].decode(errors="replace")).name, *(w.decode(errors="replace") for w in words[1:] if w)]
+    words = [Path(raw[0].decode(errors="replace")).name, *(w.decode(errors="replace") for w in raw[1:] if w)]
     text = " ".join(words).strip()
     return (text[:60] + "...") if len(text) > 60 else text or "not nmt"

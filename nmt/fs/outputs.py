@@ -177,7 +177,7 @@ class DeviceFile:
     """A character device opened for writing, with PendingFile's interface: nothing to rename or discard."""
 
     def __init__(self, path: Path, mode: str) -> None:
-        text = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+        text: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
         self.handle: IO[Any] = open(path, mode, **text)  # noqa: SIM115 (closed by commit or discard)
 
     def commit(self) -> None:

@@ -80,10 +80,10 @@ def _decode_lines(raw: bytes, name: str, lines_before: int, max_line_bytes: int)
     try:
         lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError:
-        for number, line in enumerate(raw.split(b"\n"), start=lines_before + 1):
-            if len(line) > max_line_bytes:
+        for number, encoded in enumerate(raw.split(b"\n"), start=lines_before + 1):
+            if len(encoded) > max_line_bytes:
                 raise _too_long(name, number, max_line_bytes) from None
-            yield decode_line(line, name, number)
+            yield decode_line(encoded, name, number)
         return
     if len(raw) > max_line_bytes and max(map(len, lines)) * 4 > max_line_bytes:   # a character is <= 4 bytes
         for number, line in enumerate(lines, start=lines_before + 1):

@@ -129,6 +129,8 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
     """
     path = locate_model(path)
     state, pickled = read_state(path)
+    kind: Literal["model", "checkpoint"]
+    keys: tuple[str, ...]
     if state.get("kind") == MODEL_KIND:
         kind, keys, expected = "model", MODEL_KEYS, LEGACY_MODEL_FORMAT if pickled else MODEL_FORMAT
     else:

@@ -55,7 +55,7 @@ def looks_like_safetensors(head: bytes) -> bool:
 
 
 def _crc(tensor: Tensor) -> int:
-    return zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy())
+    return zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy().data)
 
 
 def _metadata_crc(metadata: dict[str, str]) -> int:

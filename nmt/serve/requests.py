@@ -50,7 +50,8 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     stream = request.stream()
@@ -196,6 +197,6 @@ def attention_json(number: int, result: Translation, src_vocab: Vocab, tgt_vocab
     """The best hypothesis's attention as `nmt translate --attention-out` writes it: {"line", "src", "tgt",
     "attention"}, the pieces of both sides with </s> and the weights (tgt rows x src columns), 4 places."""
     hyp = result.hypotheses[0] if result.hypotheses else None
-    src_pieces = src_vocab.to_pieces(result.src_ids)
+    src_pieces = src_vocab.to_pieces(result.src_ids.tolist())
     tgt_pieces = tgt_vocab.to_pieces(hyp.tokens) if hyp else []
     return json.loads(attention_record(number, src_pieces, tgt_pieces, hyp))
