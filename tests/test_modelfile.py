@@ -121,18 +121,17 @@ def test_cli_translates_with_a_model_file_and_a_moved_checkpoint(trained_run, mo
     assert len(outputs[0].split("\n")) == len(SOURCES) + 1
 
 
-def test_old_checkpoint_needs_its_run_folder(trained_run, tmp_path):
+def test_a_checkpoint_without_its_tokenizer_is_refused_even_in_its_run_folder(trained_run):
     state = torch.load(trained_run / "best.pt", weights_only=True)
     del state["tokenizer"], state["card"]                      # as checkpoints were before model files
     inside = trained_run / "old-style.pt"
     torch.save(state, inside)
     try:
-        assert texts(Translator.load(inside, device="cpu"), SOURCES[:1])
-        outside = tmp_path / "old-style.pt"
-        shutil.move(inside, outside)
-        result = run_cli("translate", "--checkpoint", str(outside), stdin="Ein Hund.\n")
+        with pytest.raises(ModelFileError, match="embeds no tokenizer"):
+            load_model(inside)
+        result = run_cli("translate", "--checkpoint", str(inside), stdin="Ein Hund.\n")
         assert result.returncode == 2
-        assert result.stderr.startswith("error: ") and "without an embedded tokenizer" in result.stderr
+        assert result.stderr.startswith("error: ") and "embeds no tokenizer" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     finally:
         inside.unlink(missing_ok=True)

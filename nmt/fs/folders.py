@@ -36,7 +36,6 @@ LOCK = ".nmt.lock"
 TEMP_SUFFIX = ".nmt-tmp"
 MAX_MARKER_BYTES = 1 << 20          # a marker lists file names: a few KB
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
-_OLD_TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")          # `.NAME.tmp-PID`, from earlier versions of nmt
 
 # The files nmt writes into a run folder and an attention-plot folder (a data folder lists its own
 # files in its marker).
@@ -219,7 +218,7 @@ def fsync_folder(folder: Path) -> None:
 
 
 def _temp_owner(name: str) -> int | None:
-    match = _TEMP_NAME.match(name) or _OLD_TEMP_NAME.match(name)
+    match = _TEMP_NAME.match(name)
     return int(match.group(1)) if match else None
 
 

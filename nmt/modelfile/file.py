@@ -22,9 +22,8 @@ written by nmt before, is the dictionary `torch.save`d, read with `torch.load(we
 such files still load. Where a model lives (a file, a folder, hf://org/name): nmt.modelfile.hub.
 
 A training checkpoint (nmt.train.checkpoint) is the format-1 dictionary without `kind`, with the
-training state on top (optimiser, schedule, RNG, data cursor). Checkpoints written by this
-version embed the tokenizer and card too; older ones find their SentencePiece models in their
-run folder. `load_model` reads either, so every command that takes a checkpoint takes a model file.
+training state on top (optimiser, schedule, RNG, data cursor), and embeds the tokenizer and card
+too. `load_model` reads either, so every command that takes a checkpoint takes a model file.
 """
 
 from __future__ import annotations
@@ -144,18 +143,16 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
     config = check_config(path, state["config"], overrides)
     if overrides.keys() & {"min_len", "max_len"}:     # a stored conflict alone: the cap wins (nmt.decode.search)
         check_decoding(config.decoding)
-    if "tokenizer" in state:
-        src_vocab, tgt_vocab = vocabs_from_tokenizer(path, state["tokenizer"])
-    else:                                     # a checkpoint from before tokenizers were embedded
-        src_vocab, tgt_vocab = (_vocab_from_run_folder(path, state["vocab"], side) for side in ("src", "tgt"))
+    if "tokenizer" not in state:
+        raise ModelFileError(f"checkpoint {path} embeds no tokenizer: nmt wrote such checkpoints only before "
+                             "model files existed, and no longer reads them")
+    src_vocab, tgt_vocab = vocabs_from_tokenizer(path, state["tokenizer"])
     dtype = state.get("dtype", "fp32")
     weights = expected_weights(config.model, len(src_vocab), len(tgt_vocab), str(path))
     order = {name: i for i, name in enumerate(weights)}   # the model's order, not the file's (safetensors sorts)
     state["model"] = dict(sorted(state["model"].items(), key=lambda item: order.get(item[0], len(order))))
     check_weights(path, state["model"], weights, DTYPES[dtype], allow_nonfinite)
     card = dict(state.get("card") or {})
-    if kind == "checkpoint" and not card:         # an older checkpoint: its run folder may still tell
-        card = run_folder_card(path.parent, state["step"], config.training.val_max_sentences)
     return LoadedModel(path, kind, config, state["model"], src_vocab, tgt_vocab, card, dtype, state.get("shortlist"))
 
 
@@ -233,16 +230,6 @@ def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab,
     return vocabs[0], vocabs[1]
 
 
-def _vocab_from_run_folder(path: Path, vocab_entries: dict[str, Any], side: str) -> Vocab:
-    try:
-        return Vocab.from_entry(path.parent, vocab_entries[side])
-    except ValueError as exc:             # a vocabulary entry that is not a plain file name in the folder
-        raise ModelFileError(f"{path}: {exc}") from None
-    except FileNotFoundError as exc:
-        raise ModelFileError(f"{exc}; {path} is an older checkpoint without an embedded tokenizer: use it inside "
-                             f"its run folder, or export it there (nmt export {path} -o model.nmt)") from None
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing a model file
 
@@ -302,11 +289,8 @@ def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict
     if validation is not None:
         dev_pairs = card.get("data", {}).get("dev", {}).get("pairs")
         sentences = min(val_max_sentences, dev_pairs or val_max_sentences) if val_max_sentences else dev_pairs
-        from nmt.evaluate import bleu_signature
-
-        signature = validation.get("bleu_signature") or bleu_signature()  # older runs: 13a
-        card["dev"] = {"bleu": round(validation["bleu"], 2), "search": "greedy", "signature": signature,
-                       "sentences": sentences,
+        card["dev"] = {"bleu": round(validation["bleu"], 2), "search": "greedy",
+                       "signature": validation["bleu_signature"], "sentences": sentences,
                        **{k: round(validation[k], 4) for k in ("loss", "ppl") if k in validation},
                        "step": step}
         if "wall_time" in validation:
@@ -326,7 +310,7 @@ def _validation_at(metrics: Path, step: int) -> dict[str, Any] | None:
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("event") == "validation" and event.get("step") == step \
-                    and isinstance(event.get("bleu"), (int, float)):
+                    and isinstance(event.get("bleu"), (int, float)) and isinstance(event.get("bleu_signature"), str):
                 found = event
     return found
 
