@@ -56,7 +56,8 @@ def export(
 ) -> None:
     """Write one self-contained model file (safetensors: weights without optimiser state, config,
     tokenizer, card), or with --format hf a folder to share on the Hugging Face Hub."""
-    from nmt.modelfile.file import DTYPES, ModelFileError, describe, export_model, format_card, load_model
+    from nmt.modelfile.card import describe, format_card
+    from nmt.modelfile.file import DTYPES, ModelFileError, export_model, load_model
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -96,7 +97,8 @@ def export(
 def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, scores: list[str],
                card_license: str | None) -> None:
     """`nmt export --format hf`: a new folder in the Hugging Face layout (nmt.modelfile.hf)."""
-    from nmt.modelfile.file import ModelFileError, describe, format_card
+    from nmt.modelfile.card import describe, format_card
+    from nmt.modelfile.file import ModelFileError
     from nmt.modelfile.hf import ExportError, export_hf, read_score
 
     if force:
@@ -124,7 +126,8 @@ def info(
     """Show the model card: languages, vocabulary, parameters, data, scores (after checking the file)."""
     import json
 
-    from nmt.modelfile.file import ModelFileError, describe, format_card, load_model
+    from nmt.modelfile.card import describe, format_card
+    from nmt.modelfile.file import ModelFileError, load_model
 
     try:
         card = describe(load_model(model, allow_nonfinite=allow_nonfinite))

@@ -33,7 +33,8 @@ import yaml
 from nmt import __version__
 from nmt.fs.bounded import read_json
 from nmt.fs.folders import TEMP_SUFFIX, atomic_write, fsync_folder, new_file_mode, remove_leftovers
-from nmt.modelfile.file import LoadedModel, describe, export_model, format_card, load_model
+from nmt.modelfile.card import describe, format_card
+from nmt.modelfile.file import LoadedModel, export_model, load_model
 from nmt.modelfile.hub import MODEL_FILE
 
 TAGS = ["translation", "nmt", "rnn"]

@@ -31,7 +31,8 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 def model_card(model: str | Path) -> dict[str, Any]:
     """The card of `nmt info` (nmt.modelfile.file.describe), with the file's name and size on disk instead
     of its path on the server. Reads the model file once more: the Translator keeps no card."""
-    from nmt.modelfile.file import describe, load_model
+    from nmt.modelfile.card import describe
+    from nmt.modelfile.file import load_model
 
     loaded = load_model(model)
     card = describe(loaded)
