@@ -19,7 +19,7 @@ import numpy as np
 from nmt.data.batching import cut_by_budget
 from nmt.data.corpus import read_lines
 from nmt.data.tokenizer import Vocab
-from nmt.decode.graphed import static_shape
+from nmt.decode.graphs import static_shape
 
 
 def shapes(lengths: np.ndarray, beam: int, batch_tokens: int) -> dict:

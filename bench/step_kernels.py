@@ -62,7 +62,8 @@ def _batch(model, sentences: int, src_len: int, tgt_len: int) -> tuple[torch.Ten
 
 def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dict:
     """Operations per step of the captured greedy (beam 1) or beam search chunk."""
-    from nmt.decode import graphed
+    from nmt.decode import graphs as graphed
+    from nmt.decode.search import SearchSettings
     from nmt.model.inference import Inference
 
     graphs = graphed.SearchGraphs(model.decoding(Inference()), capture=False)
@@ -80,9 +81,9 @@ def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dic
 
     def search() -> None:                          # one chunk of steps
         if beam == 1:
-            graphs.greedy(src, lengths, max_len=graphed.STEPS_PER_GRAPH)
+            graphs.greedy(src, lengths, SearchSettings(max_len=graphed.STEPS_PER_GRAPH))
         else:
-            graphs.beam(src, lengths, beam_size=beam, max_len=graphed.STEPS_PER_GRAPH)
+            graphs.beam(src, lengths, SearchSettings(beam_size=beam, max_len=graphed.STEPS_PER_GRAPH))
 
     with torch.no_grad():
         search()                                     # warm-up, as before a capture: builds the derived weights

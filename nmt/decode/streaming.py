@@ -21,16 +21,25 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from itertools import islice, zip_longest
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
 
-from nmt.decode.outputs import score_line
+from nmt.config import DecodingConfig
+from nmt.decode.outputs import Translation, score_line
 from nmt.textio import TextInputError, iter_lines, open_text
 
-if TYPE_CHECKING:
-    from nmt.decode.outputs import Translation
-    from nmt.decode.translator import Translator
-
 Line = str | tuple[str, str]          # a source line, or a (source, target prefix) pair
+
+
+class Translates(Protocol):
+    """What streaming needs of a translator (nmt.decode.translator.Translator, which imports this module)."""
+
+    decoding: DecodingConfig
+
+    def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
+                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]: ...
+
+    def score(self, sources: list[str], targets: list[str],
+              first_line: int = 1) -> list[tuple[float, float, int]]: ...
 
 
 def without_line_ending(line: str) -> str:
@@ -112,7 +121,7 @@ def split_prefixes(chunk: list[Line]) -> tuple[list[str], list[str] | None]:
     return [source for source, _ in pairs], [prefix for _, prefix in pairs]
 
 
-def translate_batches(translator: Translator, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+def translate_batches(translator: Translates, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
                       return_attention: bool = False, progress: Any = None,
                       max_wait: float = 0.05) -> Iterator[list[Translation]]:
     """The results of each micro-batch of `lines` as soon as it is translated, in input order. If reading
@@ -179,7 +188,7 @@ def open_pairs(stack: ExitStack, src: Path, tgt: Path) -> Iterator[tuple[str, st
     return paired_lines(iter_lines(handles[0], str(src)), iter_lines(handles[1], str(tgt)), str(src), str(tgt))
 
 
-def write_scores(translator: Translator, pairs: Iterator[tuple[str, str]], out: TextIO, as_json: bool,
+def write_scores(translator: Translates, pairs: Iterator[tuple[str, str]], out: TextIO, as_json: bool,
                  chunk_pairs: int = 10000) -> None:
     """`nmt score`: the model's score of each pair, one line each (nmt.decode.outputs.score_line), `chunk_pairs`
     pairs at a time so that memory stays bounded."""

@@ -21,7 +21,6 @@ target pieces the batch's source pieces make likely (nmt.decode.shortlist; greed
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -35,19 +34,10 @@ from nmt.config import DECODING_BATCH_TOKENS, MAX_BEAM, ConfigError, DecodingCon
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
-from nmt.decode.graphed import SearchGraphs, graphable
+from nmt.decode.graphs import SearchGraphs
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
 from nmt.decode.quantize import quantize_int8
-from nmt.decode.search import (
-    Hypothesis,
-    Sampler,
-    SearchModel,
-    beam_search,
-    force_decode,
-    greedy_search,
-    length_penalty,
-    sample,
-)
+from nmt.decode.search import Hypothesis, Sampler, SearchModel, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
 from nmt.decode.streaming import Line, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
@@ -101,8 +91,8 @@ class Translator:
         self.search_model: SearchModel = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
                                           else self.model.decoding(contexts[0]))
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
-        self._graphs: SearchGraphs | None = None                    # CUDA: captured search steps, made on first use
-        self._graphs_lock = threading.Lock()
+        self._graphs = (SearchGraphs.of(self.search_model)          # CUDA: captured search steps
+                        if decoding.cuda_graphs and device.type == "cuda" else None)
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
@@ -311,43 +301,18 @@ class Translator:
     def _search(self, src: Tensor, n_best: int, return_attention: bool, decoding: DecodingConfig | None = None,
                 prefix: Tensor | None = None) -> list[list[Hypothesis]]:
         d = decoding or self.decoding
+        settings = SearchSettings.of(d, n_best, return_attention, self._sampler() if d.sampling else None)
         src_lengths = (src != 0).sum(1)
         src = src.to(self.device)
-        max_len = d.max_len or None
         if prefix is not None:
             prefix = prefix.to(self.device)
         with autocast(self.device, self.amp_dtype):
             model = self.search_model
-            if d.sampling:
-                return sample(model, src, src_lengths, self._sampler(), n_best, d.max_len_ratio, d.min_len,
-                              return_attention, max_len, d.no_repeat_ngram, prefix)
-            if d.shortlist and self.shortlist is not None:
+            if d.shortlist and self.shortlist is not None and not d.sampling:
                 keep = self.shortlist.select(src, prefix).to(self.device)    # (subset,) target ids
                 model = model.with_output_subset(keep)                       # the search runs on subset positions
                 prefix = subset_positions(keep, prefix) if prefix is not None else None
-            return self._greedy_or_beam(model, src, src_lengths, n_best, return_attention, d, max_len, prefix)
-
-    def _greedy_or_beam(self, model: SearchModel, src: Tensor, src_lengths: Tensor, n_best: int,
-                        return_attention: bool, d: DecodingConfig, max_len: int | None,
-                        prefix: Tensor | None) -> list[list[Hypothesis]]:
-        greedy = d.beam_size == 1 and n_best == 1 and not d.coverage_penalty
-        if d.cuda_graphs and graphable(model, self.device, sampling=False, prefix=prefix,
-                                       no_repeat_ngram=d.no_repeat_ngram, coverage=d.coverage_penalty,
-                                       return_attention=return_attention):
-            with self._graphs_lock:                                     # the graphs' static tensors: one search
-                if self._graphs is None:
-                    self._graphs = SearchGraphs(model)
-                if greedy:
-                    return [[h] for h in self._graphs.greedy(src, src_lengths, d.max_len_ratio, d.min_len, max_len)]
-                return self._graphs.beam(src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                                         d.min_len, n_best, max_len, d.early_stop)
-        if greedy:
-            hyps = greedy_search(model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention,
-                                 max_len, d.no_repeat_ngram, prefix)
-            return [[h] for h in hyps]
-        return beam_search(model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                           d.min_len, n_best, d.no_repeat_ngram, return_attention, max_len, prefix,
-                           d.coverage_penalty, d.early_stop)
+            return search(model, src, src_lengths, settings, prefix, self._graphs)
 
     def _sampler(self) -> Sampler:
         d = self.decoding
