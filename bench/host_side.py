@@ -24,8 +24,8 @@ import torch
 # the host-side functions: (file suffix, function name) -> what they do
 HOST = {("nmt/data/tokenizer.py", "encode"): "SentencePiece in, side ids",
         ("nmt/data/tokenizer.py", "decode"): "side ids to SentencePiece out",
-        ("nmt/decode/search.py", "_collect"): "greedy: one Hypothesis per line",
-        ("nmt/decode/search.py", "_collect_beams"): "beam: the n best Hypotheses per line",
+        ("nmt/decode/rule.py", "collect"): "greedy: one Hypothesis per line",
+        ("nmt/decode/rule.py", "collect_beams"): "beam: the n best Hypotheses per line",
         ("nmt/decode/graphs.py", "_backtrack"): "beam: tokens from the recorded parents",
         ("nmt/decode/translator.py", "_truncate"): "over-long lines cut",
         ("nmt/data/batching.py", "cut_by_budget"): "batches cut",

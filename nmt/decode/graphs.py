@@ -36,19 +36,19 @@ from torch import Tensor
 
 from nmt.data.batching import bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.decode.search import (
+from nmt.decode.rule import (
     NEG_INF,
     Bans,
     Hypothesis,
-    SearchModel,
     SearchSettings,
-    _collect,
-    _collect_beams,
     beam_step,
+    collect,
+    collect_beams,
     constrain,
     length_penalty,
     sentence_done,
 )
+from nmt.decode.search import SearchModel
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
@@ -308,7 +308,7 @@ class SearchGraphs:
         logp = torch.cat(logps, 1)[:, :steps].masked_fill(after, 0.0).cpu().numpy()
         # summed step by step in float32 (a running sum, as eager search's): the same score to the last bit
         scores = torch.from_numpy(np.cumsum(logp, axis=1, dtype=np.float32)[:, -1])
-        return _collect(tokens.masked_fill(after, PAD), lengths, scores, None, src_lengths)
+        return collect(tokens.masked_fill(after, PAD), lengths, scores, None, src_lengths)
 
     @_on_model_device
     @torch.no_grad()
@@ -348,7 +348,7 @@ class SearchGraphs:
         found = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), fin_step, fin_row, steps)
         fin_lengths = (fin_step + 1).masked_fill(fin_scores == NEG_INF, 0)
         fin_logp = fin_scores * length_penalty(fin_lengths.float(), settings.alpha)
-        return _collect_beams(found, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
+        return collect_beams(found, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
 
 
 def _greedy_chunk(model: Decoding, min_len: int) -> Callable[[_GreedyStatic], None]:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt.config import ConfigError
 from nmt.data.tokenizer import Vocab
-from nmt.decode.search import Hypothesis, length_penalty
+from nmt.decode.rule import Hypothesis, length_penalty
 from nmt.folders import FolderError, PendingFile
 from nmt.output_files import DeviceFile, check_outputs, open_output, output_target
 
@@ -144,7 +144,8 @@ def word_alignments(src_pieces: list[str], tgt_pieces: list[str], attention: Ten
 
 def attention_record(number: int, src_pieces: list[str], tgt_pieces: list[str], hyp: Hypothesis | None) -> str:
     """One line of `--attention-out`: the pieces of both sides (with </s>) and the weights, 4 places."""
-    weights = [[round(w, 4) for w in row] for row in hyp.attention.tolist()] if hyp else []
+    attention = hyp.attention.tolist() if hyp is not None and hyp.attention is not None else []
+    weights = [[round(w, 4) for w in row] for row in attention]
     record = {"line": number, "src": [*src_pieces, "</s>"], "tgt": [*tgt_pieces, "</s>"], "attention": weights}
     return json.dumps(record, ensure_ascii=False) + "\n"
 
@@ -202,10 +203,11 @@ class ResultWriter:
         if not files.wants_attention:
             return
         hyp = result.hypotheses[0] if result.hypotheses else None
-        src_pieces = self.src_vocab.to_pieces(result.src_ids)
+        src_pieces = self.src_vocab.to_pieces(result.src_ids)  # type: ignore[arg-type]  # any int array
         tgt_pieces = self.tgt_vocab.to_pieces(hyp.tokens) if hyp else []
         if files.alignments is not None:
-            files.alignments.write((word_alignments(src_pieces, tgt_pieces, hyp.attention) if hyp else "") + "\n")
+            aligned = hyp is not None and hyp.attention is not None
+            files.alignments.write((word_alignments(src_pieces, tgt_pieces, hyp.attention) if aligned else "") + "\n")
         if files.attention is not None:
             files.attention.write(attention_record(number, src_pieces, tgt_pieces, hyp))
         if files.plotter is not None and hyp:
@@ -252,7 +254,7 @@ class OutputPaths:
             from nmt.plot import AttentionPlotter
 
             plotter = AttentionPlotter(self.plot_folder)
-        handles: dict[str, TextIO | None] = {}
+        handles: dict[str, Any] = {}
         for name in self.OPTIONS:
             path = getattr(self, name)
             if path is None:

@@ -65,9 +65,9 @@ def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Ite
 
     def read() -> None:
         try:
-            for line in lines:
-                line = (without_line_ending(line) if isinstance(line, str)
-                        else tuple(without_line_ending(part) for part in line))
+            for item in lines:
+                line: Line = (without_line_ending(item) if isinstance(item, str)
+                              else (without_line_ending(item[0]), without_line_ending(item[1])))
                 with cond:
                     while len(buffer) >= max_lines and not shared["stop"]:
                         cond.wait()
@@ -146,15 +146,12 @@ def translate_batches(translator: Translates, lines: Iterable[Line], chunk_lines
               f"undertrained (train longer){hint}", file=sys.stderr, flush=True)
 
 
-_MISSING = object()
-
-
 def paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
                  second_name: str) -> Iterator[tuple[str, str]]:
     """Line i of both streams as a pair; one stream ending before the other is a `TextInputError`."""
-    for number, (a, b) in enumerate(zip_longest(first, second, fillvalue=_MISSING), start=1):
-        if a is _MISSING or b is _MISSING:
-            short, long = (first_name, second_name) if a is _MISSING else (second_name, first_name)
+    for number, (a, b) in enumerate(zip_longest(first, second), start=1):
+        if a is None or b is None:
+            short, long = (first_name, second_name) if a is None else (second_name, first_name)
             raise TextInputError(f"{short} has {number - 1} lines but {long} has more; "
                                  "they must align line by line")
         yield a, b
@@ -171,15 +168,22 @@ def open_source(stack: ExitStack, path: Path | None, stdin: BinaryIO | None, pre
     for handle in handles:
         if handle is not None:
             stack.enter_context(handle)
-    if handles[0] is None and stdin is None:
+    stream = handles[0] if handles[0] is not None else stdin
+    if stream is None:
         raise TextInputError("stdin is closed; give the source text on stdin or with --input")
     name = str(path or "stdin")
-    source = iter_lines(handles[0] if handles[0] is not None else stdin, name)
+    source = iter_lines(stream, name)
     if handles[1] is not None:
         return paired_lines(source, iter_lines(handles[1], str(prefix_file)), name, str(prefix_file))
     if prefix_column:
-        return (tuple(line.split("\t", 1)) if "\t" in line else line for line in source)
+        return map(_split_prefix, source)
     return source
+
+
+def _split_prefix(line: str) -> Line:
+    """'source<TAB>prefix' -> (source, prefix); a line without a tab has none."""
+    source, tab, prefix = line.partition("\t")
+    return (source, prefix) if tab else line
 
 
 def open_pairs(stack: ExitStack, src: Path, tgt: Path) -> Iterator[tuple[str, str]]:

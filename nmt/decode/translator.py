@@ -37,7 +37,7 @@ from nmt.decode.ensemble import Ensemble
 from nmt.decode.graphs import SearchGraphs
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
 from nmt.decode.quantize import quantize_int8
-from nmt.decode.search import Hypothesis, Sampler, SearchModel, SearchSettings, force_decode, length_penalty, search
+from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
 from nmt.decode.streaming import Line, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
@@ -85,10 +85,10 @@ class Translator:
                 raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
             self.amp_dtype = None
         if contexts is None:
-            members = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
+            members: list[Any] = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
             contexts = [Inference(int8=quantize_int8(member) if decoding.quantize == "int8" else {})
                         for member in members]
-        self.search_model: SearchModel = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
+        self.search_model: Any = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
                                           else self.model.decoding(contexts[0]))
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
         self._graphs = (SearchGraphs.of(self.search_model)          # CUDA: captured search steps
@@ -191,9 +191,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in lines]
         nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
         if nonempty.size:
-            offsets = np.zeros(len(lines) + 1, dtype=np.int64)             # the chunk as one flat id array
-            np.cumsum([len(ids) for ids in encoded], out=offsets[1:])
-            flat = np.concatenate(encoded)
+            offsets, flat = _flatten(encoded)                                # the chunk as one flat id array
             lengths = np.diff(offsets) + 1                                   # with EOS
             order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
             rows_per_line = n_best if decoding.sampling else decoding.beam_size
@@ -324,6 +322,7 @@ class Translator:
         """The hypothesis' text with each <unk> replaced by the source text of its most attended source piece."""
         offsets = self.src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]   # (start, end) in `line` per piece
         surfaces = [line[start:end].strip() for start, end in offsets]
+        assert hyp.attention is not None                                     # asked for with replace_unk
         attention = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))]   # (tokens, src pieces), EOS column off
         best = attention.argmax(-1).tolist()
         pieces = self.tgt_vocab.to_pieces(hyp.tokens)
@@ -382,13 +381,13 @@ def _as_lines(name: str, lines: object) -> list[str]:
         raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
                         "; for one sentence pass [sentence]")
     try:
-        lines = list(lines)                                  # type: ignore[call-overload]
+        items = list(lines)                                  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
-    for i, line in enumerate(lines):
+    for i, line in enumerate(items):
         if not isinstance(line, str):
             raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
-    return lines
+    return items
 
 
 def _whole(number: object) -> bool:
