@@ -283,3 +283,38 @@ def test_attention_is_returned_per_hypothesis():
         assert torch.allclose(weights.sum(-1), torch.ones(weights.size(0)), atol=1e-5)
     greedy = greedy_search(model, src, lengths, SearchSettings(return_attention=True))
     assert greedy[0].attention.shape == (len(greedy[0].tokens) + 1, 9)
+
+
+def test_the_settings_are_the_decoding_configs_and_pick_the_search():
+    """One object carries a DecodingConfig's search settings (and the call's n_best and attention) to
+    whichever search runs; `greedy` says which: sampling, or one beam, one hypothesis and no coverage."""
+    from nmt.config import DecodingConfig
+
+    d = DecodingConfig(beam_size=4, length_penalty=0.6, max_len_ratio=1.5, min_len=2, max_len=30, no_repeat_ngram=3,
+                       coverage_penalty=0.2, early_stop=True)
+    s = SearchSettings.of(d, n_best=2, return_attention=True)
+    assert (s.beam_size, s.alpha, s.max_len_ratio, s.min_len, s.max_len, s.n_best, s.no_repeat_ngram, s.coverage,
+            s.early_stop, s.return_attention, s.sampler) == (4, 0.6, 1.5, 2, 30, 2, 3, 0.2, True, True, None)
+    assert SearchSettings.of(DecodingConfig(max_len=0)).max_len is None                 # 0: only the ratio
+    assert SearchSettings().min_len == DecodingConfig().min_len == 1
+    assert SearchSettings(beam_size=1).greedy and SearchSettings(beam_size=5, sampler=Sampler()).greedy
+    assert not any(SearchSettings(beam_size=1, **option).greedy for option in ({"n_best": 2}, {"coverage": 0.1}))
+    model = random_model()
+    src, lengths = source_batch()
+    settings = SearchSettings(beam_size=3, n_best=2, max_len_ratio=1.5)
+    assert search(model, src, lengths, settings) == beam_search(model, src, lengths, settings)
+    greedy = SearchSettings(beam_size=1, max_len_ratio=1.5)
+    assert search(model, src, lengths, greedy) == [[h] for h in greedy_search(model, src, lengths, greedy)]
+
+
+def test_no_import_cycle_between_the_decode_modules():
+    """translator imports streaming and the searches, the eager search the rule, the graphs both: none of them
+    imports back, not even for type annotations."""
+    import grimp
+
+    graph = grimp.build_graph("nmt")
+    for importer, imported in (("translator", "streaming"), ("search", "rule"), ("graphs", "search"),
+                               ("graphs", "rule"), ("translator", "graphs")):
+        importer, imported = f"nmt.decode.{importer}", f"nmt.decode.{imported}"
+        assert graph.direct_import_exists(importer=importer, imported=imported)
+        assert not graph.direct_import_exists(importer=imported, imported=importer), (imported, importer)

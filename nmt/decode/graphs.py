@@ -1,21 +1,15 @@
-"""Greedy and beam search on a GPU with the decoder's steps replayed as captured CUDA graphs.
+"""Greedy and beam search on a GPU, `STEPS_PER_GRAPH` decoder steps captured as one CUDA graph per shape.
 
-At the reference model's size a step is a few dozen kernels of a few microseconds each; launched one by one
-from Python, the GPU mostly waits for the next launch. Here `STEPS_PER_GRAPH` steps are captured once per
-shape as one graph: one launch and one host synchronisation (has every sentence ended?) per chunk.
+A step of the reference model is a few dozen kernels of microseconds each: launched one by one from Python,
+the GPU mostly waits. A replay is one launch and one host sync (has every sentence ended?) per chunk.
 
-A graph needs static shapes and no host synchronisation inside, so these searches apply nmt.decode.search's
-rule (`constrain`, `beam_step`, `sentence_done`) with other books:
-  * the batch is padded to a row and a source-length bucket (`bucket_size`), so that a few graphs serve every
-    batch; padded rows start ended, padded source positions are masked;
-  * no row is dropped: greedy rows decode on and are cut after their first EOS afterwards; a beam sentence
-    that is done decodes on unmasked, as nothing it finishes later can rank among its n best (with
-    early_stop, which ends sentences that could still gain, masked);
-  * a step only records (greedy: token and log p; beam: the alive tokens and parent rows, the finishing
-    scores and rows), and the hypotheses are put together after the last step;
-  * beam's first step runs all beams with all but the first at log p = -inf: what one row would select.
-Outputs equal the eager searches' (tests/test_graphed.py; captured: tests/test_cuda.py), up to the last bits
-that another batch shape may change in a matrix product.
+A graph needs static shapes and no host sync inside, so these searches follow nmt.decode.rule with other
+books than nmt.decode.search's: the batch is padded to a row and a source-length bucket (padded rows start
+ended); no row is dropped (greedy rows are cut after their first EOS afterwards; a done beam sentence decodes
+on unmasked, as nothing it finishes later can enter its n best, except with early_stop); a step only records
+(tokens, parent rows, finishing scores) and the hypotheses are put together after the last step; beam's
+first step runs every beam with all but the first at -inf. Outputs equal the eager searches'
+(tests/test_graphed.py; captured: tests/test_cuda.py), up to last bits another batch shape may change.
 """
 
 from __future__ import annotations
@@ -66,7 +60,7 @@ def static_shape(sentences: int, src_len: int) -> tuple[int, int]:
 
 @dataclass
 class _Static:
-    """The tensors a captured graph reads and writes: their addresses are fixed at capture."""
+    """The tensors a captured graph reads and writes, at addresses fixed at capture."""
 
     memory: Memory              # (sentences, src_len, ...) padded copies of the batch's memory
     hidden: Tensor              # (layers, rows, dec_hidden)
@@ -95,8 +89,7 @@ class _Static:
     @staticmethod
     def zeros(memory: Memory, state: DecoderState, sentences: int, src_len: int, rows: int,
               device: torch.device | None) -> dict[str, Any]:
-        """The common fields: zeros for `sentences` padded to `src_len`, `rows` decoder rows, on `device`
-        (default the memory's; "meta" sizes them without allocating). A capture's warm-up runs on them."""
+        """The common fields, zeros, on `device` (default the memory's; "meta" sizes them without allocating)."""
         device = device or memory.mask.device
         padded: dict[str, Any] = {f.name: None if (t := getattr(memory, f.name)) is None
                                   else t.new_zeros(sentences, src_len, *t.shape[2:], device=device)
@@ -110,8 +103,7 @@ class _Static:
                     going=whole(sentences, dtype=torch.bool))
 
     def load(self, memory: Memory, state: DecoderState, limits: Tensor) -> None:
-        """A batch in: its memory, start state (the padding zeroed) and output limits; the counters reset, the
-        padded sentences ended before they start."""
+        """A batch in (the padding zeroed, the padded sentences ended before they start), the counters reset."""
         batch = limits.size(0)
         for f in fields(Memory):
             target, value = getattr(self.memory, f.name), getattr(memory, f.name)
@@ -156,9 +148,8 @@ class _BeamStatic(_Static):
 
 @dataclass
 class _ChunkConstants:
-    """What every step of a chunk reads and none changes, made once per chunk inside the graph (a tensor made
-    outside would have to outlive it; one from a Python list is a host copy, which a capture refuses). Each
-    operation kept out of the step loop is STEPS_PER_GRAPH fewer kernels."""
+    """What every step of a chunk reads and none changes, made inside the graph (a tensor from outside would
+    have to outlive it) once per chunk: each operation out of the step loop is STEPS_PER_GRAPH fewer kernels."""
 
     positions: Tensor       # (STEPS_PER_GRAPH,) the output position of each step
     at_limit: Tensor        # (rows, STEPS_PER_GRAPH) step j is the row's last allowed position (or past it)
@@ -193,17 +184,13 @@ def _on_model_device(search: Search) -> Search:
 
 
 class SearchGraphs:
-    """Captured greedy and beam search chunks for one model, by shape and settings.
-
-    The graphs read the derived weights of the model's inference context as they were at capture: that
-    context and the model must not change while this lives. One search at a time (a lock): all graphs share
-    one memory pool, and each search copies its results out of the static tensors before the next runs.
-    """
+    """Captured greedy and beam search chunks for one model, by shape and settings. The graphs read the
+    model's derived weights as they were at capture: neither may change while this lives. One search at a
+    time: the graphs share one memory pool, and a search copies its results out before the next runs."""
 
     def __init__(self, model: Decoding, capture: bool = True, max_bytes: float | None = None) -> None:
-        """`capture=False` runs the same static-shape chunks eagerly (the CPU, tests). `max_bytes`: what the kept
-        shapes' static tensors may hold (default GRAPH_MEMORY_SHARE of the GPU's memory; none without capture);
-        a new shape drops the least recently used ones until it fits, or is the only one."""
+        """`capture=False` runs the same chunks eagerly (the CPU, tests). `max_bytes`: what the kept shapes' static
+        tensors may hold (default GRAPH_MEMORY_SHARE of the GPU's); a new shape drops the least recent ones."""
         self.model, self.capture = model, capture
         self.pool: Any = None                # the graphs' memory pool, made for the first shape kept
         self.stream: Any = torch.cuda.Stream(device=model.device) if capture else None     # captures go here
@@ -235,9 +222,8 @@ class SearchGraphs:
 
     def _graph(self, key: tuple, build: Callable[[torch.device | None], Any], chunk: Callable[[Any], None]
                ) -> tuple[Callable[[], None], Any]:
-        """The replay function and static tensors of the chunk for `key`, captured on first use. `build(device)`
-        allocates the static tensors (None: the model's device), sized first on "meta" so that the shapes that
-        make room go before the new one takes its memory."""
+        """The replay function and static tensors of the chunk for `key`, captured on first use; `build(device)`
+        allocates them, first on "meta": the shapes that make room go before the new one takes memory."""
         key = (*key, active_autocast_dtype(self.model.device.type))
         if key in self.graphs:
             self.graphs.move_to_end(key)
@@ -430,8 +416,7 @@ def _beam_chunk(model: Decoding, settings: SearchSettings, sentences: int,
 
 
 def _keep_best(kept: Tensor, finished: Tensor) -> None:
-    """kept: (sentences, n) the n best finished scores so far, best first, updated in place with
-    finished: (sentences, m) new ones (-inf: none)."""
+    """kept: (sentences, n) best finished scores, best first, updated in place with finished (sentences, m)."""
     if kept.size(1) == 1:
         torch.maximum(kept, finished.amax(1, keepdim=True), out=kept)
     else:
@@ -439,12 +424,9 @@ def _keep_best(kept: Tensor, finished: Tensor) -> None:
 
 
 def _backtrack(tokens: Tensor, parents: Tensor, fin_step: Tensor, fin_row: Tensor, steps: int) -> Tensor:
-    """The finished hypotheses' tokens from the per-step records, EOS included, PAD after it: (batch, beam, steps).
-
-    tokens, parents: (rows, recorded steps): the token alive row r holds after step t, and the row it came from.
-    A hypothesis that finished at step s from row r holds row r's tokens after step s-1, then EOS. fin_step,
-    fin_row: (batch, beam), every fin_step below `steps`. One vectorised pass per step on the host.
-    """
+    """The finished hypotheses' tokens, EOS included, PAD after: (batch, beam, steps). tokens, parents: (rows,
+    recorded steps), the token row r holds after step t and the row it came from; a hypothesis that finished
+    at step s from row r is row r's tokens after step s-1, then EOS. fin_step, fin_row: (batch, beam)."""
     tok, par = tokens.cpu().numpy(), parents.cpu().numpy()
     end, row = fin_step.cpu().numpy(), fin_row.cpu().numpy()
     out = np.full((*end.shape, steps), PAD, dtype=np.int64)

@@ -1,16 +1,10 @@
 """What a translation gives back, in one format for the command line, the Python API and the server.
 
-The n-best rule, the same everywhere (`nmt translate --n-best K`, `Translation.nbest`, the HTTP
-`n_best` lists, `--scores`): a list has exactly K entries, the hypotheses found, best first, then
-padding entries of empty text. A padding entry scores 0 for an empty input line (there is nothing
-to translate, so the empty output is exact) and -inf when the search found fewer than K distinct
-hypotheses (a short sentence, a tiny vocabulary); JSON, which has no -inf, writes null. So line
-i*K + r of `--n-best` output always belongs to input line i, and a client can zip the lists with
-its sentences.
-
-Scores: a hypothesis's `score` is what the search ranked it by (beam: log p / lp(|y|), plus the
-coverage penalty; greedy and sampling: log p); `--scores` and `nmt score` write log p and the GNMT
-length-normalised log p / lp(|y|), |y| counting EOS.
+The n-best rule, everywhere (`--n-best K`, `Translation.nbest`, the HTTP `n_best` lists, `--scores`): exactly K
+entries, the hypotheses found, best first, then padding entries of empty text, scored 0 for an empty input
+line (its empty output is exact) and -inf (JSON: null) when the search found fewer. So line i*K + r of
+`--n-best` output is always input line i's. A hypothesis's `score` is what the search ranked it by; `--scores`
+and `nmt score` write log p and the GNMT length-normalised log p / lp(|y|), |y| counting EOS.
 """
 
 from __future__ import annotations
@@ -35,12 +29,8 @@ from nmt.output_files import DeviceFile, check_outputs, open_output, output_targ
 
 @dataclass
 class Translation:
-    """The result for one input line.
-
-    `text` is the translation; `nbest` the n-best list as (text, score) pairs, exactly `n_best` of them
-    (see the module's rule); each hypothesis carries its attention weights (target pieces + EOS,
-    source pieces + EOS) when `translate(..., return_attention=True)`.
-    """
+    """The result for one input line: `text`, and `nbest`, exactly `n_best` (text, score) pairs (the module's
+    rule); hypotheses carry attention (target pieces + EOS, source pieces + EOS) when asked for."""
 
     text: str                              # the best hypothesis, detokenised ("" for an empty line)
     hypotheses: list[Hypothesis]           # n-best, best first; empty for an empty line
@@ -206,8 +196,9 @@ class ResultWriter:
         src_pieces = self.src_vocab.to_pieces(result.src_ids)  # type: ignore[arg-type]  # any int array
         tgt_pieces = self.tgt_vocab.to_pieces(hyp.tokens) if hyp else []
         if files.alignments is not None:
-            aligned = hyp is not None and hyp.attention is not None
-            files.alignments.write((word_alignments(src_pieces, tgt_pieces, hyp.attention) if aligned else "") + "\n")
+            weights = hyp.attention if hyp is not None else None
+            files.alignments.write((word_alignments(src_pieces, tgt_pieces, weights) if weights is not None else "")
+                                   + "\n")
         if files.attention is not None:
             files.attention.write(attention_record(number, src_pieces, tgt_pieces, hyp))
         if files.plotter is not None and hyp:

@@ -44,9 +44,9 @@ class Rows(Protocol):
 class SearchModel(Protocol):
     """What the searches need of a model or an ensemble (nmt.model.inference.Decoding, EnsembleDecoding)."""
 
-    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Rows, Rows]: ...
+    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Any, Any]: ...
 
-    def step(self, prev_tokens: Tensor, state: Rows, memory: Rows) -> tuple[Tensor, Rows, Tensor]:
+    def step(self, prev_tokens: Tensor, state: Any, memory: Any) -> tuple[Tensor, Any, Tensor]:
         """prev_tokens: (rows,) -> logits (rows, vocab), state, attention (rows, src_len)."""
 
     def vocab_ids(self, tokens: Tensor) -> Tensor: ...          # subset positions -> vocabulary ids

@@ -4,18 +4,9 @@
     translator = Translator.load("model.nmt")          # a model file, or a training checkpoint
     translator.translate(["Ein Hund läuft."], beam_size=5)[0].text
 
-Every input line gives exactly one result: an empty line gives an empty translation without
-running the model, and an over-long line is truncated with a warning. Inside a call, sentences
-are sorted by length and cut into batches by a token budget; results come back in input order.
-Streams go through nmt.decode.streaming (a reader thread, micro-batches); results are written by
-nmt.decode.outputs, which also holds the n-best rule.
-
-Decoding options (see nmt.decode.search): several models decode as one `Ensemble`; sampling
-draws `n_best` samples per line from one seeded generator; a line may come with a target prefix
-(a `(source, prefix)` pair instead of a string), which the search forces; `score` gives the
-model's log-probability of given translations; `decoding.replace_unk` copies, for every `<unk>`
-output piece, the most attended source text; `decoding.shortlist` scores, per batch, only the
-target pieces the batch's source pieces make likely (nmt.decode.shortlist; greedy and beam search).
+Every input line gives exactly one result: an empty line an empty translation without running the model, an
+over-long line a truncated one and a warning. Inside a call, sentences are sorted by length and cut into
+batches by a token budget; results come back in input order. A line may come with a target prefix.
 """
 
 from __future__ import annotations
@@ -24,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -52,24 +43,17 @@ __all__ = ["Translation", "Translator"]
 class Translator:
     """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines.
 
-    The Translator owns its model from then on: it moves it and puts it in eval mode. Its inference
-    context (nmt.model.inference; one per ensemble member) holds the int8 products and the weights
-    derived from the parameters (the decoder's token table, stacked step weights), built once for the
-    Translator's life, not once per call: a one-line call would otherwise spend about half its time
-    rebuilding them. Do not train the model further under a Translator.
-
-    Threads may share a Translator (and Translators a model): a shortlist's output rows live in a
-    per-call view of the context, not on the model, so searches need no lock; only the captured CUDA
-    graphs, whose static tensors one search at a time may use, are taken in turn. On one CPU, two
-    searches side by side were no faster than one with two threads (`--threads`).
+    It owns its model (moved, in eval mode; do not train it further). Its inference contexts hold the int8
+    products and derived weights for its whole life: a one-line call would otherwise spend about half its time
+    rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA graphs are taken
+    in turn (on one CPU, two searches side by side were no faster than one with two threads).
     """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None,
                  contexts: list[Inference] | None = None, languages: dict[str, str] | None = None) -> None:
-        """`contexts`: the inference contexts of the model (one per ensemble member), when they exist
-        already; else made here (with int8 products for decoding.quantize int8). `languages`: the
-        model's {"src", "tgt"} codes, as its file names them (the server reports them)."""
+        """`contexts`: one per ensemble member, when they exist already (else made here, with int8 products for
+        decoding.quantize int8). `languages`: the model's {"src", "tgt"} codes, as its file names them."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
@@ -97,16 +81,11 @@ class Translator:
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
              shortlist_file: str | Path | None = None, **decoding_overrides: Any) -> Translator:
-        """Load a model file (`nmt export`) or a training checkpoint, anywhere on disk; several paths
-        decode as an ensemble (see `load_ensemble`).
+        """Load a model file (`nmt export`) or a training checkpoint; several paths decode as an ensemble.
 
-        `decoding_overrides` replace keys of the model's `decoding` config (beam_size,
-        length_penalty, batch_tokens, precision, shortlist, ...) and are checked like the YAML file.
-        `shortlist=True` uses the vocabulary shortlist the model embeds; `shortlist_file` (a data
-        folder's shortlist.npz, for a model that embeds none) and `shortlist_k` imply it, unless
-        `shortlist=False` is given.
-        Raises `nmt.model.modelfile.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
-        Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
+        `decoding_overrides` replace keys of the model's `decoding` config, checked like the YAML file.
+        `shortlist=True` uses the shortlist the model embeds; `shortlist_file` (a data folder's shortlist.npz)
+        and `shortlist_k` imply it unless `shortlist=False`. Raises ModelFileError or ConfigError (one line).
         """
         if not isinstance(path, (str, Path)):
             if not isinstance(path, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in path):
@@ -134,9 +113,8 @@ class Translator:
     @classmethod
     def load_ensemble(cls, paths: Sequence[str | Path], device: str = "auto", shortlist_file: str | Path | None = None,
                       **decoding_overrides: Any) -> Translator:
-        """Several models (files or checkpoints) decoding as one: the average of their log-probabilities
-        at every step. They must share the source and target vocabularies and may differ in everything
-        else; the decoding settings and the shortlist come from the first. One path gives a plain Translator."""
+        """Several models decoding as one (their log-probabilities averaged at every step). They must share the
+        vocabularies; the decoding settings and the shortlist come from the first."""
         if not paths:
             raise ValueError("an ensemble needs at least one model path")
         if len(paths) == 1:
@@ -152,7 +130,7 @@ class Translator:
                 if mine.digest() != theirs.digest():
                     raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
                                          "the models of an ensemble must share their vocabularies")
-        ensemble = Ensemble([member.model for member in members])
+        ensemble = Ensemble([cast(Seq2Seq, member.model) for member in members])     # each loaded alone
         contexts = [member.search_model.ctx for member in members]      # with their int8 products, if any
         return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device), first.shortlist,
                    contexts, first.languages)
@@ -164,15 +142,9 @@ class Translator:
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False,
                   first_line: int = 1, beam_size: int | None = None,
                   prefixes: list[str] | None = None) -> list[Translation]:
-        """Translate a list of lines; the results are in the same order, one per line.
-
-        n_best: keep the K best hypotheses per line (`Translation.nbest`: (text, score) pairs); with
-            decoding.sampling, K samples per line.
-        return_attention: keep each hypothesis's attention weights (`Translation.attention`).
-        beam_size: this call's beam (1 = greedy); default the model's `decoding.beam_size`.
-        first_line: the line number of lines[0], for warnings.
-        prefixes: one per line ("" for none), forced as the start of each translation.
-        """
+        """One result per line, in order. n_best: the K best hypotheses (with sampling, K samples) per line;
+        return_attention: keep their attention; beam_size: this call's (default decoding.beam_size);
+        first_line: lines[0]'s number, for warnings; prefixes: one per line ("" for none), forced."""
         lines = _as_lines("lines", lines)
         if prefixes is not None:
             prefixes = _as_lines("prefixes", prefixes)
