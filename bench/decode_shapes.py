@@ -1,6 +1,6 @@
 """How `nmt translate` cuts a file into batches, and how many shapes its CUDA graphs need, by batch size.
 
-A GPU captures one graph per new padded batch shape (nmt.decode.graphed), and a captured step costs about
+A GPU captures one graph per new padded batch shape (nmt.decode.graphs), and a captured step costs about
 the same whatever its rows: fewer, larger batches mean fewer steps and fewer captures. This counts both
 without a GPU (the cut and the buckets are the Translator's), for a source file and a model's vocabulary:
 

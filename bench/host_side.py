@@ -5,7 +5,7 @@
 
 On a GPU the searches' steps are captured graphs and the host's share is the text around them:
 SentencePiece in and out, one Hypothesis and one Translation per line, and each batch's set-up. Here the
-same static-shape searches run eagerly on the CPU (nmt.decode.graphed, capture=False) under cProfile,
+same static-shape searches run eagerly on the CPU (nmt.decode.graphs, capture=False) under cProfile,
 and the time of everything that is not the model's or the search's tensor work is summed per function.
 Those seconds add to a GPU's whole-process time unless they overlap its decoding: with `import torch`
 and CUDA's start, they bound what a whole process can reach (docs/benchmarks.md).

@@ -10,7 +10,7 @@ TorchDispatchMode sees it. Views (reshapes, slices, transposes) launch nothing a
 A matrix product that adds a matrix (addmm with a 2-D addend, baddbmm) counts two: on CUDA, cuBLAS
 gets the addend copied into its output first (a 1-D bias rides in the product's epilogue: one).
 Some other operations take two kernels on CUDA (topk), and cuBLAS may add one; the counts here are
-the GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphed` captures
+the GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphs` captures
 them.
 
 Counted per step, in float32 and under bf16 autocast, with the model's random initial weights (the

@@ -224,7 +224,7 @@ def eos_first_model(seed=0):
 
 def test_by_default_no_search_gives_an_empty_output():
     """EOS is not allowed at the first position unless min_len 0 asks for it (Joey NMT, fairseq): greedy,
-    beam and sampling, eager and static-shape (nmt.decode.graphed, the CUDA-graph search run eagerly)."""
+    beam and sampling, eager and static-shape (nmt.decode.graphs, the CUDA-graph search run eagerly)."""
     from nmt.decode.graphs import SearchGraphs
 
     model = eos_first_model()

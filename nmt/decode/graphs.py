@@ -279,21 +279,14 @@ class SearchGraphs:
             lambda device: _greedy_static(memory, state, rows, padded_len, device),
             _greedy_chunk(self.model, settings.min_len))
         s.load(memory, state, limits)
-        chunks, logps = [], []
-        for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
-            replay()
-            chunks.append(s.out_tokens[:batch].clone())
-            logps.append(s.out_logp[:batch].clone())
-            if not bool(s.going.any()):
-                break
-        tokens = torch.cat(chunks, 1)[:, :steps]                           # (batch, steps)
+        tokens, logp = _replay(replay, s, steps, s.out_tokens[:batch], s.out_logp[:batch])   # (batch, steps) each
         # a row's output ends at its first EOS, which every row reaches by its limit (at most `steps`)
         ends = tokens == EOS
         lengths = torch.where(ends.any(1), ends.int().argmax(1) + 1, tokens.size(1))     # (batch,) EOS included
         after = torch.arange(tokens.size(1), device=tokens.device) >= lengths.unsqueeze(1)
-        logp = torch.cat(logps, 1)[:, :steps].masked_fill(after, 0.0).cpu().numpy()
         # summed step by step in float32 (a running sum, as eager search's): the same score to the last bit
-        scores = torch.from_numpy(np.cumsum(logp, axis=1, dtype=np.float32)[:, -1])
+        summed = np.cumsum(logp.masked_fill(after, 0.0).cpu().numpy(), axis=1, dtype=np.float32)
+        scores = torch.from_numpy(summed[:, -1])
         return collect(tokens.masked_fill(after, PAD), lengths, scores, None, src_lengths)
 
     @_on_model_device
@@ -316,25 +309,30 @@ class SearchGraphs:
         alive = s.scores.view(sentences, k)
         alive[:, 1:] = NEG_INF                                               # one live beam per sentence
         alive[batch:] = NEG_INF                                              # none for the padded ones
-        tokens, parents, fin, fin_rows = [], [], [], []
-        for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
-            replay()
-            tokens.append(s.out_tokens.clone())
-            parents.append(s.out_parents.clone())
-            fin.append(s.out_fin[:batch].clone())
-            fin_rows.append(s.out_fin_rows[:batch, :, :k].clone())
-            if not bool(s.going.any()):
-                break
+        tokens, parents, fin, fin_rows = _replay(replay, s, steps, s.out_tokens, s.out_parents, s.out_fin[:batch],
+                                                 s.out_fin_rows[:batch, :, :k])
         # the best k finished over all steps, as eager search's pool keeps them (none finishes past `steps`);
         # of equal scores, the one that finished first
-        ranked, order = torch.cat(fin, 1)[:, :steps].reshape(batch, -1).sort(dim=1, descending=True, stable=True)
+        ranked, order = fin.reshape(batch, -1).sort(dim=1, descending=True, stable=True)
         fin_scores, pick = ranked[:, :k], order[:, :k]                                     # (batch, k)
         fin_step = pick // k
-        fin_row = torch.cat(fin_rows, 1)[:, :steps].reshape(batch, -1).gather(1, pick)
-        found = _backtrack(torch.cat(tokens, 1), torch.cat(parents, 1), fin_step, fin_row, steps)
+        fin_row = fin_rows.reshape(batch, -1).gather(1, pick)
+        found = _backtrack(tokens, parents, fin_step, fin_row, steps)
         fin_lengths = (fin_step + 1).masked_fill(fin_scores == NEG_INF, 0)
         fin_logp = fin_scores * length_penalty(fin_lengths.float(), settings.alpha)
         return collect_beams(found, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
+
+
+def _replay(replay: Callable[[], None], s: _Static, steps: int, *records: Tensor) -> list[Tensor]:
+    """Chunks replayed until every sentence has ended or `steps` are done: each record's copies, (rows, steps)."""
+    copies: list[list[Tensor]] = [[] for _ in records]
+    for _ in range(math.ceil(steps / STEPS_PER_GRAPH)):
+        replay()
+        for kept, record in zip(copies, records, strict=True):
+            kept.append(record.clone())
+        if not bool(s.going.any()):
+            break
+    return [torch.cat(kept, 1)[:, :steps] for kept in copies]
 
 
 def _greedy_chunk(model: Decoding, min_len: int) -> Callable[[_GreedyStatic], None]:

@@ -275,7 +275,7 @@ def _continue(beams: _Beams, step: BeamStep, weights: Tensor) -> _Beams:
 
 
 class Captured(Protocol):
-    """Searches replayed as captured graphs (nmt.decode.graphed.SearchGraphs)."""
+    """Searches replayed as captured graphs (nmt.decode.graphs.SearchGraphs)."""
 
     def runs(self, model: SearchModel, settings: SearchSettings, prefix: Tensor | None) -> bool: ...
 

@@ -188,15 +188,13 @@ class Translator:
         return translations
 
     def batch_tokens(self, scoring: bool = False) -> int:
-        """decoding.batch_tokens, or where it is 0 the device's: a GPU's search steps cost about the same
-        whatever their rows. Scoring keeps the CPU's: it holds a batch's whole (target x vocabulary) scores."""
+        """decoding.batch_tokens, or (0) the device's; scoring keeps the CPU's: it holds (target x vocabulary)."""
         device = "cpu" if scoring else self.device.type
         return self.decoding.batch_tokens or DECODING_BATCH_TOKENS.get(device, DECODING_BATCH_TOKENS["cpu"])
 
     def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
                      names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
-        """n_best hypotheses need at least n_best beams (samples have no such limit). `names`: what the
-        caller calls n_best, beam_size and sampling (the command line: --n-best, --beam-size, --sampling)."""
+        """n_best hypotheses need n_best beams (samples do not). `names`: the caller's for the three settings."""
         d = decoding or self.decoding
         if not d.sampling and n_best > d.beam_size:
             n, beam, sampling = names
@@ -204,14 +202,9 @@ class Translator:
                               f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
 
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
-        """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
-        source), that divided by the length penalty, and the length in pieces with EOS. The searches report
-        the same log-probability for the same output.
-
-        As in translation, a source over `decoding.max_input_len` pieces is truncated, and a target over
-        the longest output such a source may have (max_len_ratio x max_input_len + 10) too: a warning on
-        stderr names the line (`first_line` is the number of the first pair), and memory stays bounded
-        whatever the lines."""
+        """Each pair's teacher-forced log p(target + EOS | source) (the searches' for the same output), that
+        length-normalised, and the length with EOS. Over-long sources and targets (longer than any output of
+        such a source) are truncated with a warning naming the line: memory stays bounded."""
         sources, targets = _as_lines("sources", sources), _as_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
