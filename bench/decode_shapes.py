@@ -1,6 +1,6 @@
 """How `nmt translate` cuts a file into batches, and how many shapes its CUDA graphs need, by batch size.
 
-A GPU captures one graph per new padded batch shape (nmt.decode.graphed), and a captured step costs about
+A GPU captures one graph per new padded batch shape (nmt.decode.graphs), and a captured step costs about
 the same whatever its rows: fewer, larger batches mean fewer steps and fewer captures. This counts both
 without a GPU (the cut and the buckets are the Translator's), for a source file and a model's vocabulary:
 
@@ -19,7 +19,7 @@ import numpy as np
 from nmt.data.batching import cut_by_budget
 from nmt.data.corpus import read_lines
 from nmt.data.tokenizer import Vocab
-from nmt.decode.graphed import static_shape
+from nmt.decode.graphs import static_shape
 
 
 def shapes(lengths: np.ndarray, beam: int, batch_tokens: int) -> dict:

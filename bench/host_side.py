@@ -5,7 +5,7 @@
 
 On a GPU the searches' steps are captured graphs and the host's share is the text around them:
 SentencePiece in and out, one Hypothesis and one Translation per line, and each batch's set-up. Here the
-same static-shape searches run eagerly on the CPU (nmt.decode.graphed, capture=False) under cProfile,
+same static-shape searches run eagerly on the CPU (nmt.decode.graphs, capture=False) under cProfile,
 and the time of everything that is not the model's or the search's tensor work is summed per function.
 Those seconds add to a GPU's whole-process time unless they overlap its decoding: with `import torch`
 and CUDA's start, they bound what a whole process can reach (docs/benchmarks.md).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import pstats
 import time
 from pathlib import Path
@@ -25,9 +24,9 @@ import torch
 # the host-side functions: (file suffix, function name) -> what they do
 HOST = {("nmt/data/tokenizer.py", "encode"): "SentencePiece in, side ids",
         ("nmt/data/tokenizer.py", "decode"): "side ids to SentencePiece out",
-        ("nmt/decode/search.py", "_collect"): "greedy: one Hypothesis per line",
-        ("nmt/decode/search.py", "_collect_beams"): "beam: the n best Hypotheses per line",
-        ("nmt/decode/graphed.py", "_backtrack"): "beam: tokens from the recorded parents",
+        ("nmt/decode/rule.py", "collect"): "greedy: one Hypothesis per line",
+        ("nmt/decode/rule.py", "collect_beams"): "beam: the n best Hypotheses per line",
+        ("nmt/decode/graphs.py", "_backtrack"): "beam: tokens from the recorded parents",
         ("nmt/decode/translator.py", "_truncate"): "over-long lines cut",
         ("nmt/data/batching.py", "cut_by_budget"): "batches cut",
         ("nmt/data/batching.py", "pad_rows"): "batches padded"}
@@ -36,13 +35,12 @@ HOST = {("nmt/data/tokenizer.py", "encode"): "SentencePiece in, side ids",
 def profile_translate(model: Path, lines: list[str], beam: int, batch_tokens: int) -> dict:
     """One `Translator.translate` of `lines` with the GPU's searches run on the CPU, profiled."""
     from nmt.decode import translator as translation
-    from nmt.decode.graphed import SearchGraphs
+    from nmt.decode.graphs import SearchGraphs
 
     translator = translation.Translator.load(model, "cpu", beam_size=beam, batch_tokens=batch_tokens,
                                              precision="fp32", shortlist=False)
-    graphs = SearchGraphs(translator.search_model, capture=False)
     # the GPU's path on the CPU: every plain search through the static-shape searches
-    translator._greedy_or_beam = functools.partial(_graphed, graphs)
+    translator._graphs = SearchGraphs(translator.search_model, capture=False)
     translator.translate(lines[:50])
     profiler = cProfile.Profile()
     start = time.perf_counter()
@@ -62,14 +60,6 @@ def profile_translate(model: Path, lines: list[str], beam: int, batch_tokens: in
     return {"beam": beam, "batch_tokens": translator.batch_tokens(), "lines": len(lines),
             "wall_s_on_this_cpu": wall, "host_s": total, "host_us_per_line": 1e6 * total / len(lines),
             "host_s_by_part": host}
-
-
-def _graphed(graphs, model, src, src_lengths, n_best, return_attention, d, max_len, prefix):
-    """Translator._greedy_or_beam as on a GPU, for a plain search."""
-    if d.beam_size == 1 and n_best == 1:
-        return [[h] for h in graphs.greedy(src, src_lengths, d.max_len_ratio, d.min_len, max_len)]
-    return graphs.beam(src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio, d.min_len, n_best,
-                       max_len, d.early_stop)
 
 
 def main() -> None:

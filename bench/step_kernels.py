@@ -10,7 +10,7 @@ TorchDispatchMode sees it. Views (reshapes, slices, transposes) launch nothing a
 A matrix product that adds a matrix (addmm with a 2-D addend, baddbmm) counts two: on CUDA, cuBLAS
 gets the addend copied into its output first (a 1-D bias rides in the product's epilogue: one).
 Some other operations take two kernels on CUDA (topk), and cuBLAS may add one; the counts here are
-the GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphed` captures
+the GPU's launches to within those, for the searches' steps exactly as `nmt.decode.graphs` captures
 them.
 
 Counted per step, in float32 and under bf16 autocast, with the model's random initial weights (the
@@ -62,7 +62,8 @@ def _batch(model, sentences: int, src_len: int, tgt_len: int) -> tuple[torch.Ten
 
 def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dict:
     """Operations per step of the captured greedy (beam 1) or beam search chunk."""
-    from nmt.decode import graphed
+    from nmt.decode import graphs as graphed
+    from nmt.decode.search import SearchSettings
     from nmt.model.inference import Inference
 
     graphs = graphed.SearchGraphs(model.decoding(Inference()), capture=False)
@@ -80,9 +81,9 @@ def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dic
 
     def search() -> None:                          # one chunk of steps
         if beam == 1:
-            graphs.greedy(src, lengths, max_len=graphed.STEPS_PER_GRAPH)
+            graphs.greedy(src, lengths, SearchSettings(max_len=graphed.STEPS_PER_GRAPH))
         else:
-            graphs.beam(src, lengths, beam_size=beam, max_len=graphed.STEPS_PER_GRAPH)
+            graphs.beam(src, lengths, SearchSettings(beam_size=beam, max_len=graphed.STEPS_PER_GRAPH))
 
     with torch.no_grad():
         search()                                     # warm-up, as before a capture: builds the derived weights

@@ -44,7 +44,7 @@ def autocast_dtype(precision: str, device: torch.device, graphed: bool = False) 
     """The autocast dtype for `training.precision` / `decoding.precision`, or None for plain float32.
 
     auto: on CUDA, bfloat16 where the work runs as captured CUDA graphs (`graphed`: nmt.train.graphed,
-    nmt.decode.graphed), else float32; on the CPU, bfloat16 where it computes it natively
+    nmt.decode.graphs), else float32; on the CPU, bfloat16 where it computes it natively
     (AVX512-BF16/AMX), else float32. Measured on an H200 (docs/benchmarks.md, GPU section): with graphs,
     bf16 trained the reference model 1.13x faster than float32 and beam-searched 100,000 sentences 1.33x
     faster; without them these models spend their time in many small per-step kernels, to which autocast

@@ -140,7 +140,7 @@ def test_host_side_profiles_the_gpus_searches_on_the_cpu(trained_run):
     from .conftest import read_gz
 
     lines = read_gz("test_2016_flickr.de", 60)
-    for beam, collect in ((1, "_collect"), (5, "_collect_beams")):
+    for beam, collect in ((1, "collect"), (5, "collect_beams")):
         result = profile_translate(trained_run / "best.pt", lines, beam, 2000)
         parts = {name.split(" ")[0]: seconds for name, seconds in result["host_s_by_part"].items()}
         assert result["lines"] == 60 and result["batch_tokens"] == 2000

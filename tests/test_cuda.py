@@ -140,8 +140,8 @@ def test_graphs_are_captured_once_per_shape(trained_run, corpus_dir):
 @pytest.mark.parametrize("attention", ["bahdanau", "luong_dot", "luong_general", "luong_concat"])
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])
 def test_captured_steps_equal_eager_steps_on_random_models(attention, rnn):
-    from nmt.decode.graphed import SearchGraphs
-    from nmt.decode.search import beam_search, greedy_search
+    from nmt.decode.graphs import SearchGraphs
+    from nmt.decode.search import SearchSettings, beam_search, greedy_search
 
     from .test_search import random_model, source_batch
 
@@ -150,10 +150,11 @@ def test_captured_steps_equal_eager_steps_on_random_models(attention, rnn):
     src = src.cuda()
     graphs = SearchGraphs(model.decoding())
     for _ in range(2):                                                    # the capture, then a replay
-        greedy = graphs.greedy(src, lengths, max_len_ratio=2.0)
-        assert [h.tokens for h in greedy] == [h.tokens for h in greedy_search(model, src, lengths, 2.0)]
-        beam = graphs.beam(src, lengths, 3, 1.0, 2.0, n_best=2)
-        expected = beam_search(model, src, lengths, beam_size=3, alpha=1.0, max_len_ratio=2.0, n_best=2)
+        greedy = graphs.greedy(src, lengths, SearchSettings(max_len_ratio=2.0))
+        assert [h.tokens for h in greedy] == [h.tokens for h in greedy_search(model, src, lengths,
+                                                                              SearchSettings(max_len_ratio=2.0))]
+        beam = graphs.beam(src, lengths, SearchSettings(beam_size=3, alpha=1.0, max_len_ratio=2.0, n_best=2))
+        expected = beam_search(model, src, lengths, SearchSettings(beam_size=3, alpha=1.0, max_len_ratio=2.0, n_best=2))
         assert [[h.tokens for h in hyps] for hyps in beam] == [[h.tokens for h in hyps] for hyps in expected]
 
 

@@ -1,15 +1,17 @@
-"""The static-shape searches of nmt.decode.graphed, run eagerly on the CPU (capture=False): the same
+"""The static-shape searches of nmt.decode.graphs, run eagerly on the CPU (capture=False): the same
 hypotheses and scores as the eager searches of nmt.decode.search. tests/test_cuda.py runs them captured."""
 
 import contextlib
 import types
+from dataclasses import replace
 
 import pytest
 import torch
 
 from nmt.data.batching import bucket_size
-from nmt.decode.graphed import STEPS_PER_GRAPH, SearchGraphs, _Static
-from nmt.decode.search import beam_search, greedy_search
+from nmt.decode import graphs as graphs_module
+from nmt.decode.graphs import STEPS_PER_GRAPH, SearchGraphs, _Static
+from nmt.decode.search import Sampler, SearchSettings, beam_search, greedy_search, search
 
 from .test_search import VARIANTS, random_model, source_batch
 
@@ -28,8 +30,9 @@ def test_static_greedy_equals_greedy(attention, rnn):
     src, lengths = source_batch()
     graphs = SearchGraphs(model.decoding(), capture=False)
     for ratio, min_len, cap in [(1.5, 0, None), (3.0, 4, None), (2.0, 0, 3)]:
-        expected = greedy_search(model, src, lengths, max_len_ratio=ratio, min_len=min_len, max_len=cap)
-        assert_same(expected, graphs.greedy(src, lengths, ratio, min_len, cap))
+        expected = greedy_search(model, src, lengths, SearchSettings(max_len_ratio=ratio, min_len=min_len, max_len=cap))
+        assert_same(expected, graphs.greedy(src, lengths,
+                                            SearchSettings(max_len_ratio=ratio, min_len=min_len, max_len=cap)))
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
@@ -39,9 +42,12 @@ def test_static_beam_equals_beam(attention, beam, alpha, n_best, early_stop):
     model = random_model(attention, "gru" if attention != "luong_concat" else "lstm")
     src, lengths = source_batch()
     graphs = SearchGraphs(model.decoding(), capture=False)
-    expected = beam_search(model, src, lengths, beam_size=beam, alpha=alpha, n_best=n_best, max_len_ratio=2.5,
-                           early_stop=early_stop)
-    found = graphs.beam(src, lengths, beam, alpha, 2.5, n_best=n_best, early_stop=early_stop)
+    expected = beam_search(model, src, lengths,
+                           SearchSettings(beam_size=beam, alpha=alpha, n_best=n_best, max_len_ratio=2.5,
+                                          early_stop=early_stop))
+    found = graphs.beam(src, lengths,
+                        SearchSettings(beam_size=beam, alpha=alpha, max_len_ratio=2.5, n_best=n_best,
+                                       early_stop=early_stop))
     assert len(found) == len(expected) == src.size(0)
     for e, f in zip(expected, found, strict=True):
         assert len(e) == len(f) == n_best
@@ -55,8 +61,11 @@ def test_a_sentence_that_is_done_decodes_on_without_changing_its_n_best(n_best):
     sentences' searches chunks before the batch's last (their outputs short, others' at the limit)."""
     model = random_model("bahdanau", seed=1, sharpen=0.5)
     src, lengths = source_batch()
-    expected = beam_search(model, src, lengths, beam_size=4, alpha=1.0, n_best=n_best, max_len_ratio=3.5)
-    found = SearchGraphs(model.decoding(), capture=False).beam(src, lengths, 4, 1.0, 3.5, n_best=n_best)
+    expected = beam_search(model, src, lengths,
+                           SearchSettings(beam_size=4, alpha=1.0, n_best=n_best, max_len_ratio=3.5))
+    found = SearchGraphs(model.decoding(), capture=False).beam(src, lengths,
+                                                               SearchSettings(beam_size=4, alpha=1.0,
+                                                                              max_len_ratio=3.5, n_best=n_best))
     for e, f in zip(expected, found, strict=True):
         assert_same(e, f)
     best = [len(hyps[0].tokens) for hyps in found]
@@ -67,8 +76,9 @@ def test_min_len_and_length_cap_in_beam():
     model = random_model("bahdanau")
     src, lengths = source_batch()
     graphs = SearchGraphs(model.decoding(), capture=False)
-    found = graphs.beam(src, lengths, 3, 1.0, 2.0, min_len=4, max_len=6)
-    expected = beam_search(model, src, lengths, beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6)
+    found = graphs.beam(src, lengths, SearchSettings(beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6))
+    expected = beam_search(model, src, lengths,
+                           SearchSettings(beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6))
     for e, f in zip(expected, found, strict=True):
         assert_same(e, f)
         assert 4 <= len(f[0].tokens) <= 5
@@ -81,8 +91,9 @@ def test_a_cap_shorter_than_a_chunk_in_beam(cap):
     model = random_model("bahdanau")
     src, lengths = source_batch()
     graphs = SearchGraphs(model.decoding(), capture=False)
-    found = graphs.beam(src, lengths, 5, 1.0, 2.0, n_best=3, max_len=cap)
-    expected = beam_search(model, src, lengths, beam_size=5, alpha=1.0, max_len_ratio=2.0, n_best=3, max_len=cap)
+    found = graphs.beam(src, lengths, SearchSettings(beam_size=5, alpha=1.0, max_len_ratio=2.0, n_best=3, max_len=cap))
+    expected = beam_search(model, src, lengths,
+                           SearchSettings(beam_size=5, alpha=1.0, max_len_ratio=2.0, n_best=3, max_len=cap))
     for e, f in zip(expected, found, strict=True):
         assert_same(e, f)
         assert all(len(h.tokens) < cap for h in f)
@@ -103,9 +114,9 @@ def test_long_outputs_span_several_chunks():
     model = random_model("bahdanau", sharpen=0.0)                  # flat distributions: no early EOS
     src, lengths = source_batch()
     graphs = SearchGraphs(model.decoding(), capture=False)
-    found = graphs.greedy(src, lengths, max_len_ratio=4.0)
+    found = graphs.greedy(src, lengths, SearchSettings(max_len_ratio=4.0))
     assert max(len(h.tokens) for h in found) > 2 * STEPS_PER_GRAPH
-    assert_same(greedy_search(model, src, lengths, max_len_ratio=4.0), found)
+    assert_same(greedy_search(model, src, lengths, SearchSettings(max_len_ratio=4.0)), found)
 
 
 @pytest.mark.parametrize(("n", "bucket"), [(1, 8), (8, 8), (9, 16), (64, 64), (65, 80), (81, 96), (129, 160),
@@ -140,7 +151,7 @@ def test_checkpoints_store_plain_learning_rates():
 
 def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     """A long-running server meets many batch shapes: only MAX_GRAPHS of them are kept."""
-    from nmt.decode import graphed
+    from nmt.decode import graphs as graphed
 
     monkeypatch.setattr(graphed, "MAX_GRAPHS", 2)
     model = random_model("bahdanau")
@@ -149,7 +160,7 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     graphs.greedy(src, lengths)                                   # rows 8, length 16
     graphs.greedy(src[:, :7][2:], lengths[2:])                    # length 8
     graphs.greedy(src, lengths)                                   # used again: now the most recent
-    graphs.beam(src, lengths, 2)                                  # a third shape: drops the length-8 one
+    graphs.beam(src, lengths, SearchSettings(beam_size=2))        # a third shape: drops the length-8 one
     assert [key[:3] for key in graphs.graphs] == [("greedy", 8, 16), ("beam", 8, 16)]
     assert_same(greedy_search(model, src[:, :7][2:], lengths[2:]), graphs.greedy(src[:, :7][2:], lengths[2:]))
 
@@ -161,7 +172,7 @@ def test_the_kept_shapes_stay_within_their_memory_budget(monkeypatch):
     model = random_model("bahdanau")
     peaks: list[tuple[int, float]] = []                # (what the kept shapes and a new one hold, max_bytes)
     current: list[SearchGraphs] = []
-    allocate = _Static.allocate
+    allocate = graphs_module._greedy_static
 
     def recorded(*args, **kwargs) -> _Static:
         static = allocate(*args, **kwargs)
@@ -169,7 +180,7 @@ def test_the_kept_shapes_stay_within_their_memory_budget(monkeypatch):
             peaks.append((current[-1].kept_bytes + static.nbytes(), current[-1].max_bytes))
         return static
 
-    monkeypatch.setattr(_Static, "allocate", recorded)
+    monkeypatch.setattr(graphs_module, "_greedy_static", recorded)
     src, lengths = source_batch()
     short = (src[:, :7][2:], lengths[2:])                                  # rows 8, length 8
     sizes = []
@@ -214,18 +225,27 @@ def test_a_shape_whose_capture_fails_is_neither_kept_nor_counted(monkeypatch):
     assert not graphs.graphs and graphs.kept_bytes == 0 and graphs.captured == 0
 
 
-def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
-    from nmt.decode.graphed import graphable
-
-    model, cuda = random_model("bahdanau").decoding(), torch.device("cuda")
-    plain = dict(sampling=False, prefix=None, no_repeat_ngram=0, coverage=0.0, return_attention=False)
-    assert graphable(model, cuda, **plain)
-    assert not graphable(model, torch.device("cpu"), **plain)
-    assert not graphable(object(), cuda, **plain)                               # an ensemble, say
-    for option, value in (("sampling", True), ("prefix", torch.zeros(1)), ("no_repeat_ngram", 2),
-                          ("coverage", 0.2), ("return_attention", True)):
-        assert not graphable(model, cuda, **{**plain, option: value}), option
-    assert not graphable(model.with_output_subset(torch.arange(10)), cuda, **plain)
+def test_only_plain_searches_of_one_model_are_graphed():
+    """`search` takes the graphs only for what they run: one model's plain searches on its whole vocabulary;
+    sampling, prefixes, n-gram blocking, coverage, attention, shortlists and ensembles run eagerly."""
+    model = random_model("bahdanau").decoding()
+    graphs = SearchGraphs(model, capture=False)
+    plain = SearchSettings(beam_size=1)
+    assert graphs.runs(model, plain, None)
+    assert not graphs.runs(model, plain, torch.zeros(1, 1))                      # a prefix
+    for option in ({"sampler": Sampler()}, {"no_repeat_ngram": 2}, {"coverage": 0.2}, {"return_attention": True}):
+        assert not graphs.runs(model, replace(plain, **option), None), option
+    subset = model.with_output_subset(torch.arange(10))
+    assert not graphs.runs(subset, plain, None)
+    assert SearchGraphs.of(subset) is None and SearchGraphs.of(object()) is None   # an ensemble, say
+    src, lengths = source_batch()
+    search(model, src, lengths, replace(plain, return_attention=True), graphs=graphs)
+    assert not graphs.graphs
+    for settings in (plain, replace(plain, beam_size=3)):
+        assert_same(greedy_search(model, src, lengths, plain) if settings.greedy else
+                    [h[0] for h in beam_search(model, src, lengths, settings)],
+                    [h[0] for h in search(model, src, lengths, settings, graphs=graphs)])
+    assert [key[0] for key in graphs.graphs] == ["greedy", "beam"]
 
 
 @pytest.mark.parametrize(("attention", "rnn", "greedy_budget", "beam_budget"),
@@ -254,8 +274,10 @@ def test_static_searches_equal_eager_ones_under_bf16_autocast(attention):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert_same(greedy_search(model, src, lengths), graphs.greedy(src, lengths))
         if attention == "bahdanau":
-            for e, f in zip(beam_search(model, src, lengths, beam_size=4, alpha=1.0, n_best=2),
-                            graphs.beam(src, lengths, 4, 1.0, 2.0, n_best=2), strict=True):
+            for e, f in zip(beam_search(model, src, lengths, SearchSettings(beam_size=4, alpha=1.0, n_best=2)),
+                            graphs.beam(src, lengths,
+                                        SearchSettings(beam_size=4, alpha=1.0, max_len_ratio=2.0, n_best=2)),
+                                                       strict=True):
                 assert_same(e, f)
 
 

@@ -14,9 +14,9 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.special import BOS, EOS, PAD
-from nmt.decode.graphed import SearchGraphs
+from nmt.decode.graphs import SearchGraphs
 from nmt.decode.quantize import quantize_int8
-from nmt.decode.search import beam_search, greedy_search, length_penalty, max_output_lengths
+from nmt.decode.search import SearchSettings, beam_search, greedy_search, length_penalty, max_output_lengths
 from nmt.model.inference import Inference
 from nmt.model.seq2seq import Seq2Seq
 
@@ -87,8 +87,8 @@ def _greedy_paths(model: Seq2Seq):
     """name -> greedy search(src, lengths, max_len_ratio, min_len) over each path."""
     graphs = SearchGraphs(model.decoding(), capture=False)
     return {
-        "eager": lambda s, n, ratio, m: greedy_search(model, s, n, max_len_ratio=ratio, min_len=m),
-        "graphed": lambda s, n, ratio, m: graphs.greedy(s, n, max_len_ratio=ratio, min_len=m),
+        "eager": lambda s, n, ratio, m: greedy_search(model, s, n, SearchSettings(max_len_ratio=ratio, min_len=m)),
+        "graphed": lambda s, n, ratio, m: graphs.greedy(s, n, SearchSettings(max_len_ratio=ratio, min_len=m)),
     }
 
 
@@ -114,8 +114,10 @@ def test_beam_hypotheses_are_scored_as_the_equations_score_them(model, alpha):
     refs = [Reference(model, s) for s in sentences]
     graphs = SearchGraphs(model.decoding(), capture=False)
     with torch.no_grad():
-        paths = {"eager": beam_search(model, src, lengths, beam_size=4, alpha=alpha, max_len_ratio=1.5, n_best=3),
-                 "graphed": graphs.beam(src, lengths, 4, alpha, 1.5, n_best=3)}
+        paths = {"eager": beam_search(model, src, lengths,
+                                      SearchSettings(beam_size=4, alpha=alpha, max_len_ratio=1.5, n_best=3)),
+                 "graphed": graphs.beam(src, lengths,
+                                        SearchSettings(beam_size=4, alpha=alpha, max_len_ratio=1.5, n_best=3))}
     for name, found in paths.items():
         for ref, hyps in zip(refs, found, strict=True):
             assert len(hyps) == 3, name
@@ -126,7 +128,8 @@ def test_beam_hypotheses_are_scored_as_the_equations_score_them(model, alpha):
             assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True), name
     limits = max_output_lengths(lengths, 1.5, 1).tolist()
     with torch.no_grad():
-        beam_one = beam_search(model, src, lengths, beam_size=1, alpha=0.0, max_len_ratio=1.5, min_len=1)
+        beam_one = beam_search(model, src, lengths,
+                               SearchSettings(beam_size=1, alpha=0.0, max_len_ratio=1.5, min_len=1))
     assert [hyps[0].tokens for hyps in beam_one] == [r.greedy(n, 1)[0] for r, n in zip(refs, limits, strict=True)]
 
 
@@ -140,7 +143,7 @@ def test_a_shortlist_scores_its_subset_as_the_equations_do(model):
     keep = torch.tensor(sorted({PAD, 1, BOS, EOS} | chosen | set(range(4, VOCAB, 3))))
     ctx = Inference().with_output_rows(model.decoder.output, keep)
     with torch.no_grad():
-        found = greedy_search(model.decoding(ctx), src, lengths, max_len_ratio=1.5, min_len=1)
+        found = greedy_search(model.decoding(ctx), src, lengths, SearchSettings(max_len_ratio=1.5, min_len=1))
     for ref, limit, hyp in zip(refs, limits, found, strict=True):
         tokens, _ = ref.greedy(limit, 1)
         assert hyp.tokens == tokens
@@ -156,7 +159,7 @@ def test_int8_products_stay_within_their_tolerance_of_the_equations(model):
     src, lengths, sentences = batch()
     ctx = Inference(int8=quantize_int8(model))
     with torch.no_grad():
-        found = greedy_search(model.decoding(ctx), src, lengths, max_len_ratio=1.5)
+        found = greedy_search(model.decoding(ctx), src, lengths, SearchSettings(max_len_ratio=1.5))
     for sentence, hyp in zip(sentences, found, strict=True):
         exact = Reference(model, sentence).log_prob(hyp.tokens)
         assert abs(hyp.score - exact) <= 0.05 * (len(hyp.tokens) + 1), (hyp.score, exact)

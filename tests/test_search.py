@@ -5,8 +5,16 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.special import BOS, EOS, UNK
-from nmt.decode import search
-from nmt.decode.search import Sampler, beam_search, greedy_search, length_penalty, max_output_lengths, sample
+from nmt.decode import search as search_module
+from nmt.decode.search import (
+    Sampler,
+    SearchSettings,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    search,
+)
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -40,8 +48,8 @@ def source_batch(seed=1):
 def test_beam_one_equals_greedy(attention, rnn):
     model = random_model(attention, rnn)
     src, lengths = source_batch()
-    greedy = greedy_search(model, src, lengths, max_len_ratio=1.5)
-    beam = beam_search(model, src, lengths, beam_size=1, alpha=0.0, max_len_ratio=1.5)
+    greedy = greedy_search(model, src, lengths, SearchSettings(max_len_ratio=1.5))
+    beam = beam_search(model, src, lengths, SearchSettings(beam_size=1, alpha=0.0, max_len_ratio=1.5))
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
     assert torch.allclose(torch.tensor([h.score for h in greedy]), torch.tensor([b[0].score for b in beam]))
 
@@ -68,8 +76,10 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha, eos_penalty, attention, m
         with torch.no_grad():
             model.decoder.output.bias[EOS] -= eos_penalty
         src, lengths = source_batch(seed)
-        results = beam_search(model, src, lengths, beam_size=128, alpha=alpha, max_len=max_len, min_len=min_len)
-        narrow = beam_search(model, src, lengths, beam_size=2, alpha=alpha, max_len=max_len, min_len=min_len)
+        results = beam_search(model, src, lengths,
+                              SearchSettings(beam_size=128, alpha=alpha, max_len=max_len, min_len=min_len))
+        narrow = beam_search(model, src, lengths,
+                             SearchSettings(beam_size=2, alpha=alpha, max_len=max_len, min_len=min_len))
         for i in range(src.size(0)):
             n = int(lengths[i])
             candidates = [list(c) for k in range(min_len, max_len) for c in itertools.product(symbols, repeat=k)]
@@ -86,12 +96,12 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha, eos_penalty, attention, m
 def test_batched_beam_equals_one_sentence_at_a_time(attention, early_stop):
     model = random_model(attention)
     src, lengths = source_batch()
-    batched = beam_search(model, src, lengths, beam_size=4, alpha=1.0, max_len_ratio=1.5, n_best=2,
-                          early_stop=early_stop)
+    batched = beam_search(model, src, lengths,
+                          SearchSettings(beam_size=4, alpha=1.0, max_len_ratio=1.5, n_best=2, early_stop=early_stop))
     for i in range(src.size(0)):
         n = int(lengths[i])
-        alone = beam_search(model, src[i : i + 1, :n], lengths[i : i + 1], beam_size=4, alpha=1.0,
-                            max_len_ratio=1.5, n_best=2, early_stop=early_stop)
+        alone = beam_search(model, src[i : i + 1, :n], lengths[i : i + 1],
+                            SearchSettings(beam_size=4, alpha=1.0, max_len_ratio=1.5, n_best=2, early_stop=early_stop))
         assert [h.tokens for h in alone[0]] == [h.tokens for h in batched[i]]
         assert [h.score for h in alone[0]] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
 
@@ -100,16 +110,16 @@ def test_batched_beam_equals_one_sentence_at_a_time(attention, early_stop):
 def test_batched_greedy_equals_one_sentence_at_a_time(drop_fraction, monkeypatch):
     """Rows that ended are decoded on until they are `DROP_ENDED_FRACTION` of the batch (0: dropped at
     once; 1: kept to the end); what they compute meanwhile must not reach any output."""
-    monkeypatch.setattr(search, "DROP_ENDED_FRACTION", drop_fraction)
+    monkeypatch.setattr(search_module, "DROP_ENDED_FRACTION", drop_fraction)
     model = random_model("bahdanau")
     src = torch.cat([source_batch(seed)[0] for seed in (1, 2, 3)])       # 15 sentences, 2 to 9 pieces
     lengths = src.ne(0).sum(1)
-    batched = greedy_search(model, src, lengths, max_len_ratio=1.5, return_attention=True)
+    batched = greedy_search(model, src, lengths, SearchSettings(max_len_ratio=1.5, return_attention=True))
     assert len({len(h.tokens) for h in batched}) > 2                      # rows end at different steps
     for i in range(src.size(0)):
         n = int(lengths[i])
-        alone = greedy_search(model, src[i : i + 1, :n], lengths[i : i + 1], max_len_ratio=1.5,
-                              return_attention=True)[0]
+        alone = greedy_search(model, src[i : i + 1, :n], lengths[i : i + 1],
+                              SearchSettings(max_len_ratio=1.5, return_attention=True))[0]
         assert alone.tokens == batched[i].tokens
         assert alone.score == pytest.approx(batched[i].score, abs=1e-5)
         torch.testing.assert_close(alone.attention, batched[i].attention, atol=1e-5, rtol=0)
@@ -131,9 +141,10 @@ def test_sampling_draws_for_live_rows_only(monkeypatch):
         src[i, n - 1] = EOS
     drawn = {}
     for fraction in (0.0, 0.25, 1.0):
-        monkeypatch.setattr(search, "DROP_ENDED_FRACTION", fraction)
-        drawn[fraction] = [[h.tokens for hyps in sample(model, src, lengths, Sampler(generator=generator(seed)),
-                                                        num_samples=2, no_repeat_ngram=1) for h in hyps]
+        monkeypatch.setattr(search_module, "DROP_ENDED_FRACTION", fraction)
+        drawn[fraction] = [[h.tokens for hyps in search(model, src, lengths,
+                                                        SearchSettings(sampler=Sampler(generator=generator(seed)),
+                                                                       no_repeat_ngram=1, n_best=2)) for h in hyps]
                            for seed in range(20)]
     assert drawn[0.25] == drawn[0.0] and drawn[1.0] == drawn[0.0]
 
@@ -141,7 +152,7 @@ def test_sampling_draws_for_live_rows_only(monkeypatch):
 def test_n_best_sorted_and_distinct():
     model = random_model()
     src, lengths = source_batch()
-    results = beam_search(model, src, lengths, beam_size=5, n_best=5, max_len_ratio=1.0)
+    results = beam_search(model, src, lengths, SearchSettings(beam_size=5, n_best=5, max_len_ratio=1.0))
     for hyps in results:
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
@@ -155,9 +166,10 @@ def test_stopping_at_n_best_keeps_the_same_best_hypotheses(alpha):
     (With this model and alpha 2, stopping as soon as one hypothesis finishes gives other outputs.)"""
     model = random_model(seed=1)
     src, lengths = source_batch(seed=2)
-    full = beam_search(model, src, lengths, beam_size=5, alpha=alpha, n_best=5, max_len_ratio=2.0)
+    full = beam_search(model, src, lengths, SearchSettings(beam_size=5, alpha=alpha, n_best=5, max_len_ratio=2.0))
     for n_best in (1, 2):
-        short = beam_search(model, src, lengths, beam_size=5, alpha=alpha, n_best=n_best, max_len_ratio=2.0)
+        short = beam_search(model, src, lengths,
+                            SearchSettings(beam_size=5, alpha=alpha, n_best=n_best, max_len_ratio=2.0))
         for hyps, reference in zip(short, full, strict=True):
             assert [h.tokens for h in hyps] == [h.tokens for h in reference[:n_best]]
             assert [h.score for h in hyps] == pytest.approx([h.score for h in reference[:n_best]])
@@ -179,7 +191,8 @@ def test_early_stop_decodes_fewer_rows_and_never_beats_the_exact_search(monkeypa
 
     def search(alpha: float, early_stop: bool) -> tuple[list[list], int]:
         rows.clear()
-        found = beam_search(model, src, lengths, beam_size=5, alpha=alpha, max_len_ratio=2.0, early_stop=early_stop)
+        found = beam_search(model, src, lengths,
+                            SearchSettings(beam_size=5, alpha=alpha, max_len_ratio=2.0, early_stop=early_stop))
         return found, sum(rows)
 
     monkeypatch.setattr(model.decoder, "step", counted_step)
@@ -195,9 +208,9 @@ def test_early_stop_decodes_fewer_rows_and_never_beats_the_exact_search(monkeypa
 def test_min_length_and_max_length():
     model = random_model()
     src, lengths = source_batch()
-    for hyps in beam_search(model, src, lengths, beam_size=3, min_len=4, max_len=6):
+    for hyps in beam_search(model, src, lengths, SearchSettings(beam_size=3, min_len=4, max_len=6)):
         assert 4 <= len(hyps[0].tokens) <= 5       # EOS not allowed before 4 tokens; at most 6 with EOS
-    for hyp in greedy_search(model, src, lengths, min_len=2, max_len=3):
+    for hyp in greedy_search(model, src, lengths, SearchSettings(min_len=2, max_len=3)):
         assert 2 <= len(hyp.tokens) <= 2
 
 
@@ -211,25 +224,25 @@ def eos_first_model(seed=0):
 
 def test_by_default_no_search_gives_an_empty_output():
     """EOS is not allowed at the first position unless min_len 0 asks for it (Joey NMT, fairseq): greedy,
-    beam and sampling, eager and static-shape (nmt.decode.graphed, the CUDA-graph search run eagerly)."""
-    from nmt.decode.graphed import SearchGraphs
+    beam and sampling, eager and static-shape (nmt.decode.graphs, the CUDA-graph search run eagerly)."""
+    from nmt.decode.graphs import SearchGraphs
 
     model = eos_first_model()
     src, lengths = source_batch()
     sampler = Sampler(generator=generator(0))
-    empty = [greedy_search(model, src, lengths, min_len=0),
-             [h[0] for h in beam_search(model, src, lengths, beam_size=4, min_len=0)],
-             [h[0] for h in sample(model, src, lengths, sampler, min_len=0)]]
+    empty = [greedy_search(model, src, lengths, SearchSettings(min_len=0)),
+             [h[0] for h in beam_search(model, src, lengths, SearchSettings(beam_size=4, min_len=0))],
+             [h[0] for h in search(model, src, lengths, SearchSettings(sampler=sampler, min_len=0))]]
     assert all(h.tokens == [] for hyps in empty for h in hyps)          # the setup: EOS wins position 0
     greedy = greedy_search(model, src, lengths)
-    beams = beam_search(model, src, lengths, beam_size=4, n_best=3)
-    samples = sample(model, src, lengths, sampler, num_samples=2)
+    beams = beam_search(model, src, lengths, SearchSettings(beam_size=4, n_best=3))
+    samples = search(model, src, lengths, SearchSettings(sampler=sampler, n_best=2))
     assert all(len(h.tokens) >= 1 for h in greedy)
     assert all(len(hyps) == 3 and all(len(h.tokens) >= 1 for h in hyps) for hyps in beams)
     assert all(len(h.tokens) >= 1 for hyps in samples for h in hyps)
     graphs = SearchGraphs(model.decoding(), capture=False)
     assert [h.tokens for h in graphs.greedy(src, lengths)] == [h.tokens for h in greedy]
-    assert ([[h.tokens for h in hyps] for hyps in graphs.beam(src, lengths, 4, n_best=3)]
+    assert ([[h.tokens for h in hyps] for hyps in graphs.beam(src, lengths, SearchSettings(beam_size=4, n_best=3))]
             == [[h.tokens for h in hyps] for hyps in beams])
 
 
@@ -244,16 +257,16 @@ def test_a_cap_below_the_minimum_length_still_ends_every_hypothesis():
     """min_len 6 under max_len 4 (a stored config older nmt accepted): the cap wins, nothing comes back empty."""
     model = random_model()
     src, lengths = source_batch()
-    for hyps in beam_search(model, src, lengths, beam_size=3, min_len=6, max_len=4):
+    for hyps in beam_search(model, src, lengths, SearchSettings(beam_size=3, min_len=6, max_len=4)):
         assert hyps and len(hyps[0].tokens) == 3
-    assert all(len(hyp.tokens) == 3 for hyp in greedy_search(model, src, lengths, min_len=6, max_len=4))
+    assert all(len(hyp.tokens) == 3 for hyp in greedy_search(model, src, lengths, SearchSettings(min_len=6, max_len=4)))
 
 
 def test_no_repeat_ngram_blocks_repeats():
     model = random_model(tgt_vocab=8, sharpen=8.0)
     src, lengths = source_batch()
     for n in (1, 2):
-        for hyps in beam_search(model, src, lengths, beam_size=3, no_repeat_ngram=n, max_len_ratio=2.0):
+        for hyps in beam_search(model, src, lengths, SearchSettings(beam_size=3, no_repeat_ngram=n, max_len_ratio=2.0)):
             tokens = hyps[0].tokens
             grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
             assert len(grams) == len(set(grams))
@@ -262,10 +275,46 @@ def test_no_repeat_ngram_blocks_repeats():
 def test_attention_is_returned_per_hypothesis():
     model = random_model("luong_dot")
     src, lengths = source_batch()
-    for hyps, n in zip(beam_search(model, src, lengths, beam_size=3, return_attention=True, max_len_ratio=1.0),
+    for hyps, n in zip(beam_search(model, src, lengths,
+                                   SearchSettings(beam_size=3, return_attention=True, max_len_ratio=1.0)),
                        lengths.tolist(), strict=True):
         weights = hyps[0].attention
         assert weights.shape == (len(hyps[0].tokens) + 1, n)
         assert torch.allclose(weights.sum(-1), torch.ones(weights.size(0)), atol=1e-5)
-    greedy = greedy_search(model, src, lengths, return_attention=True)
+    greedy = greedy_search(model, src, lengths, SearchSettings(return_attention=True))
     assert greedy[0].attention.shape == (len(greedy[0].tokens) + 1, 9)
+
+
+def test_the_settings_are_the_decoding_configs_and_pick_the_search():
+    """One object carries a DecodingConfig's search settings (and the call's n_best and attention) to
+    whichever search runs; `greedy` says which: sampling, or one beam, one hypothesis and no coverage."""
+    from nmt.config import DecodingConfig
+
+    d = DecodingConfig(beam_size=4, length_penalty=0.6, max_len_ratio=1.5, min_len=2, max_len=30, no_repeat_ngram=3,
+                       coverage_penalty=0.2, early_stop=True)
+    s = SearchSettings.of(d, n_best=2, return_attention=True)
+    assert (s.beam_size, s.alpha, s.max_len_ratio, s.min_len, s.max_len, s.n_best, s.no_repeat_ngram, s.coverage,
+            s.early_stop, s.return_attention, s.sampler) == (4, 0.6, 1.5, 2, 30, 2, 3, 0.2, True, True, None)
+    assert SearchSettings.of(DecodingConfig(max_len=0)).max_len is None                 # 0: only the ratio
+    assert SearchSettings().min_len == DecodingConfig().min_len == 1
+    assert SearchSettings(beam_size=1).greedy and SearchSettings(beam_size=5, sampler=Sampler()).greedy
+    assert not any(SearchSettings(beam_size=1, **option).greedy for option in ({"n_best": 2}, {"coverage": 0.1}))
+    model = random_model()
+    src, lengths = source_batch()
+    settings = SearchSettings(beam_size=3, n_best=2, max_len_ratio=1.5)
+    assert search(model, src, lengths, settings) == beam_search(model, src, lengths, settings)
+    greedy = SearchSettings(beam_size=1, max_len_ratio=1.5)
+    assert search(model, src, lengths, greedy) == [[h] for h in greedy_search(model, src, lengths, greedy)]
+
+
+def test_no_import_cycle_between_the_decode_modules():
+    """translator imports streaming and the searches, the eager search the rule, the graphs both: none of them
+    imports back, not even for type annotations."""
+    import grimp
+
+    graph = grimp.build_graph("nmt")
+    for importer, imported in (("translator", "streaming"), ("search", "rule"), ("graphs", "search"),
+                               ("graphs", "rule"), ("translator", "graphs")):
+        importer, imported = f"nmt.decode.{importer}", f"nmt.decode.{imported}"
+        assert graph.direct_import_exists(importer=importer, imported=imported)
+        assert not graph.direct_import_exists(importer=imported, imported=importer), (imported, importer)

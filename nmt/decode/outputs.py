@@ -1,16 +1,10 @@
 """What a translation gives back, in one format for the command line, the Python API and the server.
 
-The n-best rule, the same everywhere (`nmt translate --n-best K`, `Translation.nbest`, the HTTP
-`n_best` lists, `--scores`): a list has exactly K entries, the hypotheses found, best first, then
-padding entries of empty text. A padding entry scores 0 for an empty input line (there is nothing
-to translate, so the empty output is exact) and -inf when the search found fewer than K distinct
-hypotheses (a short sentence, a tiny vocabulary); JSON, which has no -inf, writes null. So line
-i*K + r of `--n-best` output always belongs to input line i, and a client can zip the lists with
-its sentences.
-
-Scores: a hypothesis's `score` is what the search ranked it by (beam: log p / lp(|y|), plus the
-coverage penalty; greedy and sampling: log p); `--scores` and `nmt score` write log p and the GNMT
-length-normalised log p / lp(|y|), |y| counting EOS.
+The n-best rule, everywhere (`--n-best K`, `Translation.nbest`, the HTTP `n_best` lists, `--scores`): exactly K
+entries, the hypotheses found, best first, then padding entries of empty text, scored 0 for an empty input
+line (its empty output is exact) and -inf (JSON: null) when the search found fewer. So line i*K + r of
+`--n-best` output is always input line i's. A hypothesis's `score` is what the search ranked it by; `--scores`
+and `nmt score` write log p and the GNMT length-normalised log p / lp(|y|), |y| counting EOS.
 """
 
 from __future__ import annotations
@@ -28,19 +22,15 @@ from torch import Tensor
 
 from nmt.config import ConfigError
 from nmt.data.tokenizer import Vocab
-from nmt.decode.search import Hypothesis, length_penalty
+from nmt.decode.rule import Hypothesis, length_penalty
 from nmt.fs.folders import FolderError, PendingFile
 from nmt.fs.outputs import DeviceFile, check_outputs, open_output, output_target
 
 
 @dataclass
 class Translation:
-    """The result for one input line.
-
-    `text` is the translation; `nbest` the n-best list as (text, score) pairs, exactly `n_best` of them
-    (see the module's rule); each hypothesis carries its attention weights (target pieces + EOS,
-    source pieces + EOS) when `translate(..., return_attention=True)`.
-    """
+    """The result for one input line: `text`, and `nbest`, exactly `n_best` (text, score) pairs (the module's
+    rule); hypotheses carry attention (target pieces + EOS, source pieces + EOS) when asked for."""
 
     text: str                              # the best hypothesis, detokenised ("" for an empty line)
     hypotheses: list[Hypothesis]           # n-best, best first; empty for an empty line
@@ -144,7 +134,8 @@ def word_alignments(src_pieces: list[str], tgt_pieces: list[str], attention: Ten
 
 def attention_record(number: int, src_pieces: list[str], tgt_pieces: list[str], hyp: Hypothesis | None) -> str:
     """One line of `--attention-out`: the pieces of both sides (with </s>) and the weights, 4 places."""
-    weights = [[round(w, 4) for w in row] for row in hyp.attention.tolist()] if hyp else []
+    attention = hyp.attention.tolist() if hyp is not None and hyp.attention is not None else []
+    weights = [[round(w, 4) for w in row] for row in attention]
     record = {"line": number, "src": [*src_pieces, "</s>"], "tgt": [*tgt_pieces, "</s>"], "attention": weights}
     return json.dumps(record, ensure_ascii=False) + "\n"
 
@@ -202,10 +193,12 @@ class ResultWriter:
         if not files.wants_attention:
             return
         hyp = result.hypotheses[0] if result.hypotheses else None
-        src_pieces = self.src_vocab.to_pieces(result.src_ids)
+        src_pieces = self.src_vocab.to_pieces(result.src_ids)  # type: ignore[arg-type]  # any int array
         tgt_pieces = self.tgt_vocab.to_pieces(hyp.tokens) if hyp else []
         if files.alignments is not None:
-            files.alignments.write((word_alignments(src_pieces, tgt_pieces, hyp.attention) if hyp else "") + "\n")
+            weights = hyp.attention if hyp is not None else None
+            files.alignments.write((word_alignments(src_pieces, tgt_pieces, weights) if weights is not None else "")
+                                   + "\n")
         if files.attention is not None:
             files.attention.write(attention_record(number, src_pieces, tgt_pieces, hyp))
         if files.plotter is not None and hyp:
@@ -252,7 +245,7 @@ class OutputPaths:
             from nmt.plot import AttentionPlotter
 
             plotter = AttentionPlotter(self.plot_folder)
-        handles: dict[str, TextIO | None] = {}
+        handles: dict[str, Any] = {}
         for name in self.OPTIONS:
             path = getattr(self, name)
             if path is None:

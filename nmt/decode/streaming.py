@@ -1,14 +1,9 @@
 """Input stream -> micro-batches -> translations in input order, one result per input line.
 
-Streams are read by a thread and translated in micro-batches: a batch closes when it holds
-`chunk_lines` lines, or `max_wait` seconds after its first line arrived while no further line is
-waiting. A file therefore goes through in large chunks (full speed), and a slow pipe gets each
-line's translation shortly after the line (streaming). Memory stays bounded either way. Inside a
-batch the translator sorts by length and cuts by a token budget, and puts the results back in
-input order. An item may be a `(source, target prefix)` pair, which forces that prefix.
-
-When more than half of the non-empty input lines translate to nothing, one `warning:` line on stderr
-says so at the end: a BLEU of 0.00 without a word reads as a broken tool, not an undertrained model.
+A reader thread fills micro-batches: a batch closes at `chunk_lines` lines, or `max_wait` seconds after its
+first line while no further line waits. A file goes through in large chunks, a slow pipe gets each line's
+translation soon after the line; memory stays bounded. An item may be a `(source, target prefix)` pair.
+When most non-empty lines translate to nothing, one warning says so: a BLEU of 0.00 reads as a broken tool.
 """
 
 from __future__ import annotations
@@ -21,16 +16,25 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from itertools import islice, zip_longest
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
 
-from nmt.decode.outputs import score_line
+from nmt.config import DecodingConfig
+from nmt.decode.outputs import Translation, score_line
 from nmt.fs.text import TextInputError, iter_lines, open_text
 
-if TYPE_CHECKING:
-    from nmt.decode.outputs import Translation
-    from nmt.decode.translator import Translator
-
 Line = str | tuple[str, str]          # a source line, or a (source, target prefix) pair
+
+
+class Translates(Protocol):
+    """What streaming needs of a translator (nmt.decode.translator.Translator, which imports this module)."""
+
+    decoding: DecodingConfig
+
+    def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
+                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]: ...
+
+    def score(self, sources: list[str], targets: list[str],
+              first_line: int = 1) -> list[tuple[float, float, int]]: ...
 
 
 def without_line_ending(line: str) -> str:
@@ -41,24 +45,19 @@ def without_line_ending(line: str) -> str:
 
 
 def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Iterator[list[Line]]:
-    """Group a (possibly slow) stream of lines into batches, reading it on a thread.
-
-    A batch is yielded when it holds `max_lines` lines, when the input ends, or `max_wait` seconds
-    after its first line arrived. Line endings ("\n", or "\r\n") are removed. An exception raised
-    by `lines` is re-raised here after the batches of every earlier line. The reader hands lines
-    over through a shared buffer of at most `max_lines` lines (memory stays bounded) and wakes the
-    consumer only for a batch's first line or a full buffer, so a fast file costs no thread
-    hand-off per line.
-    """
+    """Batches of a (possibly slow) stream, read on a thread: at `max_lines` lines, at the end, or `max_wait`
+    seconds after a batch's first line. Line endings go. An exception from `lines` is raised after the
+    batches of every earlier line. The reader wakes the consumer only for a batch's first line or a full
+    buffer (of at most `max_lines`): a fast file costs no thread hand-off per line."""
     buffer: deque[Line] = deque()
     cond = threading.Condition()
     shared: dict[str, Any] = {"first_at": 0.0, "done": False, "error": None, "stop": False}
 
     def read() -> None:
         try:
-            for line in lines:
-                line = (without_line_ending(line) if isinstance(line, str)
-                        else tuple(without_line_ending(part) for part in line))
+            for item in lines:
+                line: Line = (without_line_ending(item) if isinstance(item, str)
+                              else (without_line_ending(item[0]), without_line_ending(item[1])))
                 with cond:
                     while len(buffer) >= max_lines and not shared["stop"]:
                         cond.wait()
@@ -112,11 +111,10 @@ def split_prefixes(chunk: list[Line]) -> tuple[list[str], list[str] | None]:
     return [source for source, _ in pairs], [prefix for _, prefix in pairs]
 
 
-def translate_batches(translator: Translator, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+def translate_batches(translator: Translates, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
                       return_attention: bool = False, progress: Any = None,
                       max_wait: float = 0.05) -> Iterator[list[Translation]]:
-    """The results of each micro-batch of `lines` as soon as it is translated, in input order. If reading
-    raises, the results of every earlier line are yielded first, then the exception propagates."""
+    """Each micro-batch's results as soon as it is translated; a reading error after every earlier line's."""
     if isinstance(lines, str):
         raise TypeError("lines must be an iterable of lines (a list, a file), not one string")
     first, inputs, empty = 1, 0, 0                  # non-empty input lines, and those translated to nothing
@@ -137,15 +135,12 @@ def translate_batches(translator: Translator, lines: Iterable[Line], chunk_lines
               f"undertrained (train longer){hint}", file=sys.stderr, flush=True)
 
 
-_MISSING = object()
-
-
 def paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
                  second_name: str) -> Iterator[tuple[str, str]]:
     """Line i of both streams as a pair; one stream ending before the other is a `TextInputError`."""
-    for number, (a, b) in enumerate(zip_longest(first, second, fillvalue=_MISSING), start=1):
-        if a is _MISSING or b is _MISSING:
-            short, long = (first_name, second_name) if a is _MISSING else (second_name, first_name)
+    for number, (a, b) in enumerate(zip_longest(first, second), start=1):
+        if a is None or b is None:
+            short, long = (first_name, second_name) if a is None else (second_name, first_name)
             raise TextInputError(f"{short} has {number - 1} lines but {long} has more; "
                                  "they must align line by line")
         yield a, b
@@ -153,24 +148,30 @@ def paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
 
 def open_source(stack: ExitStack, path: Path | None, stdin: BinaryIO | None, prefix_file: Path | None = None,
                 prefix_column: bool = False) -> Iterator[Line]:
-    """The lines to translate: from `path`, else `stdin`; with `prefix_file` (line by line) or `prefix_column`
-    ('source<TAB>prefix'; a line without a tab has none) as (source, prefix) pairs. The files are opened
-    now (a `TextInputError` names one that cannot be read) and closed with `stack`."""
+    """The lines to translate from `path`, else `stdin`; (source, prefix) pairs with `prefix_file` or
+    `prefix_column` ('source<TAB>prefix'). Opened now (TextInputError names the file), closed with `stack`."""
     if prefix_file is not None and prefix_column:
         raise TextInputError("--prefix-file and --prefix-column exclude each other")
     handles = [open_text(p) if p is not None else None for p in (path, prefix_file)]
     for handle in handles:
         if handle is not None:
             stack.enter_context(handle)
-    if handles[0] is None and stdin is None:
+    stream = handles[0] if handles[0] is not None else stdin
+    if stream is None:
         raise TextInputError("stdin is closed; give the source text on stdin or with --input")
     name = str(path or "stdin")
-    source = iter_lines(handles[0] if handles[0] is not None else stdin, name)
+    source = iter_lines(stream, name)
     if handles[1] is not None:
         return paired_lines(source, iter_lines(handles[1], str(prefix_file)), name, str(prefix_file))
     if prefix_column:
-        return (tuple(line.split("\t", 1)) if "\t" in line else line for line in source)
+        return map(_split_prefix, source)
     return source
+
+
+def _split_prefix(line: str) -> Line:
+    """'source<TAB>prefix' -> (source, prefix); a line without a tab has none."""
+    source, tab, prefix = line.partition("\t")
+    return (source, prefix) if tab else line
 
 
 def open_pairs(stack: ExitStack, src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
@@ -179,10 +180,9 @@ def open_pairs(stack: ExitStack, src: Path, tgt: Path) -> Iterator[tuple[str, st
     return paired_lines(iter_lines(handles[0], str(src)), iter_lines(handles[1], str(tgt)), str(src), str(tgt))
 
 
-def write_scores(translator: Translator, pairs: Iterator[tuple[str, str]], out: TextIO, as_json: bool,
+def write_scores(translator: Translates, pairs: Iterator[tuple[str, str]], out: TextIO, as_json: bool,
                  chunk_pairs: int = 10000) -> None:
-    """`nmt score`: the model's score of each pair, one line each (nmt.decode.outputs.score_line), `chunk_pairs`
-    pairs at a time so that memory stays bounded."""
+    """`nmt score`: one line per pair (outputs.score_line), `chunk_pairs` at a time: memory stays bounded."""
     number = 0
     while chunk := list(islice(pairs, chunk_pairs)):
         sources, targets = zip(*chunk, strict=True)

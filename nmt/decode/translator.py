@@ -4,28 +4,18 @@
     translator = Translator.load("model.nmt")          # a model file, or a training checkpoint
     translator.translate(["Ein Hund läuft."], beam_size=5)[0].text
 
-Every input line gives exactly one result: an empty line gives an empty translation without
-running the model, and an over-long line is truncated with a warning. Inside a call, sentences
-are sorted by length and cut into batches by a token budget; results come back in input order.
-Streams go through nmt.decode.streaming (a reader thread, micro-batches); results are written by
-nmt.decode.outputs, which also holds the n-best rule.
-
-Decoding options (see nmt.decode.search): several models decode as one `Ensemble`; sampling
-draws `n_best` samples per line from one seeded generator; a line may come with a target prefix
-(a `(source, prefix)` pair instead of a string), which the search forces; `score` gives the
-model's log-probability of given translations; `decoding.replace_unk` copies, for every `<unk>`
-output piece, the most attended source text; `decoding.shortlist` scores, per batch, only the
-target pieces the batch's source pieces make likely (nmt.decode.shortlist; greedy and beam search).
+Every input line gives exactly one result: an empty line an empty translation without running the model, an
+over-long line a truncated one and a warning. Inside a call, sentences are sorted by length and cut into
+batches by a token budget; results come back in input order. A line may come with a target prefix.
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -36,19 +26,10 @@ from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.special import EOS, UNK
 from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
-from nmt.decode.graphed import SearchGraphs, graphable
+from nmt.decode.graphs import SearchGraphs
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
 from nmt.decode.quantize import quantize_int8
-from nmt.decode.search import (
-    Hypothesis,
-    Sampler,
-    SearchModel,
-    beam_search,
-    force_decode,
-    greedy_search,
-    length_penalty,
-    sample,
-)
+from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
 from nmt.decode.streaming import Line, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
@@ -63,24 +44,17 @@ __all__ = ["Translation", "Translator"]
 class Translator:
     """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines.
 
-    The Translator owns its model from then on: it moves it and puts it in eval mode. Its inference
-    context (nmt.model.inference; one per ensemble member) holds the int8 products and the weights
-    derived from the parameters (the decoder's token table, stacked step weights), built once for the
-    Translator's life, not once per call: a one-line call would otherwise spend about half its time
-    rebuilding them. Do not train the model further under a Translator.
-
-    Threads may share a Translator (and Translators a model): a shortlist's output rows live in a
-    per-call view of the context, not on the model, so searches need no lock; only the captured CUDA
-    graphs, whose static tensors one search at a time may use, are taken in turn. On one CPU, two
-    searches side by side were no faster than one with two threads (`--threads`).
+    It owns its model (moved, in eval mode; do not train it further). Its inference contexts hold the int8
+    products and derived weights for its whole life: a one-line call would otherwise spend about half its time
+    rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA graphs are taken
+    in turn (on one CPU, two searches side by side were no faster than one with two threads).
     """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None,
                  contexts: list[Inference] | None = None, languages: dict[str, str] | None = None) -> None:
-        """`contexts`: the inference contexts of the model (one per ensemble member), when they exist
-        already; else made here (with int8 products for decoding.quantize int8). `languages`: the
-        model's {"src", "tgt"} codes, as its file names them (the server reports them)."""
+        """`contexts`: one per ensemble member, when they exist already (else made here, with int8 products for
+        decoding.quantize int8). `languages`: the model's {"src", "tgt"} codes, as its file names them."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
@@ -96,28 +70,23 @@ class Translator:
                 raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
             self.amp_dtype = None
         if contexts is None:
-            members = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
+            members: list[Any] = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
             contexts = [Inference(int8=quantize_int8(member) if decoding.quantize == "int8" else {})
                         for member in members]
-        self.search_model: SearchModel = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
+        self.search_model: Any = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
                                           else self.model.decoding(contexts[0]))
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
-        self._graphs: SearchGraphs | None = None                    # CUDA: captured search steps, made on first use
-        self._graphs_lock = threading.Lock()
+        self._graphs = (SearchGraphs.of(self.search_model)          # CUDA: captured search steps
+                        if decoding.cuda_graphs and device.type == "cuda" else None)
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
              shortlist_file: str | Path | None = None, **decoding_overrides: Any) -> Translator:
-        """Load a model file (`nmt export`) or a training checkpoint, anywhere on disk; several paths
-        decode as an ensemble (see `load_ensemble`).
+        """Load a model file (`nmt export`) or a training checkpoint; several paths decode as an ensemble.
 
-        `decoding_overrides` replace keys of the model's `decoding` config (beam_size,
-        length_penalty, batch_tokens, precision, shortlist, ...) and are checked like the YAML file.
-        `shortlist=True` uses the vocabulary shortlist the model embeds; `shortlist_file` (a data
-        folder's shortlist.npz, for a model that embeds none) and `shortlist_k` imply it, unless
-        `shortlist=False` is given.
-        Raises `nmt.modelfile.file.ModelFileError` or `nmt.config.ConfigError` with a one-line message.
-        Caps ideep's kernel cache (LRU_CACHE_CAPACITY=16, unless set) before the first oneDNN call.
+        `decoding_overrides` replace keys of the model's `decoding` config, checked like the YAML file.
+        `shortlist=True` uses the shortlist the model embeds; `shortlist_file` (a data folder's shortlist.npz)
+        and `shortlist_k` imply it unless `shortlist=False`. Raises ModelFileError or ConfigError (one line).
         """
         if not isinstance(path, (str, Path)):
             if not isinstance(path, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in path):
@@ -145,9 +114,8 @@ class Translator:
     @classmethod
     def load_ensemble(cls, paths: Sequence[str | Path], device: str = "auto", shortlist_file: str | Path | None = None,
                       **decoding_overrides: Any) -> Translator:
-        """Several models (files or checkpoints) decoding as one: the average of their log-probabilities
-        at every step. They must share the source and target vocabularies and may differ in everything
-        else; the decoding settings and the shortlist come from the first. One path gives a plain Translator."""
+        """Several models decoding as one (their log-probabilities averaged at every step). They must share the
+        vocabularies; the decoding settings and the shortlist come from the first."""
         if not paths:
             raise ValueError("an ensemble needs at least one model path")
         if len(paths) == 1:
@@ -163,7 +131,7 @@ class Translator:
                 if mine.digest() != theirs.digest():
                     raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
                                          "the models of an ensemble must share their vocabularies")
-        ensemble = Ensemble([member.model for member in members])
+        ensemble = Ensemble([cast(Seq2Seq, member.model) for member in members])     # each loaded alone
         contexts = [member.search_model.ctx for member in members]      # with their int8 products, if any
         return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device), first.shortlist,
                    contexts, first.languages)
@@ -175,15 +143,9 @@ class Translator:
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False,
                   first_line: int = 1, beam_size: int | None = None,
                   prefixes: list[str] | None = None) -> list[Translation]:
-        """Translate a list of lines; the results are in the same order, one per line.
-
-        n_best: keep the K best hypotheses per line (`Translation.nbest`: (text, score) pairs); with
-            decoding.sampling, K samples per line.
-        return_attention: keep each hypothesis's attention weights (`Translation.attention`).
-        beam_size: this call's beam (1 = greedy); default the model's `decoding.beam_size`.
-        first_line: the line number of lines[0], for warnings.
-        prefixes: one per line ("" for none), forced as the start of each translation.
-        """
+        """One result per line, in order. n_best: the K best hypotheses (with sampling, K samples) per line;
+        return_attention: keep their attention; beam_size: this call's (default decoding.beam_size);
+        first_line: lines[0]'s number, for warnings; prefixes: one per line ("" for none), forced."""
         lines = _as_lines("lines", lines)
         if prefixes is not None:
             prefixes = _as_lines("prefixes", prefixes)
@@ -202,9 +164,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in lines]
         nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
         if nonempty.size:
-            offsets = np.zeros(len(lines) + 1, dtype=np.int64)             # the chunk as one flat id array
-            np.cumsum([len(ids) for ids in encoded], out=offsets[1:])
-            flat = np.concatenate(encoded)
+            offsets, flat = _flatten(encoded)                                # the chunk as one flat id array
             lengths = np.diff(offsets) + 1                                   # with EOS
             order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
             rows_per_line = n_best if decoding.sampling else decoding.beam_size
@@ -229,15 +189,13 @@ class Translator:
         return translations
 
     def batch_tokens(self, scoring: bool = False) -> int:
-        """decoding.batch_tokens, or where it is 0 the device's: a GPU's search steps cost about the same
-        whatever their rows. Scoring keeps the CPU's: it holds a batch's whole (target x vocabulary) scores."""
+        """decoding.batch_tokens, or (0) the device's; scoring keeps the CPU's: it holds (target x vocabulary)."""
         device = "cpu" if scoring else self.device.type
         return self.decoding.batch_tokens or DECODING_BATCH_TOKENS.get(device, DECODING_BATCH_TOKENS["cpu"])
 
     def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
                      names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
-        """n_best hypotheses need at least n_best beams (samples have no such limit). `names`: what the
-        caller calls n_best, beam_size and sampling (the command line: --n-best, --beam-size, --sampling)."""
+        """n_best hypotheses need n_best beams (samples do not). `names`: the caller's for the three settings."""
         d = decoding or self.decoding
         if not d.sampling and n_best > d.beam_size:
             n, beam, sampling = names
@@ -245,14 +203,9 @@ class Translator:
                               f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
 
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
-        """The model's score of each (source, target) pair, teacher-forced and batched: log p(target + EOS |
-        source), that divided by the length penalty, and the length in pieces with EOS. The searches report
-        the same log-probability for the same output.
-
-        As in translation, a source over `decoding.max_input_len` pieces is truncated, and a target over
-        the longest output such a source may have (max_len_ratio x max_input_len + 10) too: a warning on
-        stderr names the line (`first_line` is the number of the first pair), and memory stays bounded
-        whatever the lines."""
+        """Each pair's teacher-forced log p(target + EOS | source) (the searches' for the same output), that
+        length-normalised, and the length with EOS. Over-long sources and targets (longer than any output of
+        such a source) are truncated with a warning naming the line: memory stays bounded."""
         sources, targets = _as_lines("sources", sources), _as_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -312,43 +265,18 @@ class Translator:
     def _search(self, src: Tensor, n_best: int, return_attention: bool, decoding: DecodingConfig | None = None,
                 prefix: Tensor | None = None) -> list[list[Hypothesis]]:
         d = decoding or self.decoding
+        settings = SearchSettings.of(d, n_best, return_attention, self._sampler() if d.sampling else None)
         src_lengths = (src != 0).sum(1)
         src = src.to(self.device)
-        max_len = d.max_len or None
         if prefix is not None:
             prefix = prefix.to(self.device)
         with autocast(self.device, self.amp_dtype):
             model = self.search_model
-            if d.sampling:
-                return sample(model, src, src_lengths, self._sampler(), n_best, d.max_len_ratio, d.min_len,
-                              return_attention, max_len, d.no_repeat_ngram, prefix)
-            if d.shortlist and self.shortlist is not None:
+            if d.shortlist and self.shortlist is not None and not d.sampling:
                 keep = self.shortlist.select(src, prefix).to(self.device)    # (subset,) target ids
                 model = model.with_output_subset(keep)                       # the search runs on subset positions
                 prefix = subset_positions(keep, prefix) if prefix is not None else None
-            return self._greedy_or_beam(model, src, src_lengths, n_best, return_attention, d, max_len, prefix)
-
-    def _greedy_or_beam(self, model: SearchModel, src: Tensor, src_lengths: Tensor, n_best: int,
-                        return_attention: bool, d: DecodingConfig, max_len: int | None,
-                        prefix: Tensor | None) -> list[list[Hypothesis]]:
-        greedy = d.beam_size == 1 and n_best == 1 and not d.coverage_penalty
-        if d.cuda_graphs and graphable(model, self.device, sampling=False, prefix=prefix,
-                                       no_repeat_ngram=d.no_repeat_ngram, coverage=d.coverage_penalty,
-                                       return_attention=return_attention):
-            with self._graphs_lock:                                     # the graphs' static tensors: one search
-                if self._graphs is None:
-                    self._graphs = SearchGraphs(model)
-                if greedy:
-                    return [[h] for h in self._graphs.greedy(src, src_lengths, d.max_len_ratio, d.min_len, max_len)]
-                return self._graphs.beam(src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                                         d.min_len, n_best, max_len, d.early_stop)
-        if greedy:
-            hyps = greedy_search(model, src, src_lengths, d.max_len_ratio, d.min_len, return_attention,
-                                 max_len, d.no_repeat_ngram, prefix)
-            return [[h] for h in hyps]
-        return beam_search(model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio,
-                           d.min_len, n_best, d.no_repeat_ngram, return_attention, max_len, prefix,
-                           d.coverage_penalty, d.early_stop)
+            return search(model, src, src_lengths, settings, prefix, self._graphs)
 
     def _sampler(self) -> Sampler:
         d = self.decoding
@@ -360,6 +288,7 @@ class Translator:
         """The hypothesis' text with each <unk> replaced by the source text of its most attended source piece."""
         offsets = self.src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]   # (start, end) in `line` per piece
         surfaces = [line[start:end].strip() for start, end in offsets]
+        assert hyp.attention is not None                                     # asked for with replace_unk
         attention = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))]   # (tokens, src pieces), EOS column off
         best = attention.argmax(-1).tolist()
         pieces = self.tgt_vocab.to_pieces(hyp.tokens)
@@ -418,13 +347,13 @@ def _as_lines(name: str, lines: object) -> list[str]:
         raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
                         "; for one sentence pass [sentence]")
     try:
-        lines = list(lines)                                  # type: ignore[call-overload]
+        items = list(lines)                                  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
-    for i, line in enumerate(lines):
+    for i, line in enumerate(items):
         if not isinstance(line, str):
             raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
-    return lines
+    return items
 
 
 def _whole(number: object) -> bool:

@@ -23,7 +23,7 @@ from nmt.data.batching import Batch, BucketBatchSampler, ParallelIds
 from nmt.data.corpus import DataError
 from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
-from nmt.decode.search import Hypothesis, greedy_search
+from nmt.decode.search import Hypothesis, SearchSettings, greedy_search
 from nmt.device import autocast
 from nmt.evaluate import bleu_metric
 from nmt.fs.text import printable, read_lines
@@ -95,8 +95,9 @@ def _dev_batch(model: Seq2Seq, batch: Batch, config: Config, device: torch.devic
         features, _ = model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
         output = model.decoder.output                   # in 1024-token chunks: no tokens x vocab peak
         loss = float(output_cross_entropy(features, output.weight, output.bias, batch.tgt_out, chunk_rows=1024))
-        return loss, greedy_search(model, batch.src, batch.src_lengths, config.decoding.max_len_ratio,
-                                   config.decoding.min_len)
+        return loss, greedy_search(model, batch.src, batch.src_lengths,
+                                   SearchSettings(max_len_ratio=config.decoding.max_len_ratio,
+                                                  min_len=config.decoding.min_len))
 
 
 @torch.no_grad()
@@ -127,7 +128,8 @@ def first_sentence_attention(model: Seq2Seq, dev: ParallelIds, vocabs: tuple[Voc
     model.eval()
     batch = dev.collate(np.arange(1)).to(device)
     with autocast(device, amp_dtype):
-        hyp = greedy_search(model, batch.src, batch.src_lengths, max_len_ratio, return_attention=True)[0]
+        hyp = greedy_search(model, batch.src, batch.src_lengths,
+                            SearchSettings(max_len_ratio=max_len_ratio, return_attention=True))[0]
     src_pieces = [*src_vocab.to_pieces(dev.src[0]), "</s>"]
     tgt_pieces = [*tgt_vocab.to_pieces(hyp.tokens), "</s>"]
     return src_pieces, tgt_pieces, hyp.attention.float()      # (len(tgt_pieces), len(src_pieces))
