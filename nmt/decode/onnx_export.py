@@ -2,12 +2,14 @@
 
     nmt-onnx.json       what a search needs besides the graphs: special ids, vocabularies (side id ->
                         SentencePiece id), decoding defaults, languages, the model card, the names of the
-                        memory and state tensors, which graph files serve beam and greedy search
+                        state tensors, and under "graphs" which files serve beam and which greedy search,
+                        each with the names of the memory tensors its encoder returns ("memory" at the top
+                        names the beam's)
     encoder.onnx        (src, src_lengths) -> the memory tensors, then the initial decoder state
     step.onnx           (prev_tokens, state..., memory...) -> log_probs (rows, vocab) float32,
                         next_<state>..., attention (rows, src_len)
-    step_features.onnx  with a shortlist: the same, h̃ (rows, dec_hidden) in place of log_probs; the runtime
-                        scores only the shortlist's rows of output.npz (W_s, b_s)
+    step_features.onnx  with a shortlist: the same (prev_tokens are vocabulary ids), h̃ (rows, dec_hidden) in
+                        place of log_probs; the runtime scores only the shortlist's rows of output.npz (W_s, b_s)
     *_greedy.onnx       where greedy search uses another memory than beam search (Bahdanau's unfolded one)
     source.model, target.model (one sentencepiece.model for a joint vocabulary), shortlist.npz, output.npz
 
@@ -49,6 +51,7 @@ from nmt.model.modelfile import LoadedModel, describe, load_model
 FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
 INFO_FILE = "nmt-onnx.json"
 PRECISIONS = {"none": "float32", "int8": "int8"}
+GRAPHS = ("encoder", "step", "step_features")
 
 
 def check_folder(folder: Path, force: bool) -> None:
@@ -109,21 +112,22 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     shortlist = loaded.shortlist is not None
     decoding = model.decoding(Inference())
     src_vocab = len(loaded.src_vocab)
-    graphs: dict[str, dict[str, str]] = {}
+    graphs: dict[str, dict[str, Any]] = {}
     beam = layout_of(decoding, True, src_vocab)
     for search, fold_context in (("beam", True), ("greedy", False)):
-        if search == "greedy" and layout_of(decoding, False, src_vocab) == beam:   # the same memory, the same graphs
+        layout = layout_of(decoding, fold_context, src_vocab)
+        if search == "greedy" and layout == beam:          # the same memory, the same graphs
             graphs["greedy"] = dict(graphs["beam"])
             break
         suffix = "" if search == "beam" else "_greedy"
         files = {"encoder": f"encoder{suffix}.onnx", "step": f"step{suffix}.onnx"}
         if shortlist:
             files["step_features"] = f"step_features{suffix}.onnx"
-        layout = export_pair(decoding, folder, fold_context, files, src_vocab)
+        export_pair(decoding, folder, fold_context, files, src_vocab)
         check_graphs(decoding, folder, fold_context, files, layout, src_vocab)
-        graphs[search] = files
+        graphs[search] = {**files, "memory": list(layout.memory)}
     if quantize == "int8":
-        for name in {name for files in graphs.values() for name in files.values()}:
+        for name in {files[graph] for files in graphs.values() for graph in GRAPHS if graph in files}:
             quantize_int8(folder / name)
     info = describe_export(loaded, beam, graphs, quantize, source)
     _write_tokenizers(loaded, folder, info)
@@ -133,7 +137,7 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     return info
 
 
-def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[str, str]], quantize: str,
+def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[str, Any]], quantize: str,
                     source: str | Path) -> dict[str, Any]:
     """nmt-onnx.json's content."""
     joint = loaded.src_vocab.sp.serialized_model_proto() == loaded.tgt_vocab.sp.serialized_model_proto()

@@ -11,6 +11,7 @@ with the model (1e-4 in log p); a graph that disagrees is never written out as a
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import warnings
@@ -29,6 +30,7 @@ from nmt.model.decoder import DecoderState
 from nmt.model.inference import Decoding
 
 OPSET = 17
+WEIGHT_ELEMENTS = 1024          # a traced constant this large is a weight (see `_weights_as_initializers`)
 TOLERANCE = 1e-4                # float32: max |log p| difference between a graph and the model
 
 
@@ -175,6 +177,23 @@ def trace(module: nn.Module, args: tuple[Tensor, ...], path: Path,
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
                           opset_version=OPSET, do_constant_folding=True, dynamo=False,
                           training=torch.onnx.TrainingMode.EVAL)
+    _weights_as_initializers(path)
+
+
+def _weights_as_initializers(path: Path) -> None:
+    """The tracer records the derived weights of the inference step (the token table, [W_h; W_a], padded W_s)
+    as Constant nodes; as initializers, like the parameters, onnxruntime's quantization sees and converts them."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    for node in list(graph.node):
+        tensor = node.attribute[0].t if node.op_type == "Constant" and node.attribute[0].name == "value" else None
+        if tensor is not None and len(tensor.dims) >= 1 and np.prod(tensor.dims) >= WEIGHT_ELEMENTS:
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+            graph.node.remove(node)
+    onnx.save(model, str(path))
 
 
 def layout_of(decoding: Decoding, fold_context: bool, src_vocab: int) -> Layout:
@@ -266,7 +285,13 @@ def quantize_int8(path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantized = path.with_name(f".int8-{path.name}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8)
+    logger = logging.getLogger()                    # it logs advice (pre-processing) and skipped tensors there
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8)
+    finally:
+        logger.setLevel(level)
     quantized.replace(path)
