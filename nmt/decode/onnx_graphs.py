@@ -171,7 +171,8 @@ def trace(module: nn.Module, args: tuple[Tensor, ...], path: Path,
           names: tuple[list[str], list[str], dict[str, dict[int, str]]]) -> None:
     """torch.onnx.export (TorchScript tracing), its expected warnings silenced: `check_graphs` tests the result."""
     inputs, outputs, axes = names
-    module.eval()                                   # no dropout (a new module is in training mode)
+    module.eval()     # a new module is in training mode, which the exporter restores afterwards, recursively:
+                      # the model's dropout would be on for every later graph and check
     with warnings.catch_warnings(), torch.no_grad(), _quiet_stderr():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
