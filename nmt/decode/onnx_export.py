@@ -47,6 +47,7 @@ from nmt.folders import (
 )
 from nmt.model.inference import Inference
 from nmt.model.modelfile import LoadedModel, describe, load_model
+from nmt.model.seq2seq import Seq2Seq
 
 FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
 INFO_FILE = "nmt-onnx.json"
@@ -174,7 +175,7 @@ def _write_tokenizers(loaded: LoadedModel, folder: Path, info: dict[str, Any]) -
     (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
 
 
-def _write_shortlist(loaded: LoadedModel, model: torch.nn.Module, folder: Path) -> None:
+def _write_shortlist(loaded: LoadedModel, model: Seq2Seq, folder: Path) -> None:
     """shortlist.npz as a data folder writes it, and output.npz: W_s (vocab, dec_hidden), b_s (vocab,) float32."""
     arrays = loaded.shortlist or {}
     plain = {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in arrays.items()}
