@@ -35,7 +35,15 @@ import torch
 from nmt import __version__
 from nmt.data.shortlist import save_shortlist
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
-from nmt.decode.onnx_graphs import Layout, OnnxExportError, check_graphs, export_pair, layout_of, quantize_int8
+from nmt.decode.onnx_graphs import (
+    Layout,
+    OnnxExportError,
+    check_graphs,
+    export_pair,
+    inference_step,
+    layout_of,
+    quantize_int8,
+)
 from nmt.folders import (
     TEMP_SUFFIX,
     fsync_folder,
@@ -45,7 +53,6 @@ from nmt.folders import (
     remove_leftovers,
     write_marker,
 )
-from nmt.model.inference import Inference
 from nmt.model.modelfile import LoadedModel, describe, load_model
 from nmt.model.seq2seq import Seq2Seq
 
@@ -111,7 +118,7 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     """Every file of the export into `folder` (an empty temporary folder)."""
     model = loaded.build().requires_grad_(False)
     shortlist = loaded.shortlist is not None
-    decoding = model.decoding(Inference())
+    decoding = inference_step(model)
     src_vocab = len(loaded.src_vocab)
     graphs: dict[str, dict[str, Any]] = {}
     beam = layout_of(decoding, True, src_vocab)
