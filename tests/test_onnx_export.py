@@ -18,7 +18,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra (pip install 'nm
 
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.data.tokenizer import BOS, EOS, PAD  # noqa: E402
-from nmt.decode.onnx_graphs import Layout, example_batch, export_pair, inference_step  # noqa: E402
+from nmt.decode.onnx_graphs import Layout, OnnxExportError, example_batch, export_pair, inference_step  # noqa: E402
 from nmt.decode.search import max_output_lengths  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
 from nmt.folders import MARKER, read_marker  # noqa: E402
@@ -262,3 +262,20 @@ def test_bad_options_and_targets_are_one_error_and_write_nothing(trained_run, tm
     one_error(run_cli("export", best, "--format", "onnx", "-o", str(tmp_path / "no" / "dir")), "does not exist")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "model.nmt"]
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), OnnxExportError("graphs differ")], ids=["interrupt", "check"])
+def test_an_export_that_stops_leaves_the_folder_as_it_was(trained_run, tmp_path, monkeypatch, failure):
+    """Interrupted (Ctrl-C, SIGTERM) or refused by its check after the graphs are written: the user's empty
+    folder stays, empty, and no temporary folder is left beside it."""
+    import nmt.decode.onnx_export as onnx_export
+
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(onnx_export, "check_graphs", fail)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(type(failure)):
+        onnx_export.export_onnx(trained_run / "best.pt", empty)
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any(empty.iterdir())
