@@ -91,8 +91,10 @@ def export_onnx(source: str | Path, folder: str | Path, quantize: str = "none", 
         mode = new_file_mode()
         os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
         info = write_folder(loaded, tmp, quantize, source)
-        for path in tmp.iterdir():
+        for path in tmp.iterdir():                          # each file as atomic_write leaves one
             os.chmod(path, mode)
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
         write_marker(tmp, KIND, [path.name for path in tmp.iterdir()])
         check_folder(folder, force)                         # again: someone may have written there meanwhile
         _place(tmp, folder)

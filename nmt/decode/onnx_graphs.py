@@ -218,8 +218,8 @@ def layout_of(decoding: Decoding, fold_context: bool, src_vocab: int) -> Layout:
 def export_pair(decoding: Decoding, folder: Path, fold_context: bool, files: dict[str, str],
                 src_vocab: int) -> Layout:
     """Trace the encoder and step graphs (and the step_features graph when `files` names one) of one memory
-    kind into `folder`, as files["encoder"], files["step"], files["step_features"]. Traced on a batch with
-    padding (the encoder projects only the real positions then) and two rows per sentence."""
+    kind into `folder`, as files["encoder"], files["step"], files["step_features"]. Traced on a batch of
+    unsorted lengths with padding, and two rows per sentence."""
     src, lengths = example_batch(src_vocab, [6, 3, 5], seed=1)
     with torch.no_grad():               # derived weights built now are plain tensors: constants in the graphs
         memory, state = decoding.encode(src, lengths, fold_context)
@@ -228,7 +228,7 @@ def export_pair(decoding: Decoding, folder: Path, fold_context: bool, files: dic
         decoding.step(prev, rows, memory)
     trace(EncoderGraph(decoding, layout, fold_context), (src, lengths), folder / files["encoder"],
           encoder_names(layout))
-    step_args = (prev, *layout.flatten(None, rows), *layout.flatten(memory, rows)[: len(layout.memory)])
+    step_args = (prev, *layout.flatten(None, rows), *layout.flatten(memory, None))
     trace(StepGraph(decoding, layout), step_args, folder / files["step"], step_names(layout, False))
     if "step_features" in files:
         trace(StepGraph(decoding, layout, features=True), step_args, folder / files["step_features"],
@@ -244,7 +244,7 @@ def _session(path: Path) -> Any:                       # an onnxruntime.Inferenc
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) -> float:
+def _difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) -> float:
     """Max |difference| where both are finite; inf when the shapes or the infinite positions differ.
     `real`: (batch, src_len), True at real source positions: for memory tensors, where attention looks
     (at the padding, eager decoding leaves zeros where a trace may project the zero annotations)."""
@@ -257,8 +257,8 @@ def difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) ->
     return float(np.abs(want[compared] - got[compared]).max()) if compared.any() else 0.0
 
 
-def largest_difference(expected: list[Tensor], got: list[np.ndarray], real: Tensor | None = None) -> float:
-    return max(difference(want, have, real) for want, have in zip(expected, got, strict=True))
+def _largest_difference(expected: list[Tensor], got: list[np.ndarray], real: Tensor | None = None) -> float:
+    return max(_difference(want, have, real) for want, have in zip(expected, got, strict=True))
 
 
 def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: dict[str, str], layout: Layout,
@@ -275,8 +275,8 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
             memory, rows = decoding.encode(src, src_lengths, fold_context)
         got = encoder.run(None, {"src": src.numpy(), "src_lengths": src_lengths.numpy()})
         count = len(layout.memory)
-        worst = max(worst, largest_difference(layout.flatten(memory, None), got[:count], src != PAD),
-                    largest_difference(layout.flatten(None, rows), got[count:]))
+        worst = max(worst, _largest_difference(layout.flatten(memory, None), got[:count], src != PAD),
+                    _largest_difference(layout.flatten(None, rows), got[count:]))
         prev, rows = beam_rows(memory, rows, k, decoding.vocab_size, seed=k)
         memory_feed = dict(zip(layout.memory, got[:count], strict=True))
         for _ in range(2):
@@ -286,10 +286,10 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
                 logits, next_rows, weights = decoding.step(prev, rows, memory)
                 log_probs = logits.log_softmax(-1, dtype=torch.float32)
                 after = [*layout.flatten(None, next_rows), weights]
-                worst = max(worst, largest_difference([log_probs, *after], step.run(None, feed)))
+                worst = max(worst, _largest_difference([log_probs, *after], step.run(None, feed)))
                 if features is not None:
                     h, _, _ = step_features(decoding, prev, rows, memory)
-                    worst = max(worst, largest_difference([h, *after], features.run(None, feed)))
+                    worst = max(worst, _largest_difference([h, *after], features.run(None, feed)))
             prev, rows = log_probs.argmax(-1), next_rows
     if not worst <= tolerance:
         raise OnnxExportError(f"the exported graphs disagree with the model (largest difference {worst:.3g}, "
