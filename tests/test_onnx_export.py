@@ -279,3 +279,14 @@ def test_an_export_that_stops_leaves_the_folder_as_it_was(trained_run, tmp_path,
     with pytest.raises(type(failure)):
         onnx_export.export_onnx(trained_run / "best.pt", empty)
     assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any(empty.iterdir())
+
+
+def test_int8_graphs_that_do_not_run_fail_the_export(trained_run, tmp_path, monkeypatch):
+    """The int8 graphs are run too (any values, the model's shapes): a quantization onnxruntime cannot load
+    is an export error, and nothing is written."""
+    import nmt.decode.onnx_export as onnx_export
+
+    monkeypatch.setattr(onnx_export, "quantize_int8", lambda path: path.write_bytes(b"not a graph"))
+    with pytest.raises(OnnxExportError, match="onnxruntime cannot run the exported encoder.onnx"):
+        onnx_export.export_onnx(trained_run / "best.pt", tmp_path / "out", quantize="int8")
+    assert list(tmp_path.iterdir()) == []

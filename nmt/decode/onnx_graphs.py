@@ -33,6 +33,7 @@ from nmt.model.seq2seq import Seq2Seq
 OPSET = 17
 WEIGHT_ELEMENTS = 1024          # a traced constant this large is a weight (see `_weights_as_initializers`)
 TOLERANCE = 1e-4                # float32: max |log p| difference between a graph and the model
+ANY_VALUE = float(np.finfo(np.float32).max)     # int8: any value, but the shapes and -inf where the model's
 
 
 class OnnxExportError(ValueError):
@@ -236,12 +237,28 @@ def export_pair(decoding: Decoding, folder: Path, fold_context: bool, files: dic
     return layout
 
 
-def _session(path: Path) -> Any:                       # an onnxruntime.InferenceSession
-    import onnxruntime
+class _Session:
+    """An onnxruntime session on one thread whose failures (to load a graph or to run it) are export errors."""
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    def __init__(self, path: Path) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.name = path.name
+        self.session: Any = self._failing(lambda: onnxruntime.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"]))
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self._failing(lambda: self.session.run(None, feed))
+
+    def _failing(self, call: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:        # onnxruntime's own exception types
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise OnnxExportError(f"onnxruntime cannot run the exported {self.name} ({first}); "
+                                  "this model cannot be exported to ONNX by this nmt") from None
 
 
 def _difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) -> float:
@@ -266,14 +283,14 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
     """Run the graphs on onnxruntime at shapes other than the traced ones (batch 1, 2 and 4, one-token and
     longer sources, 1 and 3 rows per sentence, two steps so a fed-back state is used) against the model;
     returns the largest difference, an `OnnxExportError` beyond `tolerance`."""
-    encoder, step = _session(folder / files["encoder"]), _session(folder / files["step"])
-    features = _session(folder / files["step_features"]) if "step_features" in files else None
+    encoder, step = _Session(folder / files["encoder"]), _Session(folder / files["step"])
+    features = _Session(folder / files["step_features"]) if "step_features" in files else None
     worst = 0.0
     for lengths, k in (([9, 4], 3), ([1], 1), ([2, 8, 8, 5], 1)):
         src, src_lengths = example_batch(src_vocab, lengths, seed=len(lengths))
         with torch.no_grad():
             memory, rows = decoding.encode(src, src_lengths, fold_context)
-        got = encoder.run(None, {"src": src.numpy(), "src_lengths": src_lengths.numpy()})
+        got = encoder.run({"src": src.numpy(), "src_lengths": src_lengths.numpy()})
         count = len(layout.memory)
         worst = max(worst, _largest_difference(layout.flatten(memory, None), got[:count], src != PAD),
                     _largest_difference(layout.flatten(None, rows), got[count:]))
@@ -286,10 +303,10 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
                 logits, next_rows, weights = decoding.step(prev, rows, memory)
                 log_probs = logits.log_softmax(-1, dtype=torch.float32)
                 after = [*layout.flatten(None, next_rows), weights]
-                worst = max(worst, _largest_difference([log_probs, *after], step.run(None, feed)))
+                worst = max(worst, _largest_difference([log_probs, *after], step.run(feed)))
                 if features is not None:
                     h, _, _ = step_features(decoding, prev, rows, memory)
-                    worst = max(worst, _largest_difference([h, *after], features.run(None, feed)))
+                    worst = max(worst, _largest_difference([h, *after], features.run(feed)))
             prev, rows = log_probs.argmax(-1), next_rows
     if not worst <= tolerance:
         raise OnnxExportError(f"the exported graphs disagree with the model (largest difference {worst:.3g}, "
