@@ -16,10 +16,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nmt.decode.translator import Translator
 from nmt.serve_settings import ServeSettings
+
+if TYPE_CHECKING:                    # or nmt.runtime's, which serves an ONNX folder without torch
+    from nmt.decode.translator import Translator
 
 log = logging.getLogger("nmt.serve")
 

@@ -31,16 +31,22 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 def model_card(model: str | Path) -> dict[str, Any]:
     """The card of `nmt info` (nmt.model.modelfile.describe), with the file's name and size on disk instead
     of its path on the server. Reads the model file once more: the Translator keeps no card."""
-    from nmt.model.modelfile import describe, load_model
+    from nmt.runtime.folder import is_onnx_folder, read_manifest
 
-    loaded = load_model(model)
-    card = describe(loaded)
+    if is_onnx_folder(model):                  # exported with its card; no torch
+        card = dict(read_manifest(model).card)
+        card["file"] = str(model)
+    else:
+        from nmt.model.modelfile import describe, load_model
+
+        card = describe(load_model(model))
     path = Path(card.pop("file"))
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
     card["name"] = path.name
     card["size_bytes"] = sum(f.stat().st_size for f in files)
-    if card["architecture"]["attention"] == "bahdanau":     # as `nmt info`: its decoder has no input feeding
-        card["architecture"]["input_feeding"] = None
+    architecture = card.get("architecture")
+    if isinstance(architecture, dict) and architecture.get("attention") == "bahdanau":   # as `nmt info`: its
+        architecture["input_feeding"] = None                             # decoder has no input feeding
     return card
 
 
