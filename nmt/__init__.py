@@ -11,6 +11,7 @@ the path, the PyTorch one (nmt.decode.translator) for a model file or checkpoint
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,9 @@ __all__ = ["Translator", "__version__"]
 
 
 def _torch_translator() -> Any:
-    from nmt.decode.translator import Translator as TorchTranslator
-
-    return TorchTranslator
+    """nmt.decode.translator.Translator, imported by name when first needed: `nmt` is imported by modules
+    of every layer (for __version__), so it imports none of them itself, torch's least of all."""
+    return importlib.import_module("nmt.decode.translator").Translator
 
 
 class Translator:
