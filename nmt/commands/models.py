@@ -40,14 +40,17 @@ def average(
 def export(
     checkpoint: Path = typer.Argument(..., help="A training checkpoint (e.g. RUN/best.pt) or a model file."),
     output: Path = typer.Option(..., "--output", "-o",
-                                help="The model file to write (model.nmt), or with --format hf a new folder."),
+                                help="The model file to write (model.nmt), or with --format hf or onnx a folder."),
     dtype: str = typer.Option("fp32", "--dtype", help="Weights stored as fp32, fp16 or bf16 (half the size)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing nmt model file at --output."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing nmt model file (onnx: nmt's ONNX "
+                                                      "folder) at --output."),
     quantize: str | None = typer.Option(None, "--quantize",
-                                        help="int8: the file decodes with int8 products by default (CPU); none."),
+                                        help="int8: the file decodes with int8 products by default (CPU); "
+                                             "onnx: int8 graphs (onnxruntime's dynamic quantization); none."),
     layout: str = typer.Option("nmt", "--format",
                                help="nmt: one model file; hf: a Hugging Face model folder (model.safetensors, "
-                                    "config.json, SentencePiece models, README.md card)."),
+                                    "config.json, SentencePiece models, README.md card); onnx: ONNX graphs "
+                                    "and what a search on onnxruntime needs (nmt[onnx])."),
     score: list[str] | None = typer.Option(None, "--score", metavar="TESTSET=FILE",
                                            help="hf: a test set's `nmt evaluate --json` result, for the card's "
                                                 "model-index, e.g. multi30k_test_2016_flickr=test.json "
@@ -60,8 +63,11 @@ def export(
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if layout not in ("nmt", "hf"):
-        fail(f"--format must be nmt or hf, got {layout!r}")
+    if layout not in ("nmt", "hf", "onnx"):
+        fail(f"--format must be nmt, hf or onnx, got {layout!r}")
+    if layout == "onnx":
+        _export_onnx(checkpoint, output, dtype, quantize, force, score or [], card_license)
+        return
     if layout == "hf":
         _export_hf(checkpoint, output, dtype, quantize, force, score or [], card_license)
         return
@@ -113,6 +119,36 @@ def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None,
     card = format_card(printable_data(describe(loaded)))
     typer.echo(f"wrote {printable(output)}/ (model.safetensors {size:.1f} MB, config.json, source.spm, target.spm, "
                f"vocab.json, README.md with {len(read)} test scores)\n\n{card}", err=True)
+
+
+def _export_onnx(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, scores: list[str],
+                 card_license: str | None) -> None:
+    """`nmt export --format onnx`: a folder of ONNX graphs (nmt.decode.onnx_export)."""
+    given = [name for name, value in (("--score", scores), ("--license", card_license)) if value]
+    if given:
+        fail(f"{given[0]} applies only to --format hf (the model card of a Hugging Face folder)")
+    if dtype != "fp32":
+        fail(f"--dtype {dtype} does not apply to --format onnx: its graphs compute in float32 "
+             "(--quantize int8 for int8 weights)")
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        fail("--format onnx needs the onnx extra: pip install 'nmt[onnx]' (onnx and onnxruntime)")
+    from nmt.decode.onnx_export import export_onnx
+    from nmt.decode.onnx_graphs import OnnxExportError
+    from nmt.model.modelfile import ModelFileError
+
+    try:
+        target = output_target(output, "--output")
+        info = export_onnx(checkpoint, target, quantize or "none", force)
+    except (OnnxExportError, FolderError, ModelFileError, ConfigError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
+    size = sum(path.stat().st_size for path in target.iterdir()) / 2**20
+    typer.echo(printable(f"wrote {output}/ ({info['precision']} ONNX graphs for beam and greedy search, "
+                         f"{size:.1f} MB)"), err=True)
 
 
 @app.command()

@@ -1,0 +1,185 @@
+"""`nmt export --format onnx DIR`: a trained model as a folder that translates without PyTorch.
+
+    nmt-onnx.json       what a search needs besides the graphs: special ids, vocabularies (side id ->
+                        SentencePiece id), decoding defaults, languages, the model card, the names of the
+                        state tensors, and under "graphs" which files serve beam and which greedy search,
+                        each with the names of the memory tensors its encoder returns ("memory" at the top
+                        names the beam's)
+    encoder.onnx        (src, src_lengths) -> the memory tensors, then the initial decoder state
+    step.onnx           (prev_tokens, state..., memory...) -> log_probs (rows, vocab) float32,
+                        next_<state>..., attention (rows, src_len)
+    step_features.onnx  with a shortlist: the same (prev_tokens are vocabulary ids), h̃ (rows, dec_hidden) in
+                        place of log_probs; the runtime scores only the shortlist's rows of output.npz (W_s, b_s)
+    *_greedy.onnx       where greedy search uses another memory than beam search (Bahdanau's unfolded one)
+    source.model, target.model (one sentencepiece.model for a joint vocabulary), shortlist.npz, output.npz
+
+The graphs come from nmt.decode.onnx_graphs; with --quantize int8 they are onnxruntime's dynamic int8
+quantization of the float32 ones. The folder is built under a temporary name beside DIR, checked, marked
+as nmt's and renamed into place: DIR is absent, the old folder or the new one, never half-written. An
+existing DIR is replaced only with --force and only when nmt wrote it (its marker lists every file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt import __version__
+from nmt.data.shortlist import save_shortlist
+from nmt.data.tokenizer import BOS, EOS, PAD, UNK
+from nmt.decode.onnx_graphs import Layout, OnnxExportError, check_graphs, export_pair, layout_of, quantize_int8
+from nmt.folders import (
+    TEMP_SUFFIX,
+    fsync_folder,
+    new_file_mode,
+    read_marker,
+    refuse_foreign,
+    remove_leftovers,
+    write_marker,
+)
+from nmt.model.inference import Inference
+from nmt.model.modelfile import LoadedModel, describe, load_model
+
+FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
+INFO_FILE = "nmt-onnx.json"
+PRECISIONS = {"none": "float32", "int8": "int8"}
+GRAPHS = ("encoder", "step", "step_features")
+
+
+def check_folder(folder: Path, force: bool) -> None:
+    """DIR may be absent, an empty folder, or (with `force`) a folder nmt wrote by this command."""
+    if folder.exists() and not folder.is_dir():
+        raise OnnxExportError(f"--output {folder} is a file; --format onnx writes a folder: give a new folder name")
+    if not folder.parent.is_dir():
+        raise OnnxExportError(f"--output {folder}: folder {folder.parent} does not exist")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    marker = refuse_foreign(folder, KIND, "--output", "remove them yourself")
+    if marker is None:
+        raise OnnxExportError(f"--output {folder} holds files nmt did not write; choose another folder")
+    if not force:
+        raise OnnxExportError(f"--output {folder} exists; choose a new name, or pass --force to replace "
+                              "this ONNX export")
+
+
+def export_onnx(source: str | Path, folder: str | Path, quantize: str = "none", force: bool = False) -> dict[str, Any]:
+    """Export the model of a checkpoint or model file into the folder `folder`; returns nmt-onnx.json's content."""
+    folder = Path(folder)
+    if quantize not in PRECISIONS:
+        raise OnnxExportError(f"--quantize must be none or int8 for --format onnx, got {quantize!r}")
+    check_folder(folder, force)
+    loaded = load_model(source)
+    remove_leftovers(folder.parent, folder.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder.parent))
+    try:
+        mode = new_file_mode()
+        os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
+        info = write_folder(loaded, tmp, quantize, source)
+        for path in tmp.iterdir():
+            os.chmod(path, mode)
+        write_marker(tmp, KIND, [path.name for path in tmp.iterdir()])
+        check_folder(folder, force)                         # again: someone may have written there meanwhile
+        _place(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def _place(tmp: Path, folder: Path) -> None:
+    """Rename `tmp` into place; an existing export (checked to be nmt's) goes aside first, then is removed."""
+    old = None
+    if folder.is_dir() and read_marker(folder) is not None:
+        old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder.parent))
+        os.rename(folder, old)                               # onto the empty temporary folder
+    os.rename(tmp, folder)                                   # replaces an empty folder, never a full one
+    fsync_folder(folder.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str | Path) -> dict[str, Any]:
+    """Every file of the export into `folder` (an empty temporary folder)."""
+    model = loaded.build().requires_grad_(False)
+    shortlist = loaded.shortlist is not None
+    decoding = model.decoding(Inference())
+    src_vocab = len(loaded.src_vocab)
+    graphs: dict[str, dict[str, Any]] = {}
+    beam = layout_of(decoding, True, src_vocab)
+    for search, fold_context in (("beam", True), ("greedy", False)):
+        layout = layout_of(decoding, fold_context, src_vocab)
+        if search == "greedy" and layout == beam:          # the same memory, the same graphs
+            graphs["greedy"] = dict(graphs["beam"])
+            break
+        suffix = "" if search == "beam" else "_greedy"
+        files = {"encoder": f"encoder{suffix}.onnx", "step": f"step{suffix}.onnx"}
+        if shortlist:
+            files["step_features"] = f"step_features{suffix}.onnx"
+        export_pair(decoding, folder, fold_context, files, src_vocab)
+        check_graphs(decoding, folder, fold_context, files, layout, src_vocab)
+        graphs[search] = {**files, "memory": list(layout.memory)}
+    if quantize == "int8":
+        for name in {files[graph] for files in graphs.values() for graph in GRAPHS if graph in files}:
+            quantize_int8(folder / name)
+    info = describe_export(loaded, beam, graphs, quantize, source)
+    _write_tokenizers(loaded, folder, info)
+    if shortlist:
+        _write_shortlist(loaded, model, folder)
+    (folder / INFO_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return info
+
+
+def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[str, Any]], quantize: str,
+                    source: str | Path) -> dict[str, Any]:
+    """nmt-onnx.json's content."""
+    joint = loaded.src_vocab.sp.serialized_model_proto() == loaded.tgt_vocab.sp.serialized_model_proto()
+    card = describe(loaded)
+    card["file"] = Path(source).name                        # where it came from, not a path of this machine
+    if card["architecture"]["attention"] == "bahdanau":     # its decoder feeds c_i, never h̃: n/a (as `nmt info`)
+        card["architecture"]["input_feeding"] = None
+    info: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "nmt_version": __version__, "precision": PRECISIONS[quantize],
+        "special": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
+        "vocab_size": len(loaded.tgt_vocab),
+        "src_spm": "sentencepiece.model" if joint else "source.model",
+        "tgt_spm": "sentencepiece.model" if joint else "target.model",
+        "vocabulary": {"src": loaded.src_vocab.pieces.tolist(), "tgt": loaded.tgt_vocab.pieces.tolist()},
+        "decoding": dataclasses.asdict(loaded.config.decoding),
+        "card": card,
+        "languages": loaded.languages,
+        "memory": list(layout.memory),
+        "state": [{"name": name, "batch_axis": axis} for name, axis in layout.state],
+        "graphs": graphs,
+        "shortlist": None,
+    }
+    if loaded.shortlist is not None:
+        stored = int(loaded.shortlist["targets"].shape[1])
+        info["shortlist"] = {"file": "shortlist.npz", "output": "output.npz",
+                             "k": min(loaded.config.decoding.shortlist_k or stored, stored),
+                             "frequent": len(loaded.shortlist["frequent"]),
+                             "default": loaded.shortlist_on_cpu}
+    return info
+
+
+def _write_tokenizers(loaded: LoadedModel, folder: Path, info: dict[str, Any]) -> None:
+    (folder / info["src_spm"]).write_bytes(loaded.src_vocab.sp.serialized_model_proto())
+    (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
+
+
+def _write_shortlist(loaded: LoadedModel, model: torch.nn.Module, folder: Path) -> None:
+    """shortlist.npz as a data folder writes it, and output.npz: W_s (vocab, dec_hidden), b_s (vocab,) float32."""
+    arrays = loaded.shortlist or {}
+    plain = {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in arrays.items()}
+    save_shortlist(folder / "shortlist.npz", plain["targets"], plain["frequent"], str(plain["vocab_sha256"]),
+                   {"score": str(plain.get("score", "")), "pairs": int(plain.get("pairs", 0))})
+    output = model.decoder.output
+    bias = output.bias if output.bias is not None else torch.zeros(output.out_features)
+    np.savez(folder / "output.npz", W_s=output.weight.float().numpy(), b_s=bias.float().numpy())
