@@ -27,7 +27,7 @@ sys.meta_path.insert(0, _NoTorch())
 
 
 def export_onnx(model: Path, out: Path, *options: str) -> Path:
-    result = subprocess.run([sys.executable, "-m", "nmt", "export", "--format", "onnx", "-m", str(model), str(out),
+    result = subprocess.run([sys.executable, "-m", "nmt", "export", str(model), "-o", str(out), "--format", "onnx",
                              *options], capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0 and "--format" in result.stderr:
         pytest.skip("this nmt has no `nmt export --format onnx`")

@@ -17,6 +17,8 @@ from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 MANIFEST = "nmt-onnx.json"
 FORMAT, VERSION = "nmt-onnx", 1
 PRECISIONS = ("float32", "int8", "float16")
+KINDS = ("beam", "greedy")
+ROLES = ("encoder", "step", "step_features")
 
 
 class OnnxFolderError(ValueError):
@@ -37,11 +39,11 @@ class Manifest:
     decoding: dict[str, Any]
     card: dict[str, Any]
     languages: dict[str, str]
-    memory: list[str]                     # names of the encoder's per-sentence tensors (batch axis 0)
+    memory: dict[str, list[str]]          # "greedy"/"beam" -> names of its encoder's per-sentence tensors (axis 0)
     state: list[tuple[str, int]]          # (name, batch axis) of the decoder's per-row tensors
-    graphs: dict[str, dict[str, str]]     # "greedy"/"beam" -> {"encoder", "step"[, "step_features"]}
-    shortlist: dict[str, Any] | None      # {"file", "k", "frequent", "output"} or None
-    pieces: dict[str, list[int] | None]   # "src"/"tgt": side id -> SentencePiece id; None: every piece
+    graphs: dict[str, dict[str, str]]     # "greedy"/"beam" -> {"encoder", "step"[, "step_features"]}: files
+    shortlist: dict[str, Any] | None      # {"file", "output", "k", "frequent", "default"} or None
+    pieces: dict[str, list[int] | None]   # "src"/"tgt" ("vocabulary"): side id -> SentencePiece id; None: all
 
     def path(self, name: str) -> Path:
         """A file of the folder, by a name the manifest gives (no path may leave the folder)."""
@@ -77,10 +79,11 @@ def read_manifest(folder: str | Path) -> Manifest:
         manifest = Manifest(
             folder, str(raw["precision"]), int(raw["vocab_size"]), str(raw["src_spm"]), str(raw["tgt_spm"]),
             dict(raw.get("decoding") or {}), dict(raw.get("card") or {}), dict(raw.get("languages") or {}),
-            [str(name) for name in raw["memory"]],
+            {kind: [str(name) for name in raw["graphs"][kind].get("memory", raw["memory"])] for kind in KINDS},
             [(str(s["name"]), int(s["batch_axis"])) for s in raw["state"]],
-            {kind: dict(raw["graphs"][kind]) for kind in ("beam", "greedy")}, raw.get("shortlist"),
-            {side: _ids(raw.get("pieces", {}).get(side)) for side in ("src", "tgt")})
+            {kind: {role: str(raw["graphs"][kind][role]) for role in ROLES if role in raw["graphs"][kind]}
+             for kind in KINDS}, raw.get("shortlist"),
+            {side: _ids((raw.get("vocabulary") or {}).get(side)) for side in ("src", "tgt")})
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, OnnxFolderError):
             raise

@@ -69,16 +69,15 @@ class OnnxModel:
         self.graph = {kind: {role: sessions[name] for role, name in graphs.items()}
                       for kind, graphs in manifest.graphs.items()}
         self.state_axes = dict(manifest.state)
-        self.memory_axes = dict.fromkeys(manifest.memory, 0)
         self.step_outputs = ["log_probs", *(f"next_{name}" for name, _ in manifest.state), "attention"]
 
     def encode(self, src: np.ndarray, src_lengths: np.ndarray, greedy: bool) -> tuple[Tensors, Tensors]:
         """src: (batch, src_len) int64 -> memory, initial state (one row per sentence)."""
         kind = "greedy" if greedy else "beam"
         outputs = self.graph[kind]["encoder"].run(None, {"src": src, "src_lengths": src_lengths})
-        n = len(self.manifest.memory)
-        memory = Tensors(dict(zip(self.manifest.memory, outputs[:n], strict=True)), self.memory_axes, kind)
-        state = Tensors(dict(zip(self.state_axes, outputs[n:], strict=True)), self.state_axes, kind)
+        names = self.manifest.memory[kind]
+        memory = Tensors(dict(zip(names, outputs[: len(names)], strict=True)), dict.fromkeys(names, 0), kind)
+        state = Tensors(dict(zip(self.state_axes, outputs[len(names):], strict=True)), self.state_axes, kind)
         return memory, state
 
     def run_step(self, role: str, prev: np.ndarray, state: Tensors,

@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import DECODING_BATCH_TOKENS, MAX_BEAM, ConfigError, DecodingConfig, check_decoding
+from nmt.config import (
+    DECODING_BATCH_TOKENS,
+    MAX_BEAM,
+    ConfigError,
+    DecodingConfig,
+    check_decoding,
+    check_decoding_overrides,
+)
 from nmt.config_check import build
 from nmt.data.tokenizer import EOS, PAD, UNK, Vocab
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
@@ -49,7 +56,7 @@ class Translator:
     def load(cls, path: str | Path, device: str = "auto", shortlist_file: str | Path | None = None,
              threads: int = 0, **decoding_overrides: Any) -> Translator:
         """An exported folder; `decoding_overrides` replace its decoding settings, checked like the YAML
-        file. The shortlist is on by default when the folder has one (`shortlist=False` turns it off).
+        file. The shortlist is on where the PyTorch path on a CPU has it on (`shortlist=False` turns it off).
         Raises OnnxFolderError or ConfigError with a one-line message."""
         if device not in ("auto", "cpu"):
             raise ConfigError(f"--device {device}: an ONNX model folder runs on the CPU (onnxruntime); "
@@ -62,21 +69,27 @@ class Translator:
         if given.get("precision") not in (None, "auto", "fp32"):
             raise ConfigError(f"`decoding.precision` {given['precision']} does not apply to an ONNX model folder: "
                               "its precision was chosen by `nmt export --quantize`")
+        check_decoding_overrides(given)
         manifest = read_manifest(path)
         stored = {k: v for k, v in manifest.decoding.items() if k in DecodingConfig.__dataclass_fields__}
         decoding = build(DecodingConfig, {**stored, **given}, "decoding", None, stored=True)
         check_decoding(decoding)
-        decoding.shortlist = bool(given.get("shortlist", True)) and (manifest.shortlist is not None
-                                                                     or shortlist_file is not None)
-        shortlist = None
-        if given.get("shortlist") and manifest.shortlist is None:
-            raise OnnxFolderError(f"{path} was exported without a vocabulary shortlist; export it from a "
-                                  "model that embeds one (or with --shortlist-file)")
+        if decoding.sampling:
+            raise ConfigError(f"{path}: the model samples by default (`decoding.sampling`), which needs the PyTorch "
+                              "model file; an ONNX folder searches (greedy or beam)")
         if shortlist_file is not None:
-            raise ConfigError("--shortlist-file does not apply to an ONNX model folder: its shortlist is exported "
-                              "with it (nmt export --format onnx --shortlist-file)")
-        if decoding.shortlist:
-            shortlist = Shortlist.load(manifest, decoding.shortlist_k)
+            raise ConfigError("--shortlist-file does not apply to an ONNX model folder: it holds the shortlist "
+                              "of the model it was exported from")
+        if given.get("shortlist_k") is not None and given.get("shortlist") is None:
+            given["shortlist"] = True
+        default = bool(decoding.shortlist or (manifest.shortlist or {}).get("default"))   # as the PyTorch CPU path
+        decoding.shortlist = bool(given.get("shortlist", default))
+        if decoding.shortlist and manifest.shortlist is None:
+            if given.get("shortlist"):
+                raise OnnxFolderError(f"{path} holds no vocabulary shortlist: the model it was exported from "
+                                      "embeds none; drop --shortlist")
+            decoding.shortlist = False
+        shortlist = Shortlist.load(manifest, decoding.shortlist_k) if decoding.shortlist else None
         src_vocab, tgt_vocab = _vocabs(manifest)
         return cls(OnnxModel(manifest, threads), src_vocab, tgt_vocab, decoding, shortlist, manifest.languages)
 
