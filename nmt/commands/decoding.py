@@ -73,7 +73,7 @@ def translate(
             if len(checkpoint) > 1:
                 fail(f"--model {checkpoint[0]}: an ONNX model folder decodes alone, not in an ensemble")
             outputs.check([*inputs, *folder_inputs(checkpoint[0])], stdin=input is None)
-            translator = OnnxTranslator.load(checkpoint[0], device, shortlist_file, threads, **given(decoding))
+            translator: Any = OnnxTranslator.load(checkpoint[0], device, shortlist_file, threads, **given(decoding))
         else:
             from nmt.decode.translator import Translator
             from nmt.device import reuse_freed_memory

@@ -167,6 +167,6 @@ def greedy_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, ma
     out = []
     for i, (row, n, score) in enumerate(zip(model.vocab_ids(tokens).tolist(), lengths.tolist(), scores.tolist(),
                                             strict=True)):
-        weights = attention[i, :n, : int(src_lengths[i])] if attention is not None else None
-        out.append(Hypothesis(row[: n - 1] if n and row[n - 1] == EOS else row[:n], score, weights, score))
+        kept: Any = attention[i, :n, : int(src_lengths[i])] if attention is not None else None
+        out.append(Hypothesis(row[: n - 1] if n and row[n - 1] == EOS else row[:n], score, kept, score))
     return out

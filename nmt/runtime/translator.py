@@ -249,17 +249,18 @@ def _padded(sequences: list[np.ndarray], suffix: int | None) -> Any:
 
 
 def _as_lines(name: str, lines: object) -> list[str]:
+    """Any iterable of strings as a list (as nmt.decode.translator's): not one string, bytes or other items."""
     if isinstance(lines, (str, bytes)):
         raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
                         "; for one sentence pass [sentence]")
     try:
-        lines = list(lines)                                  # type: ignore[call-overload]
+        items: list[Any] = list(lines)                       # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
-    for i, line in enumerate(lines):
+    for i, line in enumerate(items):
         if not isinstance(line, str):
             raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
-    return lines
+    return items
 
 
 def _whole(number: object) -> bool:
