@@ -55,6 +55,7 @@ from nmt.model.inference import Inference
 from nmt.model.modelfile import ModelFileError, load_model
 from nmt.model.seq2seq import Seq2Seq
 from nmt.process import configure_process
+from nmt.textio import as_lines as _as_lines
 
 __all__ = ["Translation", "Translator"]
 
@@ -408,22 +409,6 @@ def _truncate(encoded: list[np.ndarray], limit: int,
         print(warning(i, int(lengths[i])), file=sys.stderr, flush=True)
         kept[i] = encoded[i][:limit]
     return kept, cut
-
-
-def _as_lines(name: str, lines: object) -> list[str]:
-    """`lines` as a list of strings: any iterable of them (a generator is read once), but not one string
-    (which would be translated character by character) and no bytes or other items."""
-    if isinstance(lines, (str, bytes)):
-        raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
-                        "; for one sentence pass [sentence]")
-    try:
-        lines = list(lines)                                  # type: ignore[call-overload]
-    except TypeError:
-        raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
-    for i, line in enumerate(lines):
-        if not isinstance(line, str):
-            raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
-    return lines
 
 
 def _whole(number: object) -> bool:

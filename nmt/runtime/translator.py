@@ -37,6 +37,7 @@ from nmt.runtime.folder import Manifest, OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, greedy_search
 from nmt.runtime.session import OnnxModel
 from nmt.runtime.shortlist import Shortlist
+from nmt.textio import as_lines as _as_lines
 
 __all__ = ["Translator"]
 NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
@@ -246,21 +247,6 @@ def _padded(sequences: list[np.ndarray], suffix: int | None) -> Any:
         if suffix is not None:
             out[i, len(ids)] = suffix
     return out
-
-
-def _as_lines(name: str, lines: object) -> list[str]:
-    """Any iterable of strings as a list (as nmt.decode.translator's): not one string, bytes or other items."""
-    if isinstance(lines, (str, bytes)):
-        raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
-                        "; for one sentence pass [sentence]")
-    try:
-        items: list[Any] = list(lines)                       # type: ignore[call-overload]
-    except TypeError:
-        raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
-    for i, line in enumerate(items):
-        if not isinstance(line, str):
-            raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
-    return items
 
 
 def _whole(number: object) -> bool:
