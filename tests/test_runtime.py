@@ -64,6 +64,29 @@ def test_float32_translations_equal_pytorch_line_for_line(model_file, folder, so
     assert [t.score for t in found] == pytest.approx([t.score for t in expected], rel=1e-4, abs=1e-4)
 
 
+def test_shortlist_translations_equal_pytorch(model_file, folder, sources):
+    from nmt.decode.translator import Translator as TorchTranslator
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    if json.loads((folder / "nmt-onnx.json").read_text())["shortlist"] is None:
+        pytest.skip("the smoke model embeds no shortlist")
+    got = OnnxTranslator.load(folder, shortlist=True, shortlist_k=5)           # a small one: many pieces cut
+    want = TorchTranslator.load(model_file, device="cpu", precision="fp32", shortlist=True, shortlist_k=5)
+    for beam_size in (1, 5):
+        expected = want.translate(sources, beam_size=beam_size, prefixes=["A"] * len(sources))
+        found = got.translate(sources, beam_size=beam_size, prefixes=["A"] * len(sources))
+        assert [t.text for t in found] == [t.text for t in expected]
+
+
+def test_int8_folder_translates_every_line(model_file, folder, sources, tmp_path):
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    int8 = export_onnx(model_file, tmp_path / "int8", "--quantize", "int8")
+    translator = OnnxTranslator.load(int8)
+    assert translator.model.manifest.precision == "int8"
+    assert all(t.text for t in translator.translate(sources, beam_size=5))
+
+
 def test_n_best_prefixes_and_attention_as_pytorch(model_file, folder, sources):
     from nmt.decode.translator import Translator as TorchTranslator
     from nmt.runtime.translator import Translator as OnnxTranslator

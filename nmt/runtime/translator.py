@@ -238,14 +238,14 @@ def _cut_by_budget(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[
 
 def _padded(sequences: list[np.ndarray], suffix: int | None) -> Any:
     """Id sequences as a PAD-padded (n, longest [+ 1]) int64 array, `suffix` after each; None if all empty."""
-    width = max((len(ids) for ids in sequences), default=0) + (suffix is not None)
+    lengths = np.fromiter(map(len, sequences), np.int64, len(sequences))
+    width = int(lengths.max(initial=0)) + (suffix is not None)
     if width == 0:
         return None
     out = np.full((len(sequences), width), PAD, np.int64)
-    for i, ids in enumerate(sequences):                      # batch assembly, not the search's hot path
-        out[i, : len(ids)] = ids
-        if suffix is not None:
-            out[i, len(ids)] = suffix
+    out[np.arange(width) < lengths[:, None]] = np.concatenate(sequences) if lengths.sum() else []
+    if suffix is not None:
+        out[np.arange(len(sequences)), lengths] = suffix
     return out
 
 
