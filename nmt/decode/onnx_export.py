@@ -35,7 +35,15 @@ import torch
 from nmt import __version__
 from nmt.data.shortlist import save_shortlist
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
-from nmt.decode.onnx_graphs import Layout, OnnxExportError, check_graphs, export_pair, layout_of, quantize_int8
+from nmt.decode.onnx_graphs import (
+    Layout,
+    OnnxExportError,
+    check_graphs,
+    export_pair,
+    inference_step,
+    layout_of,
+    quantize_int8,
+)
 from nmt.folders import (
     TEMP_SUFFIX,
     fsync_folder,
@@ -45,8 +53,8 @@ from nmt.folders import (
     remove_leftovers,
     write_marker,
 )
-from nmt.model.inference import Inference
 from nmt.model.modelfile import LoadedModel, describe, load_model
+from nmt.model.seq2seq import Seq2Seq
 
 FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
 INFO_FILE = "nmt-onnx.json"
@@ -110,7 +118,7 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     """Every file of the export into `folder` (an empty temporary folder)."""
     model = loaded.build().requires_grad_(False)
     shortlist = loaded.shortlist is not None
-    decoding = model.decoding(Inference())
+    decoding = inference_step(model)
     src_vocab = len(loaded.src_vocab)
     graphs: dict[str, dict[str, Any]] = {}
     beam = layout_of(decoding, True, src_vocab)
@@ -174,7 +182,7 @@ def _write_tokenizers(loaded: LoadedModel, folder: Path, info: dict[str, Any]) -
     (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
 
 
-def _write_shortlist(loaded: LoadedModel, model: torch.nn.Module, folder: Path) -> None:
+def _write_shortlist(loaded: LoadedModel, model: Seq2Seq, folder: Path) -> None:
     """shortlist.npz as a data folder writes it, and output.npz: W_s (vocab, dec_hidden), b_s (vocab,) float32."""
     arrays = loaded.shortlist or {}
     plain = {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in arrays.items()}

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.inference import Decoding
+from nmt.model.inference import Decoding, Inference
+from nmt.model.seq2seq import Seq2Seq
 
 OPSET = 17
 WEIGHT_ELEMENTS = 1024          # a traced constant this large is a weight (see `_weights_as_initializers`)
@@ -64,10 +65,10 @@ class Layout:
     def state_names(self) -> list[str]:
         return [name for name, _ in self.state]
 
-    def flatten(self, memory: Memory | None, state: DecoderState) -> list[Tensor]:
-        """The memory's tensors (unless None), then the state's, in this layout's order."""
+    def flatten(self, memory: Memory | None, state: DecoderState | None) -> list[Tensor]:
+        """The memory's tensors, then the state's (either left out when None), in this layout's order."""
         tensors = [getattr(memory, name) for name in self.memory] if memory is not None else []
-        return tensors + [getattr(state, name) for name in self.state_names]
+        return tensors + ([getattr(state, name) for name in self.state_names] if state is not None else [])
 
     def unflatten(self, tensors: tuple[Tensor, ...]) -> tuple[DecoderState, Memory]:
         """State tensors then memory tensors (a step graph's inputs after prev_tokens) -> the objects."""
@@ -78,6 +79,18 @@ class Layout:
         memory = Memory(given["values"], given.get("keys", given["values"]), pad_bias == 0,
                         given.get("context_terms"), pad_bias)
         return state, memory
+
+
+def inference_step(model: Seq2Seq) -> Decoding:
+    """The model with its inference step, as the searches decode with it (float32, full vocabulary)."""
+    return model.decoding(Inference())
+
+
+def step_features(decoding: Decoding, prev_tokens: Tensor, state: DecoderState,
+                  memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+    """`Decoding.step` short of the output layer: h̃ (rows, dec_hidden), new state, attention."""
+    decoder = decoding.model.decoder
+    return decoder.step_features(prev_tokens, state, memory, decoder.context(decoding.ctx))
 
 
 class EncoderGraph(nn.Module):
@@ -105,8 +118,7 @@ class StepGraph(nn.Module):
     def forward(self, prev_tokens: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
         state, memory = self.layout.unflatten(tensors)
         if self.features:                           # h̃: what the shortlist's rows of W_s multiply
-            decoder = self.decoding.model.decoder
-            out, state, weights = decoder.step_features(prev_tokens, state, memory, decoder.context(self.decoding.ctx))
+            out, state, weights = step_features(self.decoding, prev_tokens, state, memory)
         else:
             logits, state, weights = self.decoding.step(prev_tokens, state, memory)
             out = logits.log_softmax(-1, dtype=torch.float32)            # (rows, vocab), what the searches take
@@ -171,7 +183,8 @@ def trace(module: nn.Module, args: tuple[Tensor, ...], path: Path,
           names: tuple[list[str], list[str], dict[str, dict[int, str]]]) -> None:
     """torch.onnx.export (TorchScript tracing), its expected warnings silenced: `check_graphs` tests the result."""
     inputs, outputs, axes = names
-    module.eval()                                   # no dropout (a new module is in training mode)
+    module.eval()     # a new module is in training mode, which the exporter restores afterwards, recursively:
+                      # the model's dropout would be on for every later graph and check
     with warnings.catch_warnings(), torch.no_grad(), _quiet_stderr():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
@@ -231,13 +244,21 @@ def _session(path: Path) -> Any:                       # an onnxruntime.Inferenc
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _differ(expected: Tensor, got: np.ndarray) -> float:
-    """Max |difference| where both are finite; inf when the shapes or the infinite positions differ."""
+def difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) -> float:
+    """Max |difference| where both are finite; inf when the shapes or the infinite positions differ.
+    `real`: (batch, src_len), True at real source positions: for memory tensors, where attention looks
+    (at the padding, eager decoding leaves zeros where a trace may project the zero annotations)."""
     want = expected.detach().float().numpy()
     if want.shape != got.shape or not np.array_equal(np.isfinite(want), np.isfinite(got)):
         return float("inf")
-    finite = np.isfinite(want)
-    return float(np.abs(want[finite] - got[finite]).max()) if finite.any() else 0.0
+    compared = np.isfinite(want)
+    if real is not None:
+        compared &= real.numpy().reshape(*real.shape, *[1] * (want.ndim - 2))
+    return float(np.abs(want[compared] - got[compared]).max()) if compared.any() else 0.0
+
+
+def largest_difference(expected: list[Tensor], got: list[np.ndarray], real: Tensor | None = None) -> float:
+    return max(difference(want, have, real) for want, have in zip(expected, got, strict=True))
 
 
 def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: dict[str, str], layout: Layout,
@@ -247,16 +268,17 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
     returns the largest difference, an `OnnxExportError` beyond `tolerance`."""
     encoder, step = _session(folder / files["encoder"]), _session(folder / files["step"])
     features = _session(folder / files["step_features"]) if "step_features" in files else None
-    decoder = decoding.model.decoder
     worst = 0.0
     for lengths, k in (([9, 4], 3), ([1], 1), ([2, 8, 8, 5], 1)):
         src, src_lengths = example_batch(src_vocab, lengths, seed=len(lengths))
         with torch.no_grad():
             memory, rows = decoding.encode(src, src_lengths, fold_context)
         got = encoder.run(None, {"src": src.numpy(), "src_lengths": src_lengths.numpy()})
-        worst = max(worst, _largest(layout.flatten(memory, rows), got))
+        count = len(layout.memory)
+        worst = max(worst, largest_difference(layout.flatten(memory, None), got[:count], src != PAD),
+                    largest_difference(layout.flatten(None, rows), got[count:]))
         prev, rows = beam_rows(memory, rows, k, decoding.vocab_size, seed=k)
-        memory_feed = dict(zip(layout.memory, got[: len(layout.memory)], strict=True))
+        memory_feed = dict(zip(layout.memory, got[:count], strict=True))
         for _ in range(2):
             feed = {"prev_tokens": prev.numpy(), **memory_feed,
                     **{name: t.numpy() for name, t in zip(layout.state_names, layout.flatten(None, rows), strict=True)}}
@@ -264,19 +286,15 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
                 logits, next_rows, weights = decoding.step(prev, rows, memory)
                 log_probs = logits.log_softmax(-1, dtype=torch.float32)
                 after = [*layout.flatten(None, next_rows), weights]
-                worst = max(worst, _largest([log_probs, *after], step.run(None, feed)))
+                worst = max(worst, largest_difference([log_probs, *after], step.run(None, feed)))
                 if features is not None:
-                    h, _, _ = decoder.step_features(prev, rows, memory, decoder.context(decoding.ctx))
-                    worst = max(worst, _largest([h, *after], features.run(None, feed)))
+                    h, _, _ = step_features(decoding, prev, rows, memory)
+                    worst = max(worst, largest_difference([h, *after], features.run(None, feed)))
             prev, rows = log_probs.argmax(-1), next_rows
     if not worst <= tolerance:
         raise OnnxExportError(f"the exported graphs disagree with the model (largest difference {worst:.3g}, "
                               f"allowed {tolerance:g}); this model cannot be exported to ONNX by this nmt")
     return worst
-
-
-def _largest(expected: list[Tensor], got: list[np.ndarray]) -> float:
-    return max(_differ(want, have) for want, have in zip(expected, got, strict=True))
 
 
 def quantize_int8(path: Path) -> None:
