@@ -164,3 +164,11 @@ def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env):
     result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(broken)], input="Ein Hund.\n",
                             capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
     assert result.returncode == 2 and "nmt-onnx.json: version 99" in result.stderr
+
+
+def test_score_names_the_folder(folder, tmp_path):
+    (tmp_path / "a.de").write_text("Ein Hund.\n")
+    (tmp_path / "a.en").write_text("A dog.\n")
+    result = subprocess.run([sys.executable, "-m", "nmt", "score", "-m", str(folder), "--src", str(tmp_path / "a.de"),
+                             "--tgt", str(tmp_path / "a.en")], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "is an ONNX folder, which only translates" in result.stderr

@@ -111,7 +111,11 @@ def score(
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_pairs, write_scores
     from nmt.decode.translator import Translator
+    from nmt.runtime.folder import is_onnx_folder
 
+    for model in checkpoint:
+        if is_onnx_folder(model):
+            fail(f"--model {model} is an ONNX folder, which only translates; score with the PyTorch model file")
     outputs = OutputPaths(output)
     with ExitStack() as stack, user_errors():
         pairs = open_pairs(stack, src, tgt)
