@@ -171,3 +171,14 @@ def test_output_limits_equal_torch() -> None:
     for ratio, min_len, cap in [(2.0, 1, None), (1.3, 5, None), (0.7, 0, 12), (1.1, 20, 8)]:
         want = torch_search.max_output_lengths(torch.from_numpy(lengths), ratio, min_len, cap).numpy()
         assert np_search.max_output_lengths(lengths, ratio, min_len, cap).tolist() == want.tolist()
+
+
+def test_top_candidates_equal_a_stable_sort_on_many_ties() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 3, size=(50, 40)).astype(np.float32)                # few values: ties everywhere
+    x[rng.random(x.shape) < 0.3] = -np.inf
+    for n in (1, 4, 10, 40):
+        order = np.argsort(-x, axis=1, kind="stable")[:, :n]
+        scores, ids = np_search.top_candidates(x, n)
+        assert ids.tolist() == order.tolist()
+        assert scores.tolist() == np.take_along_axis(x, order, 1).tolist()

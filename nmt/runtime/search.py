@@ -107,16 +107,18 @@ def top_candidates(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     rows, m = x.shape
     take = min(n, m)
     if take < m:
-        kth = -np.partition(-x, take - 1, axis=1)[:, take - 1 : take]       # (rows, 1) the take-th largest
-        chosen = x > kth
-        ties = x == kth
-        room = take - chosen.sum(1, keepdims=True)                          # (rows, 1) ties to admit
-        chosen |= ties & (np.cumsum(ties, axis=1) <= room)                  # the lowest-index ties
-        ids = np.nonzero(chosen)[1].reshape(rows, take)                     # ascending within a row
+        ids = np.argpartition(-x, take - 1, axis=1)[:, :take]               # (rows, take), ties in any order
+        kth = np.take_along_axis(x, ids, 1).min(1, keepdims=True)           # (rows, 1) the take-th largest
+        unsure = np.flatnonzero((x == kth).sum(1) > (np.take_along_axis(x, ids, 1) == kth).sum(1))
+        if unsure.size:                           # ties left out at the boundary: admit the lowest indices
+            sub, bound = x[unsure], kth[unsure]
+            ties = sub == bound
+            chosen = (sub > bound) | (ties & (np.cumsum(ties, axis=1) <= take - (sub > bound).sum(1, keepdims=True)))
+            ids[unsure] = np.nonzero(chosen)[1].reshape(len(unsure), take)
     else:
         ids = np.broadcast_to(np.arange(m), (rows, m))
     scores = np.take_along_axis(x, ids, axis=1)
-    order = np.argsort(-scores, axis=1, kind="stable")
+    order = np.lexsort((ids, -scores), axis=1)                               # best first, then lower index
     scores, ids = np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
     if take < n:
         scores = np.concatenate([scores, np.full((rows, n - take), NEG_INF, np.float32)], 1)
