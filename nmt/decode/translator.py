@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import DECODING_BATCH_TOKENS, MAX_BEAM, ConfigError, DecodingConfig
+from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.tokenizer import EOS, UNK, Vocab
 from nmt.decode.ensemble import Ensemble
@@ -49,7 +49,7 @@ from nmt.decode.search import (
     sample,
 )
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
-from nmt.decode.streaming import Line, translate_batches
+from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.model.inference import Inference
 from nmt.model.modelfile import ModelFileError, load_model
@@ -184,17 +184,9 @@ class Translator:
         first_line: the line number of lines[0], for warnings.
         prefixes: one per line ("" for none), forced as the start of each translation.
         """
-        lines = _as_lines("lines", lines)
-        if prefixes is not None:
-            prefixes = _as_lines("prefixes", prefixes)
-        if not (_whole(n_best) and 1 <= n_best <= MAX_BEAM
-                and (beam_size is None or (_whole(beam_size) and 1 <= beam_size <= MAX_BEAM))):
-            raise ValueError(f"beam_size and n_best must be integers from 1 to {MAX_BEAM}, "
-                             f"got {beam_size!r} and {n_best!r}")
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
-        if prefixes is not None and len(prefixes) != len(lines):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
         limit = self.decoding.max_input_len
         encoded, truncated = _truncate(self.src_vocab.encode(lines), limit, lambda i, n: (
@@ -409,10 +401,6 @@ def _truncate(encoded: list[np.ndarray], limit: int,
         print(warning(i, int(lengths[i])), file=sys.stderr, flush=True)
         kept[i] = encoded[i][:limit]
     return kept, cut
-
-
-def _whole(number: object) -> bool:
-    return isinstance(number, int) and not isinstance(number, bool)
 
 
 def _flatten(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,6 @@ import numpy as np
 
 from nmt.config import (
     DECODING_BATCH_TOKENS,
-    MAX_BEAM,
     ConfigError,
     DecodingConfig,
     check_decoding,
@@ -31,13 +30,12 @@ from nmt.config import (
 from nmt.config_check import build
 from nmt.data.tokenizer import EOS, PAD, UNK, Vocab
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
-from nmt.decode.streaming import Line, translate_batches
+from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.runtime.beam import beam_search
 from nmt.runtime.folder import Manifest, OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, greedy_search
 from nmt.runtime.session import OnnxModel
 from nmt.runtime.shortlist import Shortlist
-from nmt.textio import as_lines as _as_lines
 
 __all__ = ["Translator"]
 NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
@@ -99,16 +97,9 @@ class Translator:
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
                   beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
         """As nmt.decode.translator.Translator.translate: one Translation per line, in order."""
-        lines = _as_lines("lines", lines)
-        prefixes = _as_lines("prefixes", prefixes) if prefixes is not None else None
-        if not (_whole(n_best) and 1 <= n_best <= MAX_BEAM
-                and (beam_size is None or (_whole(beam_size) and 1 <= beam_size <= MAX_BEAM))):
-            raise ValueError(f"beam_size and n_best must be integers from 1 to {MAX_BEAM}, "
-                             f"got {beam_size!r} and {n_best!r}")
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
-        if prefixes is not None and len(prefixes) != len(lines):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
         limit = decoding.max_input_len
         encoded = self.src_vocab.encode(lines)
@@ -247,7 +238,3 @@ def _padded(sequences: list[np.ndarray], suffix: int | None) -> Any:
     if suffix is not None:
         out[np.arange(len(sequences)), lengths] = suffix
     return out
-
-
-def _whole(number: object) -> bool:
-    return isinstance(number, int) and not isinstance(number, bool)
