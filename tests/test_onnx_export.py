@@ -279,3 +279,35 @@ def test_an_export_that_stops_leaves_the_folder_as_it_was(trained_run, tmp_path,
     with pytest.raises(type(failure)):
         onnx_export.export_onnx(trained_run / "best.pt", empty)
     assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any(empty.iterdir())
+
+
+def test_int8_graphs_that_do_not_run_fail_the_export(trained_run, tmp_path, monkeypatch):
+    """The int8 graphs are run too (any values, the model's shapes): a quantization onnxruntime cannot load
+    is an export error, and nothing is written."""
+    import nmt.decode.onnx_export as onnx_export
+
+    monkeypatch.setattr(onnx_export, "quantize_int8", lambda path: path.write_bytes(b"not a graph"))
+    with pytest.raises(OnnxExportError, match="onnxruntime cannot run the exported encoder.onnx"):
+        onnx_export.export_onnx(trained_run / "best.pt", tmp_path / "out", quantize="int8")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_luong_model_serves_greedy_search_with_its_beam_graphs(trained_run, tmp_path):
+    """Luong's memory is the same for both searches: one pair of graphs, named for both, with the LSTM's
+    cell and input feeding's h̃ in the state."""
+    import dataclasses
+
+    from nmt.decode.onnx_export import write_folder
+    from nmt.model.modelfile import load_model
+
+    loaded = load_model(trained_run / "best.pt")
+    config = dataclasses.replace(loaded.config, model=dataclasses.replace(
+        loaded.config.model, attention="luong_general", rnn_type="lstm", input_feeding=True))
+    model = Seq2Seq.from_config(config.model, len(loaded.src_vocab), len(loaded.tgt_vocab))
+    luong = dataclasses.replace(loaded, config=config, weights=model.state_dict(), shortlist=None)
+    info = write_folder(luong, tmp_path, "none", "luong.pt")
+    assert info["graphs"]["greedy"] == info["graphs"]["beam"] == {"encoder": "encoder.onnx", "step": "step.onnx",
+                                                                  "memory": ["values", "keys", "pad_bias"]}
+    assert [entry["name"] for entry in info["state"]] == ["hidden", "cell", "feed"] and info["shortlist"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder.onnx", "nmt-onnx.json", "sentencepiece.model",
+                                                         "step.onnx"]

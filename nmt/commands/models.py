@@ -58,7 +58,8 @@ def export(
     card_license: str | None = typer.Option(None, "--license", help="hf: the card's license id (default unknown)."),
 ) -> None:
     """Write one self-contained model file (safetensors: weights without optimiser state, config,
-    tokenizer, card), or with --format hf a folder to share on the Hugging Face Hub."""
+    tokenizer, card), with --format hf a folder to share on the Hugging Face Hub, or with --format onnx
+    a folder that translates on onnxruntime, without PyTorch."""
     from nmt.model.modelfile import DTYPES, ModelFileError, describe, export_model, format_card, load_model
 
     if dtype not in DTYPES:

@@ -36,6 +36,7 @@ from nmt import __version__
 from nmt.data.shortlist import save_shortlist
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK
 from nmt.decode.onnx_graphs import (
+    ANY_VALUE,
     Layout,
     OnnxExportError,
     check_graphs,
@@ -59,7 +60,6 @@ from nmt.model.seq2seq import Seq2Seq
 FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
 INFO_FILE = "nmt-onnx.json"
 PRECISIONS = {"none": "float32", "int8": "int8"}
-GRAPHS = ("encoder", "step", "step_features")
 
 
 def check_folder(folder: Path, force: bool) -> None:
@@ -91,8 +91,10 @@ def export_onnx(source: str | Path, folder: str | Path, quantize: str = "none", 
         mode = new_file_mode()
         os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
         info = write_folder(loaded, tmp, quantize, source)
-        for path in tmp.iterdir():
+        for path in tmp.iterdir():                          # each file as atomic_write leaves one
             os.chmod(path, mode)
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
         write_marker(tmp, KIND, [path.name for path in tmp.iterdir()])
         check_folder(folder, force)                         # again: someone may have written there meanwhile
         _place(tmp, folder)
@@ -121,6 +123,7 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     decoding = inference_step(model)
     src_vocab = len(loaded.src_vocab)
     graphs: dict[str, dict[str, Any]] = {}
+    checks = []
     beam = layout_of(decoding, True, src_vocab)
     for search, fold_context in (("beam", True), ("greedy", False)):
         layout = layout_of(decoding, fold_context, src_vocab)
@@ -132,11 +135,14 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
         if shortlist:
             files["step_features"] = f"step_features{suffix}.onnx"
         export_pair(decoding, folder, fold_context, files, src_vocab)
-        check_graphs(decoding, folder, fold_context, files, layout, src_vocab)
+        checks.append((fold_context, files, layout))
         graphs[search] = {**files, "memory": list(layout.memory)}
-    if quantize == "int8":
-        for name in {files[graph] for files in graphs.values() for graph in GRAPHS if graph in files}:
-            quantize_int8(folder / name)
+    for fold_context, files, layout in checks:
+        check_graphs(decoding, folder, fold_context, files, layout, src_vocab)
+        if quantize == "int8":          # then the int8 graphs must run and give the same shapes and -inf
+            for name in files.values():
+                quantize_int8(folder / name)
+            check_graphs(decoding, folder, fold_context, files, layout, src_vocab, tolerance=ANY_VALUE)
     info = describe_export(loaded, beam, graphs, quantize, source)
     _write_tokenizers(loaded, folder, info)
     if shortlist:

@@ -33,6 +33,7 @@ from nmt.model.seq2seq import Seq2Seq
 OPSET = 17
 WEIGHT_ELEMENTS = 1024          # a traced constant this large is a weight (see `_weights_as_initializers`)
 TOLERANCE = 1e-4                # float32: max |log p| difference between a graph and the model
+ANY_VALUE = float(np.finfo(np.float32).max)     # int8: any value, but the shapes and -inf where the model's
 
 
 class OnnxExportError(ValueError):
@@ -218,8 +219,8 @@ def layout_of(decoding: Decoding, fold_context: bool, src_vocab: int) -> Layout:
 def export_pair(decoding: Decoding, folder: Path, fold_context: bool, files: dict[str, str],
                 src_vocab: int) -> Layout:
     """Trace the encoder and step graphs (and the step_features graph when `files` names one) of one memory
-    kind into `folder`, as files["encoder"], files["step"], files["step_features"]. Traced on a batch with
-    padding (the encoder projects only the real positions then) and two rows per sentence."""
+    kind into `folder`, as files["encoder"], files["step"], files["step_features"]. Traced on a batch of
+    unsorted lengths with padding, and two rows per sentence."""
     src, lengths = example_batch(src_vocab, [6, 3, 5], seed=1)
     with torch.no_grad():               # derived weights built now are plain tensors: constants in the graphs
         memory, state = decoding.encode(src, lengths, fold_context)
@@ -228,7 +229,7 @@ def export_pair(decoding: Decoding, folder: Path, fold_context: bool, files: dic
         decoding.step(prev, rows, memory)
     trace(EncoderGraph(decoding, layout, fold_context), (src, lengths), folder / files["encoder"],
           encoder_names(layout))
-    step_args = (prev, *layout.flatten(None, rows), *layout.flatten(memory, rows)[: len(layout.memory)])
+    step_args = (prev, *layout.flatten(None, rows), *layout.flatten(memory, None))
     trace(StepGraph(decoding, layout), step_args, folder / files["step"], step_names(layout, False))
     if "step_features" in files:
         trace(StepGraph(decoding, layout, features=True), step_args, folder / files["step_features"],
@@ -236,15 +237,31 @@ def export_pair(decoding: Decoding, folder: Path, fold_context: bool, files: dic
     return layout
 
 
-def _session(path: Path) -> Any:                       # an onnxruntime.InferenceSession
-    import onnxruntime
+class _Session:
+    """An onnxruntime session on one thread whose failures (to load a graph or to run it) are export errors."""
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    def __init__(self, path: Path) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.name = path.name
+        self.session: Any = self._failing(lambda: onnxruntime.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"]))
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self._failing(lambda: self.session.run(None, feed))
+
+    def _failing(self, call: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:        # onnxruntime's own exception types
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise OnnxExportError(f"onnxruntime cannot run the exported {self.name} ({first}); "
+                                  "this model cannot be exported to ONNX by this nmt") from None
 
 
-def difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) -> float:
+def _difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) -> float:
     """Max |difference| where both are finite; inf when the shapes or the infinite positions differ.
     `real`: (batch, src_len), True at real source positions: for memory tensors, where attention looks
     (at the padding, eager decoding leaves zeros where a trace may project the zero annotations)."""
@@ -257,8 +274,8 @@ def difference(expected: Tensor, got: np.ndarray, real: Tensor | None = None) ->
     return float(np.abs(want[compared] - got[compared]).max()) if compared.any() else 0.0
 
 
-def largest_difference(expected: list[Tensor], got: list[np.ndarray], real: Tensor | None = None) -> float:
-    return max(difference(want, have, real) for want, have in zip(expected, got, strict=True))
+def _largest_difference(expected: list[Tensor], got: list[np.ndarray], real: Tensor | None = None) -> float:
+    return max(_difference(want, have, real) for want, have in zip(expected, got, strict=True))
 
 
 def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: dict[str, str], layout: Layout,
@@ -266,17 +283,17 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
     """Run the graphs on onnxruntime at shapes other than the traced ones (batch 1, 2 and 4, one-token and
     longer sources, 1 and 3 rows per sentence, two steps so a fed-back state is used) against the model;
     returns the largest difference, an `OnnxExportError` beyond `tolerance`."""
-    encoder, step = _session(folder / files["encoder"]), _session(folder / files["step"])
-    features = _session(folder / files["step_features"]) if "step_features" in files else None
+    encoder, step = _Session(folder / files["encoder"]), _Session(folder / files["step"])
+    features = _Session(folder / files["step_features"]) if "step_features" in files else None
     worst = 0.0
     for lengths, k in (([9, 4], 3), ([1], 1), ([2, 8, 8, 5], 1)):
         src, src_lengths = example_batch(src_vocab, lengths, seed=len(lengths))
         with torch.no_grad():
             memory, rows = decoding.encode(src, src_lengths, fold_context)
-        got = encoder.run(None, {"src": src.numpy(), "src_lengths": src_lengths.numpy()})
+        got = encoder.run({"src": src.numpy(), "src_lengths": src_lengths.numpy()})
         count = len(layout.memory)
-        worst = max(worst, largest_difference(layout.flatten(memory, None), got[:count], src != PAD),
-                    largest_difference(layout.flatten(None, rows), got[count:]))
+        worst = max(worst, _largest_difference(layout.flatten(memory, None), got[:count], src != PAD),
+                    _largest_difference(layout.flatten(None, rows), got[count:]))
         prev, rows = beam_rows(memory, rows, k, decoding.vocab_size, seed=k)
         memory_feed = dict(zip(layout.memory, got[:count], strict=True))
         for _ in range(2):
@@ -286,10 +303,10 @@ def check_graphs(decoding: Decoding, folder: Path, fold_context: bool, files: di
                 logits, next_rows, weights = decoding.step(prev, rows, memory)
                 log_probs = logits.log_softmax(-1, dtype=torch.float32)
                 after = [*layout.flatten(None, next_rows), weights]
-                worst = max(worst, largest_difference([log_probs, *after], step.run(None, feed)))
+                worst = max(worst, _largest_difference([log_probs, *after], step.run(feed)))
                 if features is not None:
                     h, _, _ = step_features(decoding, prev, rows, memory)
-                    worst = max(worst, largest_difference([h, *after], features.run(None, feed)))
+                    worst = max(worst, _largest_difference([h, *after], features.run(feed)))
             prev, rows = log_probs.argmax(-1), next_rows
     if not worst <= tolerance:
         raise OnnxExportError(f"the exported graphs disagree with the model (largest difference {worst:.3g}, "
