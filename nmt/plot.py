@@ -9,14 +9,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from torch import Tensor
 
 from nmt.fs.bounded import load_yaml, loads_json
 from nmt.fs.folders import atomic_write, refuse_foreign, write_marker
 from nmt.fs.outputs import output_target
+
+if TYPE_CHECKING:                  # weights may also be numpy arrays (nmt.runtime): no torch at run time
+    from torch import Tensor
 
 DPI = 100
 
@@ -58,7 +60,7 @@ def attention_figure(src_pieces: Sequence[str], tgt_pieces: Sequence[str], weigh
     weights: (len(tgt_pieces), len(src_pieces)); rows are the α_i of each output step.
     """
     plt = _pyplot()
-    matrix = weights.detach().float().cpu().numpy()
+    matrix = weights.detach().float().cpu().numpy() if hasattr(weights, "detach") else weights  # torch or numpy
     if matrix.shape != (len(tgt_pieces), len(src_pieces)):
         raise ValueError(f"weights {matrix.shape} do not match {len(tgt_pieces)} x {len(src_pieces)} pieces")
     fig, ax = plt.subplots(figsize=heatmap_size(len(src_pieces), len(tgt_pieces)), dpi=DPI,

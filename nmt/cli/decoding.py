@@ -9,9 +9,9 @@ from typing import Any
 
 import typer
 
-from nmt.cli.common import MODEL_HELP, app, as_options, fail, model_inputs, set_threads, user_errors
+from nmt.cli.common import MODEL_HELP, app, as_options, fail, is_user_error, model_inputs, set_threads, user_errors
 from nmt.cli.options import decoding_options, given
-from nmt.config import MAX_BEAM, ConfigError
+from nmt.config import MAX_BEAM
 
 
 @app.command()
@@ -52,9 +52,8 @@ def translate(
     """
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_source
-    from nmt.decode.translator import Translator
-    from nmt.device import reuse_freed_memory
     from nmt.progress import progress_bar
+    from nmt.runtime.folder import is_onnx_folder
 
     if num_samples is not None:
         if not decoding["sampling"]:
@@ -67,10 +66,22 @@ def translate(
         source = open_source(stack, input, sys.stdin.buffer if sys.stdin is not None else None, prefix_file,
                              prefix_column)
         inputs = [("--input", input), ("--prefix-file", prefix_file), ("--shortlist-file", shortlist_file)]
-        outputs.check([*inputs, *model_inputs(checkpoint)], stdin=input is None)
-        set_threads(threads)
-        reuse_freed_memory()
-        translator = Translator.load(checkpoint, device, shortlist_file=shortlist_file, **given(decoding))
+        if any(map(is_onnx_folder, checkpoint)):                 # onnxruntime, no torch: nmt.runtime
+            from nmt.runtime.translator import Translator as OnnxTranslator
+            from nmt.runtime.translator import folder_inputs
+
+            if len(checkpoint) > 1:
+                fail(f"--model {checkpoint[0]}: an ONNX model folder decodes alone, not in an ensemble")
+            outputs.check([*inputs, *folder_inputs(checkpoint[0])], stdin=input is None)
+            translator: Any = OnnxTranslator.load(checkpoint[0], device, shortlist_file, threads, **given(decoding))
+        else:
+            from nmt.decode.translator import Translator
+            from nmt.device import reuse_freed_memory
+
+            outputs.check([*inputs, *model_inputs(checkpoint)], stdin=input is None)
+            set_threads(threads)
+            reuse_freed_memory()
+            translator = Translator.load(checkpoint, device, shortlist_file=shortlist_file, **given(decoding))
         translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
         files = outputs.open(stack, sys.stdout)
         with progress_bar("translate", "sent", disable=quiet) as bar:      # log lines when stderr is a file
@@ -100,7 +111,11 @@ def score(
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_pairs, write_scores
     from nmt.decode.translator import Translator
+    from nmt.runtime.folder import is_onnx_folder
 
+    for model in checkpoint:
+        if is_onnx_folder(model):
+            fail(f"--model {model} is an ONNX folder, which only translates; score with the PyTorch model file")
     outputs = OutputPaths(output)
     with ExitStack() as stack, user_errors():
         pairs = open_pairs(stack, src, tgt)
@@ -135,8 +150,6 @@ def serve(
     **decoding: Any,
 ) -> None:
     """Serve translations over HTTP: POST /translate, GET /health (needs the serve extra)."""
-    from nmt.modelfile.file import ModelFileError
-
     try:
         from nmt.serve.server import ServeSettings, run_server
     except ImportError as exc:
@@ -146,6 +159,8 @@ def serve(
                              max_body_bytes=max_body_kb * 1024, max_beam=max_beam, body_timeout=body_timeout)
     try:
         code = run_server(model, settings, device=device, threads=threads, **given(decoding))
-    except (ModelFileError, ConfigError, OSError) as exc:
+    except (ValueError, OSError) as exc:            # ModelFileError, OnnxFolderError, ConfigError: one line
+        if isinstance(exc, ValueError) and not is_user_error(exc):
+            raise
         fail(as_options(str(exc)))
     raise typer.Exit(code)

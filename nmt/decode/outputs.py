@@ -15,16 +15,19 @@ from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 import numpy as np
-from torch import Tensor
 
 from nmt.config import ConfigError
 from nmt.data.tokenizer import Vocab
-from nmt.decode.rule import Hypothesis, length_penalty
 from nmt.fs.folders import FolderError, PendingFile
 from nmt.fs.outputs import DeviceFile, check_outputs, open_output, output_target
+
+if TYPE_CHECKING:                      # no torch at run time: the ONNX runtime (nmt.runtime) writes through here too
+    from torch import Tensor
+
+    from nmt.decode.rule import Hypothesis
 
 
 @dataclass
@@ -78,7 +81,7 @@ def nbest_json(result: Translation) -> list[dict[str, Any]]:
 
 def normalised_score(log_prob: float, length: int, alpha: float) -> float:
     """log p / lp(|y|), the GNMT length normalisation; `length` counts EOS."""
-    return log_prob / length_penalty(float(length), alpha)
+    return log_prob / ((5.0 + length) / 6.0) ** alpha        # lp(|y|) of nmt.decode.search
 
 
 def score_line(number: int, log_prob: float, normalised: float, length: int, as_json: bool,

@@ -18,9 +18,9 @@ from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
-from nmt.config import DecodingConfig
+from nmt.config import MAX_BEAM, DecodingConfig
 from nmt.decode.outputs import Translation, score_line
-from nmt.fs.text import TextInputError, iter_lines, open_text
+from nmt.fs.text import TextInputError, as_lines, iter_lines, open_text
 
 Line = str | tuple[str, str]          # a source line, or a (source, target prefix) pair
 
@@ -101,6 +101,23 @@ def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Ite
         with cond:
             shared["stop"] = True
             cond.notify_all()
+
+
+def checked_call(lines: object, prefixes: object, n_best: object,
+                 beam_size: object) -> tuple[list[str], list[str] | None]:
+    """A translate call's lines and prefixes as lists of strings, one prefix per line; n_best and beam_size
+    (None: the model's) whole numbers from 1 to MAX_BEAM. Anything else is a TypeError or ValueError."""
+    def whole(number: object) -> bool:
+        return isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= MAX_BEAM
+
+    lines = as_lines("lines", lines)
+    prefixes = as_lines("prefixes", prefixes) if prefixes is not None else None
+    if not (whole(n_best) and (beam_size is None or whole(beam_size))):
+        raise ValueError(f"beam_size and n_best must be integers from 1 to {MAX_BEAM}, "
+                         f"got {beam_size!r} and {n_best!r}")
+    if prefixes is not None and len(prefixes) != len(lines):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
+    return lines, prefixes
 
 
 def split_prefixes(chunk: list[Line]) -> tuple[list[str], list[str] | None]:

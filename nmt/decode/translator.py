@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import DECODING_BATCH_TOKENS, MAX_BEAM, ConfigError, DecodingConfig
+from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
 from nmt.data.special import EOS, UNK
 from nmt.data.tokenizer import Vocab
@@ -31,8 +31,9 @@ from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalise
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
-from nmt.decode.streaming import Line, translate_batches
+from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
+from nmt.fs.text import as_lines as _as_lines
 from nmt.model.inference import Inference
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.file import ModelFileError, load_model
@@ -146,17 +147,9 @@ class Translator:
         """One result per line, in order. n_best: the K best hypotheses (with sampling, K samples) per line;
         return_attention: keep their attention; beam_size: this call's (default decoding.beam_size);
         first_line: lines[0]'s number, for warnings; prefixes: one per line ("" for none), forced."""
-        lines = _as_lines("lines", lines)
-        if prefixes is not None:
-            prefixes = _as_lines("prefixes", prefixes)
-        if not (_whole(n_best) and 1 <= n_best <= MAX_BEAM
-                and (beam_size is None or (_whole(beam_size) and 1 <= beam_size <= MAX_BEAM))):
-            raise ValueError(f"beam_size and n_best must be integers from 1 to {MAX_BEAM}, "
-                             f"got {beam_size!r} and {n_best!r}")
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
-        if prefixes is not None and len(prefixes) != len(lines):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
         limit = self.decoding.max_input_len
         encoded, truncated = _truncate(self.src_vocab.encode(lines), limit, lambda i, n: (
@@ -338,26 +331,6 @@ def _truncate(encoded: list[np.ndarray], limit: int,
         print(warning(i, int(lengths[i])), file=sys.stderr, flush=True)
         kept[i] = encoded[i][:limit]
     return kept, cut
-
-
-def _as_lines(name: str, lines: object) -> list[str]:
-    """`lines` as a list of strings: any iterable of them (a generator is read once), but not one string
-    (which would be translated character by character) and no bytes or other items."""
-    if isinstance(lines, (str, bytes)):
-        raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
-                        "; for one sentence pass [sentence]")
-    try:
-        items = list(lines)                                  # type: ignore[call-overload]
-    except TypeError:
-        raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
-    for i, line in enumerate(items):
-        if not isinstance(line, str):
-            raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
-    return items
-
-
-def _whole(number: object) -> bool:
-    return isinstance(number, int) and not isinstance(number, bool)
 
 
 def _flatten(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -121,3 +121,19 @@ def printable(text: object) -> str:
     card, a file name, an error quoting either) shown on a terminal never moves the cursor, clears the
     screen or retitles the window, and a newline inside a value cannot pass for a line of nmt's own."""
     return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+def as_lines(name: str, lines: object) -> list[str]:
+    """`lines` as a list of strings: any iterable of them (a generator is read once), but not one string
+    (which would be translated character by character) and no bytes or other items."""
+    if isinstance(lines, (str, bytes)):
+        raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
+                        "; for one sentence pass [sentence]")
+    try:
+        items: list[object] = list(lines)                    # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"{name} must be a list of strings, not {type(lines).__name__}") from None
+    for i, line in enumerate(items):
+        if not isinstance(line, str):
+            raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
+    return items                                             # type: ignore[return-value]

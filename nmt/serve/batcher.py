@@ -16,12 +16,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nmt.decode.translator import Translator
 from nmt.serve.settings import ServeSettings
 
-log = logging.getLogger("nmt.serve")
+if TYPE_CHECKING:                    # or nmt.runtime's, which serves an ONNX folder without torch
+    from nmt.decode.translator import Translator
+
+log = logging.getLogger("nmt.serve.server")
 
 
 class RequestError(Exception):

@@ -29,25 +29,31 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 
 
 def model_card(model: str | Path) -> dict[str, Any]:
-    """The card of `nmt info` (nmt.modelfile.file.describe), with the file's name and size on disk instead
+    """The card of `nmt info` (nmt.modelfile.card.describe), with the file's name and size on disk instead
     of its path on the server. Reads the model file once more: the Translator keeps no card."""
-    from nmt.modelfile.card import describe
-    from nmt.modelfile.file import load_model
+    from nmt.runtime.folder import is_onnx_folder, read_manifest
 
-    loaded = load_model(model)
-    card = describe(loaded)
+    if is_onnx_folder(model):                  # exported with its card; no torch
+        card = dict(read_manifest(model).card)
+        card["file"] = str(model)
+    else:
+        from nmt.modelfile.card import describe
+        from nmt.modelfile.file import load_model
+
+        card = describe(load_model(model))
     path = Path(card.pop("file"))
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
     card["name"] = path.name
     card["size_bytes"] = sum(f.stat().st_size for f in files)
-    if card["architecture"]["attention"] == "bahdanau":     # as `nmt info`: its decoder has no input feeding
-        card["architecture"]["input_feeding"] = None
+    architecture = card.get("architecture")
+    if isinstance(architecture, dict) and architecture.get("attention") == "bahdanau":   # as `nmt info`: its
+        architecture["input_feeding"] = None                             # decoder has no input feeding
     return card
 
 
 def add_page(app: FastAPI, card: dict[str, Any], beam_size: int, settings: ServeSettings) -> None:
     """The page's routes on `app`; `beam_size` is what a request without one gets."""
-    pages = {route: (resources.files("nmt.serve").joinpath("static").joinpath(name).read_bytes(), media_type)
+    pages = {route: (resources.files("nmt.serve.server").joinpath("static").joinpath(name).read_bytes(), media_type)
              for route, (name, media_type) in STATIC.items()}        # read once: a missing file fails at start
     server = {"beam_size": beam_size, "max_beam": settings.max_beam, "max_sentences": settings.max_sentences,
               "max_body_bytes": settings.max_body_bytes}

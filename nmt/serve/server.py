@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -50,16 +50,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nmt.config import ConfigError
 from nmt.decode.outputs import Translation
-from nmt.decode.translator import Translator
 from nmt.serve.batcher import Batcher, Job, RequestError
 from nmt.serve.libre import TRANSLATE_BODY, form_fields, is_libre, languages_list, libre_response, parse_libre
 from nmt.serve.page import add_page, model_card
 from nmt.serve.requests import Options, format_response, parse_body, parse_request, read_body
 from nmt.serve.settings import ServeSettings
 
+if TYPE_CHECKING:                    # or nmt.runtime's: an ONNX folder is served without torch
+    from nmt.decode.translator import Translator
+
 __all__ = ["Batcher", "Job", "RequestError", "ServeSettings", "create_app", "format_response", "run_server"]
 
-log = logging.getLogger("nmt.serve")
+log = logging.getLogger("nmt.serve.server")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,16 +176,24 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     The listening address is logged as "nmt serve: listening on http://HOST:PORT" (the real port
     when `port` is 0). Raises ModelFileError/ConfigError for a model that cannot be loaded.
     """
-    import torch
-
-    from nmt.device import reuse_freed_memory
+    from nmt.runtime.folder import is_onnx_folder
 
     settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if threads:
-        torch.set_num_threads(threads)
-    reuse_freed_memory()
-    translator = Translator.load(model, device, precision=precision, quantize=quantize)
+    if is_onnx_folder(model):
+        from nmt.runtime.translator import Translator as OnnxTranslator
+
+        translator: Any = OnnxTranslator.load(model, device, threads=threads, precision=precision, quantize=quantize)
+    else:
+        import torch
+
+        from nmt.decode.translator import Translator
+        from nmt.device import reuse_freed_memory
+
+        if threads:
+            torch.set_num_threads(threads)
+        reuse_freed_memory()
+        translator = Translator.load(model, device, precision=precision, quantize=quantize)
     app = create_app(translator, settings, translator.languages, model_card(model))
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -1,0 +1,98 @@
+"""The exported ONNX folder: its manifest (nmt-onnx.json), read and checked before any graph is loaded.
+
+`nmt export --format onnx` writes the folder (nmt.decode.onnx_export); this module is the runtime's side
+of that contract: which graphs exist for greedy and beam search, the names and batch axes of the memory
+and state tensors, the special ids, the tokenizers' files, the model's decoding settings and card.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nmt.data.special import BOS, EOS, PAD, UNK
+
+MANIFEST = "nmt-onnx.json"
+FORMAT, VERSION = "nmt-onnx", 1
+PRECISIONS = ("float32", "int8", "float16")
+KINDS = ("beam", "greedy")
+ROLES = ("encoder", "step", "step_features")
+
+
+class OnnxFolderError(ValueError):
+    """An exported folder that cannot be used; the message names the folder and what is wrong."""
+
+
+def is_onnx_folder(path: str | Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
+
+
+@dataclass
+class Manifest:
+    folder: Path
+    precision: str
+    vocab_size: int
+    src_spm: str
+    tgt_spm: str
+    decoding: dict[str, Any]
+    card: dict[str, Any]
+    languages: dict[str, str]
+    memory: dict[str, list[str]]          # "greedy"/"beam" -> names of its encoder's per-sentence tensors (axis 0)
+    state: list[tuple[str, int]]          # (name, batch axis) of the decoder's per-row tensors
+    graphs: dict[str, dict[str, str]]     # "greedy"/"beam" -> {"encoder", "step"[, "step_features"]}: files
+    shortlist: dict[str, Any] | None      # {"file", "output", "k", "frequent", "default"} or None
+    pieces: dict[str, list[int] | None]   # "src"/"tgt" ("vocabulary"): side id -> SentencePiece id; None: all
+
+    def path(self, name: str) -> Path:
+        """A file of the folder, by a name the manifest gives (no path may leave the folder)."""
+        if not name or Path(name).name != name:
+            raise OnnxFolderError(f"{self.folder / MANIFEST}: {name!r} is not a file name in the folder")
+        path = self.folder / name
+        if not path.is_file():
+            raise OnnxFolderError(f"{self.folder} has no {name} (its {MANIFEST} names it); export the model again")
+        return path
+
+
+def _ids(value: Any) -> list[int] | None:
+    return None if value is None else [int(v) for v in value]
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """The folder's manifest, checked: format, version, special ids, tensor names and graph files."""
+    folder = Path(folder)
+    where = folder / MANIFEST
+    try:
+        raw = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OnnxFolderError(f"{where}: not readable ({' '.join(str(exc).split())})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise OnnxFolderError(f"{where}: not an nmt ONNX manifest (\"format\" is not {FORMAT!r})")
+    if raw.get("version") != VERSION:
+        raise OnnxFolderError(f"{where}: version {raw.get('version')!r}; this nmt reads version {VERSION}: "
+                              "export the model again with this nmt")
+    try:
+        special = raw["special"]
+        if (special["pad"], special["unk"], special["bos"], special["eos"]) != (PAD, UNK, BOS, EOS):
+            raise OnnxFolderError(f"{where}: special ids {special} differ from nmt's (pad 0, unk 1, bos 2, eos 3)")
+        manifest = Manifest(
+            folder, str(raw["precision"]), int(raw["vocab_size"]), str(raw["src_spm"]), str(raw["tgt_spm"]),
+            dict(raw.get("decoding") or {}), dict(raw.get("card") or {}), dict(raw.get("languages") or {}),
+            {kind: [str(name) for name in raw["graphs"][kind].get("memory", raw["memory"])] for kind in KINDS},
+            [(str(s["name"]), int(s["batch_axis"])) for s in raw["state"]],
+            {kind: {role: str(raw["graphs"][kind][role]) for role in ROLES if role in raw["graphs"][kind]}
+             for kind in KINDS}, raw.get("shortlist"),
+            {side: _ids((raw.get("vocabulary") or {}).get(side)) for side in ("src", "tgt")})
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, OnnxFolderError):
+            raise
+        raise OnnxFolderError(f"{where}: missing or malformed key {exc}; export the model again") from None
+    if manifest.precision not in PRECISIONS:
+        raise OnnxFolderError(f"{where}: precision {manifest.precision!r} is not one of {', '.join(PRECISIONS)}")
+    for kind, graphs in manifest.graphs.items():
+        for role in ("encoder", "step", *(("step_features",) if manifest.shortlist else ())):
+            if role not in graphs:
+                raise OnnxFolderError(f"{where}: graphs.{kind} names no {role} graph; export the model again")
+            manifest.path(graphs[role])
+    return manifest

@@ -1,0 +1,240 @@
+"""The Python API over an exported ONNX folder: the PyTorch Translator's translate and serve methods, no torch.
+
+    from nmt import Translator
+    translator = Translator.load("model-onnx")           # a folder `nmt export --format onnx` wrote
+    translator.translate(["Ein Hund läuft."], beam_size=5)[0].text
+
+The same rules as nmt.decode.translator: one result per input line, empty lines untranslated, over-long
+lines truncated with a warning, batches cut by a token budget over length-sorted lines, results in input
+order, n-best lists, attention, target prefixes, the vocabulary shortlist. Sampling, `score` and ensembles
+need the PyTorch model.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt.config import (
+    DECODING_BATCH_TOKENS,
+    ConfigError,
+    DecodingConfig,
+    check_decoding,
+    check_decoding_overrides,
+)
+from nmt.config_check import build
+from nmt.data.tokenizer import EOS, PAD, UNK, Vocab
+from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
+from nmt.decode.streaming import Line, checked_call, translate_batches
+from nmt.runtime.beam import beam_search
+from nmt.runtime.folder import Manifest, OnnxFolderError, read_manifest
+from nmt.runtime.search import Hypothesis, greedy_search
+from nmt.runtime.session import OnnxModel
+from nmt.runtime.shortlist import Shortlist
+
+__all__ = ["Translator"]
+NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
+
+
+class Translator:
+    """An exported model's sessions with its tokenizers and decoding settings; translates lists and streams."""
+
+    def __init__(self, model: OnnxModel, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
+                 shortlist: Shortlist | None = None, languages: dict[str, str] | None = None) -> None:
+        self.model, self.src_vocab, self.tgt_vocab, self.decoding = model, src_vocab, tgt_vocab, decoding
+        self.shortlist = shortlist
+        self.languages = languages or {}
+        self.card = model.manifest.card
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto", shortlist_file: str | Path | None = None,
+             threads: int = 0, **decoding_overrides: Any) -> Translator:
+        """An exported folder; `decoding_overrides` replace its decoding settings, checked like the YAML
+        file. The shortlist is on where the PyTorch path on a CPU has it on (`shortlist=False` turns it off).
+        Raises OnnxFolderError or ConfigError with a one-line message."""
+        if device not in ("auto", "cpu"):
+            raise ConfigError(f"--device {device}: an ONNX model folder runs on the CPU (onnxruntime); "
+                              "use the PyTorch model file for a GPU")
+        given = {k: v for k, v in decoding_overrides.items() if v is not None}
+        for key in NOT_HERE:
+            if given.get(key) not in (None, False, "none", "fp32"):
+                raise ConfigError(f"`decoding.{key}` does not apply to an ONNX model folder; "
+                                  "use the PyTorch model file for it")
+        if given.get("precision") not in (None, "auto", "fp32"):
+            raise ConfigError(f"`decoding.precision` {given['precision']} does not apply to an ONNX model folder: "
+                              "its precision was chosen by `nmt export --quantize`")
+        check_decoding_overrides(given)
+        manifest = read_manifest(path)
+        stored = {k: v for k, v in manifest.decoding.items() if k in DecodingConfig.__dataclass_fields__}
+        decoding = build(DecodingConfig, {**stored, **given}, "decoding", None, stored=True)
+        check_decoding(decoding)
+        if decoding.sampling:
+            raise ConfigError(f"{path}: the model samples by default (`decoding.sampling`), which needs the PyTorch "
+                              "model file; an ONNX folder searches (greedy or beam)")
+        if shortlist_file is not None:
+            raise ConfigError("--shortlist-file does not apply to an ONNX model folder: it holds the shortlist "
+                              "of the model it was exported from")
+        if given.get("shortlist_k") is not None and given.get("shortlist") is None:
+            given["shortlist"] = True
+        default = bool(decoding.shortlist or (manifest.shortlist or {}).get("default"))   # as the PyTorch CPU path
+        decoding.shortlist = bool(given.get("shortlist", default))
+        if decoding.shortlist and manifest.shortlist is None:
+            if given.get("shortlist"):
+                raise OnnxFolderError(f"{path} holds no vocabulary shortlist: the model it was exported from "
+                                      "embeds none; drop --shortlist")
+            decoding.shortlist = False
+        shortlist = Shortlist.load(manifest, decoding.shortlist_k) if decoding.shortlist else None
+        src_vocab, tgt_vocab = _vocabs(manifest)
+        return cls(OnnxModel(manifest, threads), src_vocab, tgt_vocab, decoding, shortlist, manifest.languages)
+
+    from_checkpoint = load
+
+    def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
+                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
+        """As nmt.decode.translator.Translator.translate: one Translation per line, in order."""
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
+        decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
+        self.check_n_best(n_best, decoding)
+        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
+        limit = decoding.max_input_len
+        encoded = self.src_vocab.encode(lines)
+        truncated = [len(ids) > limit for ids in encoded]
+        for i in np.flatnonzero(truncated).tolist():
+            print(f"warning: input line {first_line + i} has {len(encoded[i])} pieces; truncated to {limit}",
+                  file=sys.stderr, flush=True)
+            encoded[i] = encoded[i][:limit]
+        results: list[list[Hypothesis]] = [[] for _ in lines]
+        nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
+        lengths = np.array([len(ids) + 1 for ids in encoded], dtype=np.int64)      # with EOS
+        order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]           # longest first
+        budget = max(1, self.batch_tokens() // decoding.beam_size)
+        for rows in _cut_by_budget(order, lengths, budget):
+            src = _padded([encoded[r] for r in rows.tolist()], EOS)
+            prefix = _padded([prefix_ids[r] for r in rows.tolist()], None) if prefix_ids is not None else None
+            found = self._search(src, n_best, return_attention or decoding.replace_unk, decoding, prefix)
+            for row, hyps in zip(rows.tolist(), found, strict=True):
+                results[row] = hyps
+        texts = self.tgt_vocab.decode([h[0].tokens if h else [] for h in results])
+        if decoding.replace_unk:
+            texts = [self._replace_unk(line, h[0]) if h and UNK in h[0].tokens else text
+                     for line, text, h in zip(lines, texts, results, strict=True)]
+        translations = [Translation(text if line.strip() else "", hyps, ids, cut, n_best=n_best)  # type: ignore[arg-type]
+                        for line, text, hyps, ids, cut in zip(lines, texts, results, encoded, truncated, strict=True)]
+        if n_best > 1:
+            flat_texts = iter(self.tgt_vocab.decode([h.tokens for hyps in results for h in hyps]))
+            for translation in translations:
+                translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
+        return translations
+
+    def _search(self, src: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
+                prefix: np.ndarray | None) -> list[list[Hypothesis]]:
+        src_lengths = (src != PAD).sum(1)
+        max_len = d.max_len or None
+        model: Any = self.model
+        if d.shortlist and self.shortlist is not None:
+            keep = self.shortlist.select(src, prefix)                           # (subset,) target ids
+            model = self.model.with_output_subset(keep, *self.shortlist.output)
+            prefix = np.searchsorted(keep, prefix) if prefix is not None else None
+        if d.beam_size == 1 and n_best == 1 and not d.coverage_penalty:
+            return [[h] for h in greedy_search(model, src, src_lengths, d.max_len_ratio, d.min_len,
+                                               return_attention, max_len, d.no_repeat_ngram, prefix)]
+        return beam_search(model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio, d.min_len,
+                           n_best, d.no_repeat_ngram, return_attention, max_len, prefix, d.coverage_penalty,
+                           d.early_stop)
+
+    def batch_tokens(self, scoring: bool = False) -> int:
+        return self.decoding.batch_tokens or DECODING_BATCH_TOKENS["cpu"]
+
+    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
+                     names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
+        d = decoding or self.decoding
+        if n_best > d.beam_size:
+            n, beam, _ = names
+            raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
+                              f"{beam} hypotheses; raise {beam} to at least {n_best}")
+
+    def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
+        raise ConfigError("scoring given translations needs the PyTorch model file; an ONNX folder only translates")
+
+    def normalised_score(self, hyp: Hypothesis) -> float:
+        return normalised_score(hyp.log_prob, len(hyp.tokens) + 1, self.decoding.length_penalty)
+
+    def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+                         return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
+                         ) -> Iterator[Translation]:
+        for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
+            yield from batch
+
+    def translate_batches(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
+                          ) -> Iterator[list[Translation]]:
+        return translate_batches(self, lines, chunk_lines, n_best, return_attention, progress,  # type: ignore[arg-type]
+                                 max_wait)
+
+    def write_translations(self, lines: Iterable[Line], files: OutputFiles, n_best: int = 1,
+                           progress: Any = None) -> None:
+        batches = self.translate_batches(lines, n_best=n_best, return_attention=files.wants_attention,
+                                         progress=progress)
+        ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
+
+    def _replace_unk(self, line: str, hyp: Hypothesis) -> str:
+        """The text with each <unk> replaced by the source text of its most attended source piece."""
+        offsets = self.src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]
+        surfaces = [line[start:end].strip() for start, end in offsets]
+        assert hyp.attention is not None
+        best = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))].argmax(-1).tolist()
+        pieces = self.tgt_vocab.to_pieces(hyp.tokens)
+        for t, token in enumerate(hyp.tokens):
+            if token == UNK and surfaces:
+                pieces[t] = surfaces[best[t]]
+        return self.tgt_vocab.sp.decode_pieces(pieces)
+
+
+def folder_inputs(folder: str | Path, option: str = "--model") -> list[tuple[str, Path]]:
+    """The files of an exported folder as inputs, for the output checks (no output may overwrite one)."""
+    files = sorted(file for file in Path(folder).iterdir() if file.is_file())
+    return [(f"a file of {option} {folder} ({file})", file) for file in files]
+
+
+def _vocabs(manifest: Manifest) -> tuple[Vocab, Vocab]:
+    """The tokenizers, each side with the pieces it uses (side id -> SentencePiece id)."""
+    try:
+        src = Vocab(manifest.path(manifest.src_spm), manifest.pieces.get("src"))
+        tgt = Vocab(manifest.path(manifest.tgt_spm), manifest.pieces.get("tgt"))
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise OnnxFolderError(f"{manifest.folder}: a SentencePiece model cannot be read ({exc})") from None
+    if len(tgt) != manifest.vocab_size:
+        raise OnnxFolderError(f"{manifest.folder}: {manifest.tgt_spm} has {len(tgt)} pieces, the graphs "
+                              f"{manifest.vocab_size}; export the model again")
+    return src, tgt
+
+
+def _cut_by_budget(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.ndarray]:
+    """Consecutive batches of `order` whose padded size (n x longest) stays within `budget`
+    (nmt.data.batching.cut_by_budget's rule); one over-long line is a batch of its own."""
+    batches, start, longest = [], 0, 0
+    for pos, length in enumerate(lengths[order].tolist()):
+        grown = max(longest, length)
+        if (pos - start + 1) * grown > budget and pos > start:
+            batches.append(order[start:pos])
+            start, grown = pos, length
+        longest = grown
+    return [*batches, order[start:]] if start < len(order) else batches
+
+
+def _padded(sequences: list[np.ndarray], suffix: int | None) -> Any:
+    """Id sequences as a PAD-padded (n, longest [+ 1]) int64 array, `suffix` after each; None if all empty."""
+    lengths = np.fromiter(map(len, sequences), np.int64, len(sequences))
+    width = int(lengths.max(initial=0)) + (suffix is not None)
+    if width == 0:
+        return None
+    out = np.full((len(sequences), width), PAD, np.int64)
+    out[np.arange(width) < lengths[:, None]] = np.concatenate(sequences) if lengths.sum() else []
+    if suffix is not None:
+        out[np.arange(len(sequences)), lengths] = suffix
+    return out

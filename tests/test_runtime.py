@@ -1,0 +1,174 @@
+"""nmt.runtime on a real exported folder: the same translations as the PyTorch path, the command line, the
+server and the Python API without torch, and one-line errors for what an ONNX folder cannot do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import read_gz
+from .serve_process import REPO, Server
+
+pytest.importorskip("onnxruntime", reason="the ONNX runtime's tests need onnxruntime (pip install 'nmt[onnx]')")
+
+# Any `import torch` in a process started with this on its PYTHONPATH raises ImportError.
+BLOCK_TORCH = '''import sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, _NoTorch())
+'''
+
+
+def export_onnx(model: Path, out: Path, *options: str) -> Path:
+    result = subprocess.run([sys.executable, "-m", "nmt", "export", str(model), "-o", str(out), "--format", "onnx",
+                             *options], capture_output=True, text=True, cwd=REPO)
+    if result.returncode != 0 and "--format" in result.stderr:
+        pytest.skip("this nmt has no `nmt export --format onnx`")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def folder(model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_onnx(model_file, tmp_path_factory.mktemp("onnx") / "model-onnx")
+
+
+@pytest.fixture(scope="module")
+def sources() -> list[str]:
+    return read_gz("test_2016_flickr.de", 40)
+
+
+@pytest.fixture(scope="module")
+def no_torch_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    block = tmp_path_factory.mktemp("no-torch")
+    (block / "sitecustomize.py").write_text(BLOCK_TORCH)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(block), str(REPO)]), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_float32_translations_equal_pytorch_line_for_line(model_file, folder, sources, beam_size):
+    from nmt.decode.translator import Translator as TorchTranslator
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    want = TorchTranslator.load(model_file, device="cpu", precision="fp32", shortlist=False)
+    got = OnnxTranslator.load(folder, shortlist=False)
+    expected, found = want.translate(sources, beam_size=beam_size), got.translate(sources, beam_size=beam_size)
+    assert [t.text for t in found] == [t.text for t in expected]
+    assert [t.score for t in found] == pytest.approx([t.score for t in expected], rel=1e-4, abs=1e-4)
+
+
+def test_shortlist_translations_equal_pytorch(model_file, folder, sources):
+    from nmt.decode.translator import Translator as TorchTranslator
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    if json.loads((folder / "nmt-onnx.json").read_text())["shortlist"] is None:
+        pytest.skip("the smoke model embeds no shortlist")
+    got = OnnxTranslator.load(folder, shortlist=True, shortlist_k=5)           # a small one: many pieces cut
+    want = TorchTranslator.load(model_file, device="cpu", precision="fp32", shortlist=True, shortlist_k=5)
+    for beam_size in (1, 5):
+        expected = want.translate(sources, beam_size=beam_size, prefixes=["A"] * len(sources))
+        found = got.translate(sources, beam_size=beam_size, prefixes=["A"] * len(sources))
+        assert [t.text for t in found] == [t.text for t in expected]
+
+
+def test_int8_folder_translates_every_line(model_file, folder, sources, tmp_path):
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    int8 = export_onnx(model_file, tmp_path / "int8", "--quantize", "int8")
+    translator = OnnxTranslator.load(int8)
+    assert translator.model.manifest.precision == "int8"
+    assert all(t.text for t in translator.translate(sources, beam_size=5))
+
+
+def test_n_best_prefixes_and_attention_as_pytorch(model_file, folder, sources):
+    from nmt.decode.translator import Translator as TorchTranslator
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    want = TorchTranslator.load(model_file, device="cpu", precision="fp32", shortlist=False)
+    got = OnnxTranslator.load(folder, shortlist=False)
+    lines, prefixes = sources[:8] + [""], ["A", "", "Two", "", "", "The", "", "", ""]
+    expected = want.translate(lines, n_best=3, beam_size=4, return_attention=True, prefixes=prefixes)
+    found = got.translate(lines, n_best=3, beam_size=4, return_attention=True, prefixes=prefixes)
+    for e, f in zip(expected, found, strict=True):
+        assert [text for text, _ in f.nbest] == [text for text, _ in e.nbest]
+        if e.attention is not None:
+            assert f.attention.shape == tuple(e.attention.shape)
+            assert abs(f.attention - e.attention.numpy()).max() < 1e-4
+    assert found[-1].text == "" and found[-1].hypotheses == []
+
+
+def test_translate_command_and_api_run_without_torch(model_file, folder, sources, no_torch_env, tmp_path):
+    from nmt.decode.translator import Translator as TorchTranslator
+
+    expected = [t.text for t in TorchTranslator.load(model_file, device="cpu", precision="fp32", shortlist=False)
+                .translate(sources[:10], beam_size=5)]
+    (tmp_path / "in.de").write_text("\n".join(sources[:10]) + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(folder), "-i", str(tmp_path / "in.de"),
+                             "--beam-size", "5", "--no-shortlist", "--threads", "1", "-q"],
+                            capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected
+    code = ("import sys; from nmt import Translator; t = Translator.load(sys.argv[1], shortlist=False); "
+            "print(t.translate([sys.argv[2]], beam_size=5)[0].text); assert 'torch' not in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code, str(folder), sources[0]], capture_output=True, text=True,
+                            env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected[:1]
+
+
+def test_serve_answers_nmt_and_libretranslate_routes_without_torch(folder, sources, no_torch_env, monkeypatch):
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    expected = [t.text for t in OnnxTranslator.load(folder).translate(sources[:3])]
+    monkeypatch.setattr(os, "environ", no_torch_env)                # the server's process: no torch
+    server = Server(folder)
+    try:
+        status, _, body = server.translate(sources[:3])
+        assert status == 200 and body == {"translations": expected}
+        status, _, body = server.request("POST", "/translate", json.dumps(
+            {"q": sources[0], "source": "de", "target": "en"}).encode(), {"Content-Type": "application/json"})
+        assert status == 200 and body["translatedText"] == expected[0]
+        status, _, body = server.request("GET", "/card")
+        assert status == 200 and body["card"]["name"] == folder.name
+    finally:
+        assert server.stop() == 143
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--sampling"], "does not apply to an ONNX model folder"),
+    (["--device", "cuda"], "runs on the CPU"),
+    (["--n-best", "3", "--beam-size", "2"], "larger than the beam size"),
+])
+def test_what_a_folder_cannot_do_is_one_error_line(folder, no_torch_env, tmp_path, options, message):
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(folder), *options],
+                            input="Ein Hund.\n", capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: ") and message in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    manifest = json.loads((broken / "nmt-onnx.json").read_text())
+    manifest["version"] = 99
+    (broken / "nmt-onnx.json").write_text(json.dumps(manifest))
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(broken)], input="Ein Hund.\n",
+                            capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 2 and "nmt-onnx.json: version 99" in result.stderr
+
+
+def test_score_names_the_folder(folder, tmp_path):
+    (tmp_path / "a.de").write_text("Ein Hund.\n")
+    (tmp_path / "a.en").write_text("A dog.\n")
+    result = subprocess.run([sys.executable, "-m", "nmt", "score", "-m", str(folder), "--src", str(tmp_path / "a.de"),
+                             "--tgt", str(tmp_path / "a.en")], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "is an ONNX folder, which only translates" in result.stderr
