@@ -26,7 +26,7 @@ from nmt.model.inference import Decoding  # noqa: E402
 from nmt.model.seq2seq import Seq2Seq  # noqa: E402
 
 from .conftest import randomize_feed_weights  # noqa: E402
-from .test_hf_layout import one_error  # noqa: E402
+from .test_modelfile_hf import one_error  # noqa: E402
 from .test_reference_oracle import IDS, MODELS  # noqa: E402
 from .test_translate import run_cli  # noqa: E402
 
