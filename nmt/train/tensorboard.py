@@ -1,11 +1,8 @@
-"""TensorBoard event files for a run (`training.tensorboard: true`, `pip install 'nmt[tensorboard]'`).
+"""TensorBoard event files in RUN/tensorboard (`training.tensorboard: true`, `pip install 'nmt[tensorboard]'`).
 
-The same numbers as metrics.jsonl, for `tensorboard --logdir RUN/tensorboard`: training loss,
-perplexity, learning rate and target tokens/s at each `log_every`; dev loss, perplexity, BLEU and
-chrF at each validation, with the attention heatmap of the first dev sentence (as Joey NMT and
-OpenNMT-py log them). Events go to RUN/tensorboard, which the run folder's marker records, so
-`--overwrite` removes it with the rest. A resumed run drops the events after its checkpoint's
-step (logged, then lost to a kill), as metrics.jsonl does.
+metrics.jsonl's numbers, and the first dev sentence's attention heatmap at each validation (as Joey NMT and
+OpenNMT-py log them). The marker records the folder (--overwrite removes it); a resumed run drops events
+after its checkpoint's step, as metrics.jsonl does.
 """
 
 from __future__ import annotations
@@ -56,7 +53,7 @@ class TensorBoardLog:
         self.writer.flush()
 
     def attention(self, step: int, src_pieces: list[str], tgt_pieces: list[str], weights: Tensor) -> None:
-        """weights: (len(tgt_pieces), len(src_pieces)). Without matplotlib, one warning and no images."""
+        """weights: (len(tgt_pieces), len(src_pieces)); without matplotlib, one warning and no images."""
         from nmt.plot import PlotUnavailable, attention_figure
 
         if self._no_images:
