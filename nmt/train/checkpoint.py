@@ -35,10 +35,6 @@ from nmt.model.modelfile import (
     run_folder_card,
 )
 
-FORMAT_VERSION = CHECKPOINT_FORMAT
-REQUIRED_KEYS = CHECKPOINT_KEYS
-__all__ = ["CheckpointError", "Cursor", "Progress", "atomic_write", "average_checkpoints", "best_k_files",
-           "load_checkpoint", "restore_training_state", "save_checkpoint", "training_state"]
 BEST_K_FILES = "best-step*.pt"
 TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
 
@@ -204,7 +200,7 @@ def _as_tuple(value: Any) -> Any:
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write `state` with the format and nmt version, and (unless given) its run folder's tokenizer and card."""
     path = Path(path)
-    payload = {"format": FORMAT_VERSION, "nmt_version": __version__, **state}
+    payload = {"format": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" not in payload:
         payload["tokenizer"] = embedded_tokenizer(path.parent, state["vocab"])
     if "card" not in payload:
@@ -251,7 +247,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         state = read_file(path, "checkpoint", mmap=mmap)
         if state.get("kind") == MODEL_KIND:
             raise ModelFileError(f"{path} is a model file (nmt export), not a training checkpoint")
-        check_keys(path, state, "checkpoint", REQUIRED_KEYS, FORMAT_VERSION)
+        check_keys(path, state, "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
         check_checksums(path, "checkpoint")
     except ModelFileError as exc:
         raise CheckpointError(str(exc)) from None
@@ -287,7 +283,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
         else:
             averaged[key] = tensors[-1]
     last = states[-1]
-    result = {k: v for k, v in last.items() if k in REQUIRED_KEYS or k in ("metrics",)}
+    result = {k: v for k, v in last.items() if k in CHECKPOINT_KEYS or k in ("metrics",)}
     result["model"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
     result["tokenizer"] = last.get("tokenizer") or embedded_tokenizer(Path(paths[-1]).parent, last["vocab"])

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 class Ranks:
@@ -29,8 +30,6 @@ class Ranks:
     def wrap(self, model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, torch.device]:
         """Join the process group (NCCL, or gloo on CPUs) and wrap `model` in DDP; returns it and this rank's
         device (on CUDA, LOCAL_RANK's)."""
-        import torch.distributed as dist
-
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             self._started = True
@@ -46,8 +45,6 @@ class Ranks:
         """Rank 0's `value` on every rank (only rank 0 validates, and ranks' clocks differ)."""
         if self.world_size == 1:
             return value
-        import torch.distributed as dist
-
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -56,8 +53,6 @@ class Ranks:
         """Leave the process group this process joined (not one it found)."""
         if not self._started:
             return
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
         self._started = False

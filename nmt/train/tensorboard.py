@@ -21,7 +21,8 @@ TRAIN_SCALARS = ("loss", "ppl", "lr", "tgt_tokens_per_s")
 DEV_SCALARS = ("loss", "ppl", "bleu", "chrf")
 
 
-def _summary_writer() -> type:
+def check_available() -> type:
+    """SummaryWriter; without the package, `training.tensorboard: true` is refused before the run folder is touched."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -30,17 +31,12 @@ def _summary_writer() -> type:
     return SummaryWriter
 
 
-def check_available() -> None:
-    """Refuse `training.tensorboard: true` without the package, before the run folder is touched."""
-    _summary_writer()
-
-
 class TensorBoardLog:
     """Scalars and attention images of one run, written by rank 0."""
 
     def __init__(self, run_dir: Path, step: int) -> None:
         register_file(Path(run_dir) / FOLDER)
-        self.writer = _summary_writer()(log_dir=str(Path(run_dir) / FOLDER), purge_step=step + 1 if step else None)
+        self.writer = check_available()(log_dir=str(Path(run_dir) / FOLDER), purge_step=step + 1 if step else None)
         self._no_images = False
 
     def train(self, event: dict[str, Any]) -> None:
