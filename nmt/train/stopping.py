@@ -10,11 +10,10 @@
     lr_below_min_lr   the plateau schedule took the lr below `training.min_lr`      after a validation
     max_epochs        `training.max_epochs` epochs done                             at the end of the data
 
-`max_minutes` bounds the wall time of the whole run: of `nmt train`, from the process's start;
-through the API, from the Trainer's making. The durations it keeps time for are measured: before
-the first validation, a few dev sentences are decoded and last.pt saved once to time them, and the
-sentences are timed again before an old estimate stops the run. A resumed run spends what its
-earlier sessions left.
+A budget's end (max_*) validates the last update too; a signal leaves that validation owed to --resume.
+`max_minutes` bounds the wall time of the whole run: of `nmt train`, from the process's start; through the
+API, from the Trainer's making. Until a validation is measured, a few dev sentences are decoded and last.pt
+saved once to time it, again as the model learns. A resumed run spends what its earlier sessions left.
 """
 
 from __future__ import annotations

@@ -158,7 +158,8 @@ class Trainer:
                 tf_ratio = teacher_forcing_ratio(t, p.step)
                 lr = self.schedule.step(p.step + 1, self.budget.run_seconds() / 60)
                 batches = [self.train_ids.collate(r) for r in rows]
-                self._count(len(rows), batches, *self._update(batches, tf_ratio), window)
+                loss, tokens = self._update(batches, tf_ratio)
+                self._count(len(rows), batches, loss, tokens, window)
                 bar.update(1)
                 if p.step % t.log_every == 0:
                     self._log_window(bar, lr, tf_ratio, window)
