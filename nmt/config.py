@@ -1,8 +1,5 @@
-"""Typed configuration: one YAML file with sections data, model, training, decoding.
-
-Every key is a dataclass field with a default. Loading checks names (with a "did you mean"
-hint), types and ranges (nmt.config_check), and reports the first problem as a one-line
-`ConfigError` naming the key. Relative paths resolve against the folder of the config file.
+"""Typed configuration: one YAML file with sections data, model, training, decoding; every key a dataclass
+field with a default, checked on loading (nmt.config_check). Relative paths resolve against the file's folder.
 """
 
 from __future__ import annotations
@@ -23,25 +20,21 @@ from nmt.fs.bounded import MAX_YAML_BYTES, YAML_LOADER, BoundError, file_kind, l
 
 def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
              since_saved: bool = False, help: str | None = None) -> Any:
-    """A dataclass field with a range check. `since_saved`: a check newer than files that earlier nmt
-    versions saved, so a config read back from one (`stored_config`) is not held to it. `help`: the
-    key's description, also the help of the command-line option made from it (nmt.cli.options)."""
+    """A field with a range check. `since_saved`: newer than files earlier nmt versions saved, so not applied to
+    a config read back from one (`stored_config`). `help`: the key's command-line help (nmt.cli.options)."""
     return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "since_saved": since_saved, "help": help})
 
 
 def _described(default: Any, help: str) -> Any:
-    """A field without a range, with its description (see `_bounded`)."""
     return field(default=default, metadata={"help": help})
 
 
 def _path(default: str | None = None) -> Any:
-    """A path field; relative values resolve against the config file's folder."""
     return field(default=default, metadata={"path": True})
 
 
 MAX_BEAM = 1000      # beam sizes and n-best lists beyond this are typos (and would exhaust memory)
-# Bounds that fit a machine's memory and time; far beyond any real use, so a value over one is a typo or a
-# damaged file. They hold for stored configs too (a shared model file is checked before it is built).
+# Bounds far beyond any real use: a value over one is a typo or a damaged file (stored configs too).
 MAX_VOCAB = 1_000_000   # SentencePiece pieces, shortlist sizes, top-k
 MAX_DIM = 16_384        # embedding, hidden and attention sizes
 MAX_LAYERS = 64         # RNN layers per side
@@ -56,7 +49,7 @@ BleuTokenize = Literal["13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "flo
 
 
 def memory_bytes() -> int:
-    """This machine's physical memory, for bounds that depend on it (model size, bootstrap samples)."""
+    """This machine's physical memory, for bounds that depend on it."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):     # not POSIX: assume a large machine
@@ -217,10 +210,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading and validation
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`training.lr=3e-4` -> (["training", "lr"], 0.0003); the value is parsed as YAML."""
     if "=" not in text:
@@ -240,7 +229,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set dotted keys in the raw mapping; validation happens afterwards in `build`."""
+    """Set dotted keys in the raw mapping (checked afterwards, by `build`)."""
     for text in overrides:
         parts, value = parse_override(text)
         node = raw
@@ -264,7 +253,6 @@ LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")     # a file suffix: no
 
 
 def _check_together(config: Config) -> None:
-    """Rules that one key's type and range cannot say."""
     data, training = config.data, config.training
     for key in ("src_lang", "tgt_lang"):
         if not LANGUAGE_CODE.fullmatch(getattr(data, key)):
@@ -287,15 +275,14 @@ def _check_together(config: Config) -> None:
 
 
 def check_decoding(decoding: DecodingConfig) -> None:
-    """Rules between decoding keys, for the YAML file and for the settings of one decoding run."""
+    """Rules between decoding keys, for the YAML file and for one decoding run's settings."""
     if decoding.max_len and decoding.min_len >= decoding.max_len:
         raise ConfigError(f"`decoding.min_len` {decoding.min_len} leaves no room under `decoding.max_len` "
                           f"{decoding.max_len} (which counts EOS); lower the first or raise the second")
 
 
 def check_decoding_overrides(overrides: dict[str, Any]) -> None:
-    """Decoding settings given for one run (command-line options, API arguments) meet every rule of the
-    YAML file, even where the model's stored config is read more leniently (`stored_config`)."""
+    """Decoding settings given for one run meet the YAML file's rules, though the stored config's are lenient."""
     build(DecodingConfig, {k: v for k, v in overrides.items() if v is not None}, "decoding.", None)
 
 
@@ -304,9 +291,8 @@ RETIRED_KEYS = {"data": ("spm_train_sentences",)}   # replaced by data.spm_sampl
 
 
 def stored_config(raw: Any) -> Config:
-    """The config saved in a checkpoint or model file, perhaps by an earlier nmt: retired keys are dropped
-    (a YAML file that uses one still gets the unknown-key error), and rules newer than such files (language
-    codes, seeds >= 0, `_check_together`) are not applied: what an earlier nmt trained must still load."""
+    """The config saved in a checkpoint or model file, perhaps by an earlier nmt: its retired keys are dropped
+    and rules newer than it (`since_saved`, `_check_together`) not applied, so that what it trained loads."""
     if isinstance(raw, dict):
         raw = {section: ({k: v for k, v in values.items() if k not in RETIRED_KEYS.get(section, ())}
                          if isinstance(values, dict) else values) for section, values in raw.items()}
@@ -314,9 +300,8 @@ def stored_config(raw: Any) -> Config:
 
 
 class _UniqueKeyLoader(YAML_LOADER):  # type: ignore[misc,valid-type]
-    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (YAML would
-    silently keep the last: a second `training:` section would drop the first). Texts reach it through
-    `load_yaml`, which first bounds their size, nesting and alias expansion (nmt.fs.bounded)."""
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (YAML would keep the
+    last: a second `training:` would drop the first). `load_yaml` bounds the text first (nmt.fs.bounded)."""
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:

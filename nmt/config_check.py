@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import operator
 import types
 import typing
 from pathlib import Path
@@ -59,16 +60,11 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
             raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
         (item_tp,) = typing.get_args(tp)
         return [_coerce(v, item_tp, f"{key}[{i}]", base_dir) for i, v in enumerate(value)]
-    if tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
+    if ((tp is type(None) and value is None) or (tp is bool and isinstance(value, bool))
+            or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+            or (tp is str and isinstance(value, str))):
+        return value
+    if tp is float:
         try:  # PyYAML reads 3e-4 (no dot) as a string
             number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
         except ValueError:
@@ -77,28 +73,22 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
             if not math.isfinite(number):
                 raise ConfigError(f"`{key}` must be a finite number, got {value!r}")
             return number
-    elif tp is str:
-        if isinstance(value, str):
-            return value
     raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
 
 
 def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
     if value is None or isinstance(value, (str, list, bool)):
         return
-    if meta.get("ge") is not None and value < meta["ge"]:
-        raise ConfigError(f"`{key}` must be >= {meta['ge']}, got {value}")
-    if meta.get("gt") is not None and value <= meta["gt"]:
-        raise ConfigError(f"`{key}` must be > {meta['gt']}, got {value}")
-    if meta.get("le") is not None and value > meta["le"]:
-        raise ConfigError(f"`{key}` must be <= {meta['le']}, got {value}")
+    for bound, fails, words in (("ge", operator.lt, ">="), ("gt", operator.le, ">"), ("le", operator.gt, "<=")):
+        if meta.get(bound) is not None and fails(value, meta[bound]):
+            raise ConfigError(f"`{key}` must be {words} {meta[bound]}, got {value}")
 
 
 INT_LIMIT = 2**31 - 1     # every integer key: counts, sizes and seeds far beyond any real use are typos
 STORED_INT_LIMIT = 2**63 - 1    # in stored configs (earlier nmt versions had no INT_LIMIT): what torch can take
 
 
-def build(cls: type, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
+def build(cls: Any, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
     """Build dataclass `cls` from the mapping `raw`, checking every key (see `stored_config` for `stored`)."""
     if raw is None:
         raw = {}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 import torch
 
@@ -16,12 +17,10 @@ _CAPTURE_LOCK = threading.Lock()          # one CUDA graph capture at a time in 
 
 
 @contextmanager
-def capturing(graph: torch.cuda.CUDAGraph, pool: tuple | None, stream: torch.cuda.Stream) -> Iterator[None]:
-    """Record the block's GPU work into `graph` instead of running it, on `stream`, a side stream of the
-    device the work runs on: torch's shared default capture stream belongs to whichever device made it
-    first, and a capture there would record nothing of cuda:N's work. One capture at a time (torch allows
-    no two at once); other threads' CUDA calls meanwhile, an eager search or scoring, stay allowed
-    (thread_local: only this thread's calls that would break a capture raise)."""
+def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream) -> Iterator[None]:
+    """Record the block's GPU work into `graph` on `stream`, a side stream of the work's device (torch's shared
+    capture stream belongs to the device that made it first). One capture at a time; other threads' CUDA
+    calls stay allowed meanwhile (thread_local)."""
     with (_CAPTURE_LOCK, torch.cuda.device(stream.device),
           torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local")):
         yield
@@ -43,13 +42,9 @@ def resolve_device(name: str) -> torch.device:
 def autocast_dtype(precision: str, device: torch.device, graphed: bool = False) -> torch.dtype | None:
     """The autocast dtype for `training.precision` / `decoding.precision`, or None for plain float32.
 
-    auto: on CUDA, bfloat16 where the work runs as captured CUDA graphs (`graphed`: nmt.train.graphed,
-    nmt.decode.graphs), else float32; on the CPU, bfloat16 where it computes it natively
-    (AVX512-BF16/AMX), else float32. Measured on an H200 (docs/benchmarks.md, GPU section): with graphs,
-    bf16 trained the reference model 1.13x faster than float32 and beam-searched 100,000 sentences 1.33x
-    faster; without them these models spend their time in many small per-step kernels, to which autocast
-    only adds casts, and float32 was 1.2-1.4x faster. fp16 runs on CUDA only (with a gradient scaler):
-    training and `nmt translate` refuse it on the CPU; a model's stored fp16 decodes there in bfloat16.
+    auto: bfloat16 on CUDA with captured graphs (`graphed`) and on CPUs that compute it natively, else
+    float32: on an H200 bf16 was 1.13x (training) and 1.33x (beam) faster with graphs, and 1.2-1.4x slower
+    without, as autocast only adds casts to many small kernels (docs/benchmarks.md). fp16 is CUDA only.
     """
     if precision == "fp32":
         return None
@@ -68,36 +63,20 @@ def autocast_dtype(precision: str, device: torch.device, graphed: bool = False) 
 
 def active_autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast is running with on `device_type` right now, or None when it is off."""
-    try:                                               # torch >= 2.4
-        enabled = torch.is_autocast_enabled(device_type)
-        return torch.get_autocast_dtype(device_type) if enabled else None
-    except TypeError:                                  # torch 2.1 - 2.3
-        if device_type == "cpu":
-            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
-        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def use_deterministic_algorithms() -> None:
-    """Make every kernel deterministic, so that a resumed CUDA run repeats the uninterrupted one exactly.
-
-    Process-wide and not undone: meant for a process that runs one training (`nmt train`). cuBLAS needs a
-    fixed workspace for it; the variable only counts before cuBLAS's first use in the process.
-    """
+    """Deterministic kernels, so that a resumed CUDA run repeats the uninterrupted one exactly; process-wide
+    (`nmt train`). cuBLAS's fixed workspace counts only if set before its first use."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
 
 
-def grad_scaler(enabled: bool):
-    """A CUDA gradient scaler (used for float16 only)."""
-    try:
-        return torch.amp.GradScaler("cuda", enabled=enabled)
-    except (AttributeError, TypeError):                # torch < 2.3
-        return torch.cuda.amp.GradScaler(enabled=enabled)
-
-
-def make_optimizer(optimizer_class: type, parameters, **kwargs) -> torch.optim.Optimizer:
-    """The optimiser as one fused kernel where this torch and device support it (torch >= 2.4 on CPU)."""
+def make_optimizer(optimizer_class: type, parameters: Iterable[torch.nn.Parameter], **kwargs: Any,
+                   ) -> torch.optim.Optimizer:
+    """The optimiser as one fused kernel where this device supports it."""
     parameters = list(parameters)
     try:
         return optimizer_class(parameters, fused=True, **kwargs)
@@ -111,16 +90,12 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContext
 
 
 def reuse_freed_memory() -> None:
-    """Have glibc keep freed blocks of up to 32 MiB for reuse instead of handing them back to the kernel.
+    """Have glibc keep freed blocks of up to 32 MiB for reuse instead of returning them to the kernel.
 
-    Every decoding step allocates tensors of several MiB (the additive attention's (rows, src_len,
-    attn_dim) pass, a batch's projected memory). By default glibc returns such blocks to the kernel
-    when they are freed (mmap'ed blocks, and the top of the heap beyond its trim threshold), so the
-    next step's first touch of a fresh block faults its pages in again, 4 KiB at a time. With these
-    settings greedy decoding ran 7-14% faster on an AVX2 EPYC (docs/benchmarks.md); the price is that
-    the process keeps its peak heap mapped (a long-running `nmt serve` stays at its busiest size).
-    A process-wide setting: `nmt translate` and `nmt serve` call it, importing nmt does not. Linux
-    only; skipped where the user set glibc's malloc variables; a no-op without `mallopt` (musl).
+    Decoding steps allocate tensors of several MiB; returned blocks fault their pages in again, 4 KiB at a
+    time, on the next touch. Greedy decoding ran 7-14% faster (docs/benchmarks.md), at the price of keeping
+    the peak heap mapped. Process-wide (translate and serve call it); Linux and glibc only, and not where the
+    user set glibc's malloc variables.
     """
     if not sys.platform.startswith("linux"):
         return

@@ -1,9 +1,7 @@
 """Scores with sacreBLEU: BLEU, chrF (and TER), their signatures, and paired bootstrap tests.
 
-BLEU's tokenizer and case are choices (`--tokenize`, `--lowercase`; `training.bleu_tokenize` and
-`training.bleu_lowercase` for validation), so that every script can be scored: 13a splits on
-punctuation and spaces, which leaves a Chinese or Japanese sentence one "word". Whatever is chosen,
-the signature says it (tok:zh, case:lc, nrefs:2), so a score is never quoted without its settings.
+BLEU's tokenizer and case are choices (13a leaves a Chinese sentence one "word"), which the signature
+states (tok:zh, case:lc, nrefs:2): a score is never quoted without its settings.
 """
 
 from __future__ import annotations
@@ -42,8 +40,7 @@ def read_text(path: str | Path) -> list[str]:
 
 def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypotheses",
                   ref_name: str = "the references") -> None:
-    """sacreBLEU pairs hypotheses with references by position and silently drops what one list has more of:
-    every score nmt computes is refused unless the counts agree."""
+    """Refuse counts that differ: sacreBLEU silently drops what one list has more of."""
     if not refs:
         raise EvaluationError(f"{ref_name} is empty; there is nothing to score")
     if len(hyps) != len(refs):
@@ -54,10 +51,10 @@ def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypothe
 
 def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]],
                       *systems: tuple[list[str], str]) -> list[list[str]]:
-    """One reference per hypothesis (a list of lines), or several (a list of such lists), as sacreBLEU's
-    list of reference streams; each stream is checked against each system's (hypotheses, name) by
-    `check_lengths`."""
-    streams = [list(refs)] if not refs or isinstance(refs[0], str) else [list(stream) for stream in refs]
+    """One reference per line (a list of lines), or several (a list of such lists), as sacreBLEU's reference
+    streams, each checked against each system's (hypotheses, name)."""
+    several: Any = refs if refs and not isinstance(refs[0], str) else [refs]
+    streams: list[list[str]] = [list(stream) for stream in several]
     for stream in streams:
         for hyps, name in systems:
             check_lengths(hyps, stream, name)
@@ -65,8 +62,7 @@ def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]],
 
 
 def bleu_metric(tokenize: str = "13a", lowercase: bool = False, option: str = "--tokenize") -> BLEU:
-    """sacreBLEU's BLEU with this tokenizer and case; one that cannot run here is an `EvaluationError`
-    naming `option` (the command-line option or config key) and what to install or fetch."""
+    """sacreBLEU's BLEU; a tokenizer that cannot run here is an `EvaluationError` naming `option` and the fix."""
     if tokenize not in TOKENIZERS:
         close = difflib.get_close_matches(str(tokenize), TOKENIZERS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -92,7 +88,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _spm_download_message(tokenize: str, option: str, exc: BaseException) -> str:
-    """sacreBLEU fetches the FLORES SentencePiece model from the internet on first use, into its cache."""
     from sacrebleu.tokenizers import tokenizer_spm
 
     url = tokenizer_spm.SPM_MODELS[tokenize]["url"]
@@ -104,7 +99,7 @@ def _spm_download_message(tokenize: str, option: str, exc: BaseException) -> str
 
 
 def bleu_signature(tokenize: str = "13a", lowercase: bool = False, nrefs: int = 1) -> str:
-    """The signature a BLEU with these settings reports (sacreBLEU counts references once it scored)."""
+    """The signature of a BLEU with these settings (sacreBLEU counts references once it scored)."""
     metric = bleu_metric(tokenize, lowercase)
     metric.corpus_score(["a"], [["a"]] * nrefs)
     return metric.get_signature().format()
@@ -118,8 +113,7 @@ def bleu(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], tokeniz
 
 
 def make_metrics(ter: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
-    """BLEU with the chosen tokenizer and case, chrF with the chosen case (it splits no words), and TER with
-    its own defaults (case-insensitive already)."""
+    """BLEU and chrF with the chosen case (BLEU's tokenizer too), TER with its defaults (already no case)."""
     metrics: dict[str, Any] = {"bleu": bleu_metric(tokenize, lowercase), "chrf": CHRF(lowercase=lowercase)}
     if ter:
         metrics["ter"] = TER()
@@ -128,7 +122,7 @@ def make_metrics(ter: bool = False, tokenize: str = "13a", lowercase: bool = Fal
 
 def score(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], ter: bool = False,
           tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
-    """Corpus scores against one or several references (`reference_streams`); each with its signature."""
+    """Corpus scores against one or several references, each with its signature."""
     streams = reference_streams(refs, (hyps, "the hypotheses"))
     results: dict[str, Any] = {"sentences": len(hyps)}
     for name, metric in make_metrics(ter, tokenize, lowercase).items():
@@ -143,10 +137,8 @@ def score(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], ter: b
 
 def compare(hyps: list[str], other: list[str], refs: Sequence[str] | Sequence[Sequence[str]], ter: bool = False,
             samples: int = 1000, tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
-    """Paired bootstrap resampling (Koehn 2004) of `other` against the baseline `hyps`.
-
-    sacreBLEU draws all `samples` x sentences indices at once (8 bytes each): a count whose draw would
-    not fit in a quarter of this machine's memory is refused before it starts."""
+    """Paired bootstrap resampling (Koehn 2004) of `other` against the baseline `hyps`. sacreBLEU draws all
+    samples x sentences indices at once: a draw over a quarter of this machine's memory is refused."""
     streams = reference_streams(refs, (hyps, "the baseline"), (other, "the other system"))
     if not 1 <= samples <= MAX_BOOTSTRAP:
         raise EvaluationError(f"--bootstrap-samples must be in 1..{MAX_BOOTSTRAP}, got {samples}")
@@ -158,7 +150,8 @@ def compare(hyps: list[str], other: list[str], refs: Sequence[str] | Sequence[Se
     test = PairedTest([("baseline", hyps), ("other", other)], metrics, streams, test_type="bs", n_samples=samples)
     signatures, scores = test()
     out = {}
-    for metric_name, (baseline, system) in ((k, v) for k, v in scores.items() if k != "System"):
+    results: Any = ((k, v) for k, v in scores.items() if k != "System")     # Result pairs
+    for metric_name, (baseline, system) in results:
         out[metric_name] = {
             "baseline": round(float(baseline.score), 2), "other": round(float(system.score), 2),
             "other_mean": round(float(system.mean), 2), "other_ci95": round(float(system.ci), 2),

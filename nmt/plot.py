@@ -1,8 +1,4 @@
-"""Pictures of what the model learned: attention heatmaps and training curves.
-
-matplotlib is an optional extra (`pip install 'nmt[plot]'`); only this module imports it, and
-only when a plot is asked for.
-"""
+"""Attention heatmaps and training curves; matplotlib (the optional `nmt[plot]`) is imported only here, on use."""
 
 from __future__ import annotations
 
@@ -43,22 +39,18 @@ def _pyplot():
 
 
 def heatmap_size(n_src: int, n_tgt: int) -> tuple[float, float]:
-    """Figure size in inches: about a quarter inch per piece, at least 5 x 4, at most 16 x 14."""
+    """Inches: a quarter per piece, from 5 x 4 to 16 x 14."""
     width = min(16.0, max(5.0, 2.5 + 0.24 * n_src))
     height = min(14.0, max(4.0, 2.0 + 0.24 * n_tgt))
     return width, height
 
 
 def label_font_size(n: int) -> float:
-    """Smaller labels for longer sentences, so 50 pieces still fit without overlapping."""
     return max(5.0, min(11.0, 340.0 / max(n, 1)))
 
 
 def attention_figure(src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor, title: str = ""):
-    """A heatmap of attention weights: output pieces down, source pieces across, with a colour bar.
-
-    weights: (len(tgt_pieces), len(src_pieces)); rows are the α_i of each output step.
-    """
+    """Output pieces down, source pieces across; weights: (len(tgt_pieces), len(src_pieces)), rows the α_i."""
     plt = _pyplot()
     matrix = weights.detach().float().cpu().numpy() if hasattr(weights, "detach") else weights  # torch or numpy
     if matrix.shape != (len(tgt_pieces), len(src_pieces)):
@@ -79,24 +71,26 @@ def attention_figure(src_pieces: Sequence[str], tgt_pieces: Sequence[str], weigh
 
 
 class AttentionPlotter:
-    """Writes one PNG per sentence into a folder (used by `nmt translate --plot-attention`).
+    """One PNG per sentence into a folder nmt marks as its own (one holding files nmt did not write is refused);
+    `one_file`: one sentence's heatmap into the file `out` names, in its suffix's format."""
 
-    The folder is marked as nmt's; one that holds files nmt did not write is refused, so a
-    heatmap never replaces a file of the user's.
-    """
-
-    def __init__(self, out_dir: str | Path, option: str = "--plot-attention") -> None:
-        self.plt = _pyplot()
-        self.out_dir = output_target(out_dir, option)      # the folder the user named may be a link
+    def __init__(self, out: str | Path, option: str = "--plot-attention", one_file: bool = False) -> None:
+        self.plt, self.option, self.one_file = _pyplot(), option, one_file
         self.written: list[Path] = []                       # the heatmaps drawn so far
-        if refuse_foreign(self.out_dir, "attention", option, "empty it") is None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            write_marker(self.out_dir, "attention")
+        if one_file:
+            self.out, self.kind = Path(out), image_format(Path(out), option)
+            return
+        self.out, self.kind = output_target(out, option), "png"     # the folder the user named may be a link
+        if refuse_foreign(self.out, "attention", option, "empty it") is None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_marker(self.out, "attention")
 
     def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
+        if self.one_file and self.written:
+            raise PlotError(f"{self.option} {self.out} is one file and holds one heatmap; give a folder for more")
         fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
-        path = self.out_dir / f"attention-{number:05d}.png"
-        save_figure(self.plt, fig, path, "png")
+        path = self.out if self.one_file else self.out / f"attention-{number:05d}.png"
+        save_figure(self.plt, fig, output_target(path, self.option) if self.one_file else path, self.kind)
         self.written.append(path)
         return path
 
@@ -109,43 +103,22 @@ def save_figure(plt: Any, fig: Any, path: Path, kind: str) -> None:
         plt.close(fig)
 
 
-class HeatmapFile:
-    """Writes the heatmap of one sentence to the file the user named (`nmt plot attention -o att.png`),
-    atomically, in the format its suffix names; the same `plot`/`written` interface as AttentionPlotter."""
-
-    def __init__(self, path: str | Path, option: str = "--out") -> None:
-        self.plt = _pyplot()
-        self.path, self.option = Path(path), option
-        self.kind = image_format(self.path, option)
-        self.written: list[Path] = []
-
-    def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
-        if self.written:
-            raise PlotError(f"{self.option} {self.path} is one file and holds one heatmap; give a folder for more")
-        fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
-        save_figure(self.plt, fig, output_target(self.path, self.option), self.kind)
-        self.written.append(self.path)
-        return self.path
-
-
 def is_folder_target(out: str) -> bool:
-    """`-o` of `nmt plot attention`: a folder when it is one, ends with '/', or has no suffix (the default
-    `attention`); otherwise one image file whose suffix names its format (att.png, att.pdf)."""
+    """`-o` of `nmt plot attention` is a folder when it is one, ends with '/' or has no suffix, else a file."""
     return out.endswith(("/", os.sep)) or Path(out).is_dir() or not Path(out).suffix
 
 
-def attention_output(out: str, sentences: int, option: str = "--out") -> AttentionPlotter | HeatmapFile:
-    """The heatmap writer `-o` names: a folder of PNGs, or one file for one sentence."""
+def attention_output(out: str, sentences: int, option: str = "--out") -> AttentionPlotter:
     if is_folder_target(out):
         return AttentionPlotter(out, option)
     if sentences != 1:
         raise PlotError(f"{option} {out} names one file, but {sentences} sentences were given; "
                         f"give one --src, or a folder ({out.rsplit('.', 1)[0]}/) for one PNG per sentence")
-    return HeatmapFile(out, option)
+    return AttentionPlotter(out, option, one_file=True)
 
 
 def image_format(out: Path, option: str = "--out") -> str:
-    """The image format `out`'s suffix names; one matplotlib cannot write is a PlotError listing those it can."""
+    """The image format `out`'s suffix names; a PlotError lists those matplotlib writes."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     kinds = FigureCanvasBase.get_supported_filetypes()
@@ -154,10 +127,6 @@ def image_format(out: Path, option: str = "--out") -> str:
         raise PlotError(f"{option} {out}: cannot write {out.suffix or 'a file without a suffix'}; "
                         f"name a .{' / .'.join(sorted(kinds))} file")
     return kind
-
-
-# ---------------------------------------------------------------------------------------------
-# Training curves
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -177,7 +146,6 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_label(run_dir: Path) -> str:
-    """The run folder's name and its attention type, from the config.yaml it holds."""
     try:
         config = load_yaml((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
         attention = config["model"]["attention"]
@@ -220,7 +188,7 @@ def curves_figure(run_dirs: Sequence[Path]):
 
 
 def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
-    """Draw the runs' curves into `out`, in the format its suffix names (png, pdf, svg, ...), atomically."""
+    """Draw the runs' curves into `out`, atomically, in the format its suffix names."""
     plt = _pyplot()
     kind, target = image_format(out), output_target(out, "--out")
     save_figure(plt, curves_figure(run_dirs), target, kind)

@@ -1,11 +1,5 @@
-"""Progress on stderr: a tqdm bar on a terminal, a plain line every so often in a log file.
-
-tqdm redraws its bar with carriage returns several times a second; on a terminal that is one
-line, but stderr redirected to a file keeps every redraw (a 30-minute training log held about
-1,200 of them). `progress_bar` therefore returns tqdm only when the stream is a terminal, and
-otherwise a `LogLines` with the part of tqdm's interface nmt uses (update, set_postfix, close,
-a context manager), which writes one `\\n`-ended line every `every_seconds` and one at the end
-(unless `leave=False`).
+"""Progress on stderr: a tqdm bar on a terminal, else a plain line every `every_seconds` (a log file would keep
+every one of tqdm's carriage-return redraws: 1,200 in a 30-minute training log).
 """
 
 from __future__ import annotations
@@ -29,11 +23,7 @@ def is_terminal(stream: TextIO) -> bool:
 def progress_bar(desc: str, unit: str, total: int | None = None, initial: int = 0, disable: bool = False,
                  leave: bool = True, stream: TextIO | None = None, every_seconds: float = EVERY_SECONDS,
                  **tqdm_options: Any) -> Any:
-    """A tqdm bar on a terminal, else `LogLines`; both count `update(n)` calls and show `set_postfix(...)`.
-
-    `leave=False`: the bar disappears at the end, and the lines leave no final one. `tqdm_options`
-    (unit_scale, dynamic_ncols, ...) apply to the bar only.
-    """
+    """A tqdm bar on a terminal, else `LogLines`; `leave=False` leaves no last line; `tqdm_options` go to tqdm."""
     stream = stream if stream is not None else sys.stderr
     if is_terminal(stream):
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=disable, leave=leave,
@@ -43,7 +33,7 @@ def progress_bar(desc: str, unit: str, total: int | None = None, initial: int = 
 
 
 class LogLines:
-    """Progress as plain lines: `train: 1200/5000 upd, 4.1 upd/s, 4:52 elapsed, loss=3.215 lr=1.00e-03`."""
+    """tqdm's update/set_postfix/close as lines: `train: 1200/5000 upd, 4.1 upd/s, 4:52 elapsed, loss=3.215`."""
 
     def __init__(self, desc: str, unit: str, total: int | None = None, initial: int = 0, disable: bool = False,
                  leave: bool = True, stream: TextIO | None = None, every_seconds: float = EVERY_SECONDS) -> None:

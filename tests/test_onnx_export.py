@@ -17,7 +17,7 @@ pytest.importorskip("onnx", reason="the onnx extra (pip install 'nmt[onnx]') is 
 ort = pytest.importorskip("onnxruntime", reason="the onnx extra (pip install 'nmt[onnx]') is not installed")
 
 from nmt.config import ModelConfig  # noqa: E402
-from nmt.data.tokenizer import BOS, EOS, PAD  # noqa: E402
+from nmt.data.special import BOS, EOS, PAD  # noqa: E402
 from nmt.decode.onnx_graphs import Layout, OnnxExportError, example_batch, export_pair, inference_step  # noqa: E402
 from nmt.decode.search import max_output_lengths  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402

@@ -1,14 +1,10 @@
 """Bucketed, token-budget batches of padded tensors.
 
-Each epoch: the epoch's rows (every sentence once, or per corpus `weight` times) are permuted
-from a seed and cut into pools of `pool_batches` batches' worth of sentences; each pool is
-sorted by length (the longer side, then target, then source) and cut into batches whose padded
-size (sentences x longest side, EOS/BOS included) stays within `batch_tokens`; then the order
-of all batches is shuffled. Sorting inside pools keeps padding low while batches still mix
-differently every epoch. All of it is vectorised over sentences (one sort for all pools, a
-binary search per batch boundary run over all pools at once). With DDP every rank computes the
-same boundaries and materialises only every `world_size`-th batch, so ranks need no
-communication to split the data.
+Each epoch, its rows (every sentence once, or per corpus `weight` times) are permuted from a seed and cut
+into pools of `pool_batches` batches' worth; each pool is sorted by length and cut into batches whose
+padded size (sentences x longest side) stays within `batch_tokens`, and the batches are shuffled: little
+padding, different batches every epoch. Vectorised over sentences; with DDP every rank computes the same
+cut and takes every `world_size`-th batch, without communication.
 """
 
 from __future__ import annotations
@@ -49,7 +45,6 @@ class Batch:
 
     @property
     def cells(self) -> tuple[int, int]:
-        """(source, target) positions of the padded tensors, PAD included: what the model computes over."""
         return self.src.numel(), self.tgt_out.numel()
 
     def to(self, device: torch.device) -> Batch:
@@ -60,8 +55,8 @@ class Batch:
 
 
 def bucket_size(n: int, step: int) -> int:
-    """n rounded up to `step` below 8 steps, then to the next of 8, 10, 12, 14, 16, 20, ... steps (at most
-    ~25% waste), so that the number of distinct shapes grows with the log of the largest."""
+    """n rounded up to `step`, beyond 8 steps to 8, 10, 12, 14, 16, 20, ... steps: at most ~25% waste, and
+    the number of shapes grows with the log of the largest."""
     units = math.ceil(n / step)
     if units <= 8:
         return units * step
@@ -70,11 +65,7 @@ def bucket_size(n: int, step: int) -> int:
 
 
 def pad_rows(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray, prefix: int | None, suffix: int | None) -> Tensor:
-    """Gather sentences `rows` from a flat id array into a padded (len(rows), max_len) tensor.
-
-    Vectorised: no Python loop over sentences. `prefix`/`suffix` (e.g. BOS/EOS) are added to
-    every row.
-    """
+    """Sentences `rows` of a flat id array as a padded (len(rows), max_len) tensor, with `prefix`/`suffix`."""
     starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
     extra = (prefix is not None) + (suffix is not None)
     width = int(lengths.max(initial=0)) + extra
@@ -119,8 +110,8 @@ class ParallelIds:
 
 
 def cut_by_budget(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, batch_size: int) -> list[np.ndarray]:
-    """Cut `order` into consecutive batches: padded size (n * max length) <= batch_tokens,
-    or n <= batch_size when batch_tokens is 0. A single over-long sentence forms its own batch."""
+    """Cut `order` into consecutive batches of padded size (n * max length) <= batch_tokens, or n <= batch_size
+    when batch_tokens is 0; a single over-long sentence forms its own batch."""
     batches, start, longest = [], 0, 0
     for pos, length in enumerate(lengths[order].tolist()):
         n = pos - start + 1
@@ -137,13 +128,8 @@ def cut_by_budget(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, bat
 
 def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.ndarray, batch_tokens: int,
                  batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy batches over pools [start, end) of `lengths`, each pool sorted by non-decreasing length.
-
-    A batch [s, e) is as long as its padded size (e - s) * lengths[e - 1] stays within
-    `batch_tokens` (or e - s <= batch_size when batch_tokens is 0); a single over-long sentence
-    forms its own batch. The same cut as `cut_by_budget`, found for all pools at once: one
-    vectorised binary search per batch position. Returns (starts, ends), in position order.
-    """
+    """`cut_by_budget` over pools [start, end) of `lengths`, each sorted by non-decreasing length, for all
+    pools at once (a vectorised binary search per batch); returns (starts, ends) in position order."""
     live = pool_starts < pool_ends
     start, end = pool_starts[live].astype(np.int64), pool_ends[live].astype(np.int64)
     starts, ends = [], []
@@ -169,11 +155,8 @@ def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.nda
 
 
 class BucketBatchSampler:
-    """Token-budget batches over length-sorted pools, reshuffled every epoch from a seed.
-
-    `corpora`: (start, end, weight) row ranges; an epoch takes each range `weight` times
-    (whole copies, then a seeded random subset for the fraction). None: every row once.
-    """
+    """Token-budget batches over length-sorted pools, reshuffled every epoch from a seed. `corpora`: (start,
+    end, weight) row ranges an epoch takes `weight` times (a seeded subset for the fraction); None: once."""
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int = 2000,
                  batch_size: int = 0, pool_batches: int = 100, seed: int = 0, shuffle: bool = True,
@@ -194,7 +177,6 @@ class BucketBatchSampler:
         self.corpora = list(corpora) if corpora is not None else None
 
     def epoch_rows(self, rng: np.random.Generator) -> np.ndarray:
-        """The rows of one epoch, corpora repeated or subsampled by weight, in corpus order."""
         n = len(self.src_lengths)
         index = np.int32 if n < 2**31 else np.int64                    # row numbers: half the memory
         if self.corpora is None or all(weight == 1 for _, _, weight in self.corpora):
@@ -209,7 +191,7 @@ class BucketBatchSampler:
         return np.concatenate(parts) if parts else np.zeros(0, index)
 
     def _length_key(self, longest: np.ndarray) -> np.ndarray:
-        """One integer per sentence: (longer side, target, source) length, most significant first."""
+        """One integer per sentence: (longer side, target, source) length."""
         scale = self.scale
         if scale**3 >= 2**62:
             raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
@@ -245,11 +227,3 @@ class BucketBatchSampler:
             picked = picked[self.rank : usable : self.world_size]
         return [rows[starts[i] : ends[i]] for i in picked.tolist()]
 
-    def padding_fraction(self, batches: Sequence[np.ndarray]) -> float:
-        """Fraction of pad tokens over both sides of the padded batches."""
-        real = padded = 0
-        for rows in batches:
-            src, tgt = self.src_lengths[rows].astype(np.int64), self.tgt_lengths[rows].astype(np.int64)
-            real += int(src.sum() + tgt.sum())
-            padded += len(rows) * int(src.max() + tgt.max())
-        return 1.0 - real / padded if padded else 0.0

@@ -1,10 +1,8 @@
 """Streaming read of parallel text with checks, the length filter, and the binary id files.
 
-Text is read in bounded chunks (`parallel_chunks`), so memory does not grow with the corpus.
-Id files: one split and side is two files, `{split}.{lang}.ids` (every sentence's ids back to
-back, uint16 when the vocabulary fits, else int32) and `{split}.{lang}.offsets` (int64, n+1
-entries; sentence i is ids[offsets[i]:offsets[i+1]]). Both are written by appending chunks
-(`IdWriter`) and read memory-mapped (`IdFile`).
+One split and side is `{split}.{lang}.ids` (the sentences' ids back to back, uint16 when the vocabulary
+fits, else int32) and `{split}.{lang}.offsets` (int64, n+1 entries: sentence i is ids[offsets[i]:
+offsets[i+1]]), appended chunk by chunk (`IdWriter`) and read memory-mapped (`IdFile`).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
 
 @contextmanager
 def open_lines(path: Path) -> Iterator[Iterator[str]]:
-    """The lines of a text file, plain or gzip, read by `nmt.fs.text`; its errors become `DataError`."""
+    """The lines of a text file, plain or gzip (`nmt.fs.text`); its errors become `DataError`."""
     try:
         handle = text.open_text(path)
     except text.TextInputError as exc:
@@ -79,11 +77,8 @@ def parallel_chunks(src_path: Path, tgt_path: Path, chunk_pairs: int) -> Iterato
 
 
 class ReservoirSample:
-    """A seeded uniform sample of at most `size` items from a stream, in one pass.
-
-    Every item gets a random key; the `size` smallest keys win (the sample is uniform because
-    keys are i.i.d.). Chunks are added whole, so no Python loop runs over the items.
-    """
+    """A seeded uniform sample of at most `size` items from a stream, in one pass: every item gets an i.i.d.
+    random key and the `size` smallest win. Chunks are added whole, without a Python loop over items."""
 
     def __init__(self, size: int, seed: int | list[int]) -> None:
         self.size = size
@@ -133,9 +128,8 @@ class FilterStats:
             self.dropped[reason] += count
 
 
-def length_filter(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, min_len: int, max_len: int, max_ratio: float
-) -> tuple[np.ndarray, FilterStats]:
+def length_filter(src_lens: np.ndarray, tgt_lens: np.ndarray, min_len: int, max_len: int,
+                  max_ratio: float) -> tuple[np.ndarray, FilterStats]:
     """Boolean keep-mask over pairs, and counts of dropped pairs by reason (first reason wins)."""
     short = (src_lens < min_len) | (tgt_lens < min_len)
     long = ~short & ((src_lens > max_len) | (tgt_lens > max_len))
@@ -143,9 +137,8 @@ def length_filter(
     shorter = np.maximum(np.minimum(src_lens, tgt_lens), 1)
     ratio = ~short & ~long & (longer / shorter > max_ratio)
     keep = ~(short | long | ratio)
-    stats = FilterStats(kept=int(keep.sum()))
-    stats.dropped = {"too_short": int(short.sum()), "too_long": int(long.sum()), "ratio": int(ratio.sum())}
-    return keep, stats
+    return keep, FilterStats(int(keep.sum()), {"too_short": int(short.sum()), "too_long": int(long.sum()),
+                                                "ratio": int(ratio.sum())})
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -161,8 +154,8 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def write_error(path: str | Path, exc: OSError) -> DataError:
-    """A failed write as one line naming the file, saying so when the disk is full. numpy reports a short
-    write ("745191 requested and 126976 written") with no errno: on a regular file that is a full disk."""
+    """A failed write as one line naming the file, saying so when the disk is full (numpy's short write, with
+    no errno, is a full disk on a regular file)."""
     if exc.errno in FULL_DISK or exc.errno is None:
         detail = exc.strerror if exc.errno is not None else str(exc)
         return DataError(f"cannot write {path}: the disk is full ({detail}); free some space and run it again")
@@ -170,7 +163,7 @@ def write_error(path: str | Path, exc: OSError) -> DataError:
 
 
 class IdWriter:
-    """Appends chunks of sentences to `stem.ids` and `stem.offsets`, keeping nothing in memory."""
+    """Appends chunks of sentences to `stem.ids` and `stem.offsets`."""
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         self.dtype = dtype
@@ -213,7 +206,6 @@ class IdWriter:
 
 
 def map_ids_in_place(stem: Path, dtype: np.dtype, table: np.ndarray, chunk_tokens: int = 1 << 24) -> None:
-    """Replace every id x in `stem.ids` by table[x], chunk by chunk."""
     path = Path(f"{stem}.ids")
     if path.stat().st_size == 0:
         return
@@ -225,14 +217,13 @@ def map_ids_in_place(stem: Path, dtype: np.dtype, table: np.ndarray, chunk_token
 
 
 def compact_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Sentence lengths in the smallest integer type that also holds length + 1."""
     longest = int(lengths.max(initial=0)) + 1
     return lengths.astype(np.uint16 if longest <= np.iinfo(np.uint16).max else np.int32)
 
 
 def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 20) -> np.ndarray:
-    """Sentence lengths from an offsets file, read in chunks: the memory map stays untouched, so
-    only the offsets a batch needs ever become resident."""
+    """Sentence lengths from an offsets file, read in chunks, not through the memory map (which would keep
+    every page resident)."""
     lengths = np.empty(max(count, 0), dtype=np.int32 if count < 2**31 else np.int64)
     with open(offsets_path, "rb") as handle:
         previous = np.fromfile(handle, dtype=np.int64, count=1)
@@ -244,7 +235,6 @@ def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 20) -> np.nd
 
 
 def _map(path: Path, dtype: np.dtype, maps: list[mmap.mmap]) -> np.ndarray:
-    """A read-only array over the file's memory map (kept in `maps`), or an empty array for an empty file."""
     size = path.stat().st_size
     if size == 0:
         return np.zeros(0, dtype)
@@ -257,11 +247,7 @@ def _map(path: Path, dtype: np.dtype, maps: list[mmap.mmap]) -> np.ndarray:
 
 class IdFile:
     """Read-only, memory-mapped view of one split and side: `ids[offsets[i]:offsets[i+1]]` is sentence i.
-
-    Batches read sentences at random, and the kernel maps in whole runs of pages around every
-    one it reads, so after a few hundred batches the entire files would count as the process's
-    memory (750 MB at 10M pairs). `release` unmaps them again; they stay in the page cache.
-    """
+    Random reads map in whole runs of pages (750 MB at 10M pairs after a few hundred batches): `release`."""
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         offsets_path, ids_path = Path(f"{stem}.offsets"), Path(f"{stem}.ids")
@@ -284,16 +270,14 @@ class IdFile:
         return self._lengths
 
     def read_lengths(self, plus_one: bool = False) -> np.ndarray:
-        """(sentences,) sentence lengths (+ 1 for an EOS or BOS), read from the offsets file and not
-        kept, in the smallest integer type that holds them (2 bytes per sentence below 65,535)."""
+        """(sentences,) sentence lengths (+ 1 for an EOS or BOS), not kept, in the smallest integer type."""
         lengths = compact_lengths(_read_lengths(self._offsets_path, len(self)))
         if plus_one:
             lengths += 1
         return lengths
 
     def release(self) -> None:
-        """Drop the pages reads have mapped into this process (MADV_DONTNEED; the data stays on disk
-        and in the page cache, and later reads map it in again)."""
+        """Drop the pages reads mapped in (MADV_DONTNEED; they stay in the page cache)."""
         if hasattr(mmap, "MADV_DONTNEED"):
             for mapping in self._maps:
                 mapping.madvise(mmap.MADV_DONTNEED)

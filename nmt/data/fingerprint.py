@@ -1,9 +1,6 @@
-"""Whether a data folder is current: a SHA-256 over the preprocessing settings, the input files' hashes and,
-when fine-tuning, the parent model's vocabularies, compared with the fingerprint its manifest records.
-
-The comparison needs only a shared lock, the one trainings hold while they read the folder: `nmt preprocess`
-of a folder that is already up to date (the quickstart runs it before every training) succeeds while other
-trainings read it, and only a rebuild waits for the folder to be free."""
+"""Whether a data folder is current: a SHA-256 over the preprocessing settings, the input files' hashes and a
+fine-tuned parent's vocabularies, against its manifest's. Checked under a shared lock, as trainings hold it:
+preprocessing an up-to-date folder succeeds while trainings read it; only a rebuild waits."""
 
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ from nmt.fs.locks import lock_folder, release_folder
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """What a data folder is built from: `digests` goes into its manifest, `parent` holds the fine-tuned
-    model's (SentencePiece models, target vocabulary) or None."""
+    """What a data folder is built from; `parent`: the fine-tuned model's vocabularies, or None."""
 
     fingerprint: str
     digests: dict[str, Any]
@@ -32,7 +28,7 @@ class Inputs:
 
 
 def inputs_of(config: Config, files: dict[str, tuple[Path, Path]]) -> Inputs:
-    """Hash every input file (source and target of each split, given SentencePiece models) and the settings."""
+    """Hash the input files, given SentencePiece models and the settings."""
     data = config.data
     digests = {f"{split}.{side}": file_digest(path) | {"path": str(path)}
                for split, pair in files.items() for side, path in zip(("src", "tgt"), pair, strict=True)}
@@ -60,10 +56,8 @@ def recorded_fingerprint(out_dir: Path) -> str | None:
 
 
 def current_for_readers(out_dir: Path, fingerprint: str) -> bool:
-    """Whether nmt's data folder `out_dir` already holds the data of `fingerprint`, read under a shared lock.
-
-    False when there is no such folder yet or a writer holds it: the exclusive path then builds it or names the
-    writer. A folder with files nmt did not write is refused here as there."""
+    """Whether nmt's data folder `out_dir` holds the data of `fingerprint`, under a shared lock; False when
+    there is none or a writer holds it (the exclusive path then builds it or names the writer)."""
     marker = read_marker(out_dir) if (out_dir / "manifest.json").is_file() else None
     if marker is None or marker.get("kind") != "data":
         return False

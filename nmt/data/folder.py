@@ -1,8 +1,5 @@
-"""A preprocessed data folder, as training and decoding read it: the manifest, vocabularies, id files.
-
-`nmt preprocess` (nmt.data.preprocess) writes the folder; this module only reads it, so that
-training imports neither SentencePiece training nor the encoding pipeline. It also checks that a
-folder was built from the settings and input files a config names (`DataFolder.check_settings`).
+"""A preprocessed data folder as training reads it (nmt.data.preprocess writes it): manifest, vocabularies,
+id files, and whether it was built from the settings and input files a config names.
 """
 
 from __future__ import annotations
@@ -59,12 +56,8 @@ class DataFolder:
         return cls(root, manifest)
 
     def check_settings(self, data: DataConfig) -> None:
-        """Refuse a folder preprocessed from other settings or inputs than `data` describes.
-
-        A config that names only `data.out_dir` (no `data.train`) takes the folder as it is.
-        Paths are not compared, so a project folder can move; instead each input file the config
-        names must, where it exists, still have the size it had when the folder was built.
-        """
+        """Refuse a folder preprocessed from other settings or inputs than `data` (without `data.train`: any).
+        Paths are not compared (a project may move), but existing inputs must keep their sizes."""
         recorded = self.manifest.get("settings")
         if data.train is None or not isinstance(recorded, dict):
             return
@@ -100,7 +93,7 @@ class DataFolder:
         return split in self.manifest["splits"]
 
     def reference_path(self, split: str) -> Path:
-        """The raw target text of a dev/test split, for BLEU against the untokenised references."""
+        """The raw target text of a dev/test split (BLEU's references)."""
         return self.root / f"{split}.ref.{self.manifest['langs']['tgt']}"
 
 
@@ -122,7 +115,7 @@ def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
 
 
 def _check_manifest_entries(manifest: dict[str, Any]) -> None:
-    """Touch every manifest entry that training and translation read; a missing or mistyped one raises."""
+    """A missing or mistyped manifest entry that training reads raises."""
     for side in ("src", "tgt"):
         if not isinstance(manifest["langs"][side], str) or not isinstance(manifest["vocab"][side]["model"], str):
             raise TypeError(f"langs.{side} and vocab.{side}.model must be strings")
@@ -133,8 +126,7 @@ def _check_manifest_entries(manifest: dict[str, Any]) -> None:
 
 
 def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """The data settings that must agree between a config and a folder: every value but the paths
-    (a path only counts as given or not), and of the training corpora the weights (one prefix = [1.0])."""
+    """The data settings a config and a folder must agree on: paths only as given or not, corpora as weights."""
     comparable = {}
     for key, value in settings.items():
         if key == "out_dir":
@@ -149,7 +141,6 @@ def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _describe_setting(key: str, value: Any) -> str:
-    """A comparable setting in words, for the message that two differ."""
     if key in PATH_SETTINGS:
         return f"a `data.{key}`" if value else f"no `data.{key}`"
     if key == "train":
@@ -159,7 +150,7 @@ def _describe_setting(key: str, value: Any) -> str:
 
 
 def input_prefixes(data: DataConfig) -> list[tuple[str, str]]:
-    """(name, prefix) of every input: the training corpora (see `train_corpora`), dev, test."""
+    """(name, prefix) of every input: the training corpora, dev, test."""
     return ([(name, prefix) for name, prefix, _ in train_corpora(data)]
             + [(split, getattr(data, split)) for split in SPLITS[1:] if getattr(data, split) is not None])
 
@@ -171,7 +162,6 @@ def text_files(data: DataConfig, name: str, prefix: str) -> tuple[Path, Path]:
 
 
 def _existing_input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
-    """The inputs of `_input_files` whose two files both exist; missing ones are skipped."""
     files = {}
     for name, prefix in input_prefixes(data):
         try:

@@ -1,16 +1,11 @@
 """`nmt preprocess`: raw parallel text -> SentencePiece models + binary id files + manifest.
 
-Everything streams, so memory does not grow with the corpus: one pass over the training corpora
-draws the seeded SentencePiece sample; a second reads, checks, encodes (every core), filters and
-appends `CHUNK_PAIRS` pairs at a time, gathering the target pieces in use and the co-occurrence
-counts of the vocabulary shortlist (`shortlist.npz`, nmt.data.shortlist); the training target
-ids are then mapped to the target vocabulary in place. Several training corpora are written one
-after the other into one `train` split; the manifest gives each its rows and weight.
-The output folder carries nmt's marker and is locked while a run works in it; the files are
-built in a temporary folder and moved into place at the end, the manifest last, so an
-interrupted run never leaves a half-written data folder. A fingerprint of the settings and the
-input files' hashes makes re-runs with unchanged inputs a no-op, checked under the shared lock
-that trainings hold (nmt.data.fingerprint).
+Everything streams (memory does not grow with the corpus): one pass draws the SentencePiece sample, a
+second encodes, filters and appends `CHUNK_PAIRS` pairs at a time, gathering the target pieces in use and
+the shortlist's co-occurrence counts; training target ids are then mapped to the target vocabulary in
+place. The files are built in a temporary folder inside the locked, marked output folder and moved into
+place at the end, the manifest last: an interrupted run never leaves a half-written data folder. Re-runs
+with unchanged inputs are a no-op (nmt.data.fingerprint).
 """
 
 from __future__ import annotations
@@ -67,12 +62,12 @@ CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does
 
 
 def log(message: str) -> None:
-    """A progress line on stderr; the file names in it are escaped (see nmt.fs.text.printable)."""
+    """A progress line on stderr, its file names escaped (nmt.fs.text.printable)."""
     print(printable(message), file=sys.stderr, flush=True)
 
 
 def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
-    """(source, target) file of every input: the training corpora (see `train_corpora`), dev, test."""
+    """(source, target) file of every input: the training corpora, dev, test."""
     files = {name: text_files(data, name, prefix) for name, prefix in input_prefixes(data)}
     for key in ("src_spm_model", "tgt_spm_model"):
         path = getattr(data, key)
@@ -85,8 +80,8 @@ def _input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
 
 def _sample_for_sentencepiece(data: DataConfig, train_files: list[tuple[Path, Path]],
                               sides: tuple[str, ...]) -> dict[str, list[str]]:
-    """One streaming pass over the training corpora: a seeded uniform sample of at most
-    `data.spm_sample_sentences` non-blank sentences per model to train ("joint", or "src"/"tgt")."""
+    """A seeded uniform sample of at most `data.spm_sample_sentences` non-blank sentences per model to train
+    ("joint", or "src"/"tgt"), in one pass."""
     samples = {side: ReservoirSample(data.spm_sample_sentences, [data.spm_sample_seed, i])
                for i, side in enumerate(sides)}
     with progress_bar("sampling", "pairs", unit_scale=True, leave=False) as bar:
@@ -126,7 +121,6 @@ def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: P
 
 
 def _check_given_model(path: Path, key: str) -> None:
-    """A SentencePiece model the user gives must load and have nmt's special ids."""
     if not path.is_file():
         raise ConfigError(f"`{key}`: {path} does not exist")
     try:
@@ -144,7 +138,6 @@ def _check_specials(vocab: Vocab, name: str) -> None:
 
 
 def _train_model(data: DataConfig, sample: list[str], prefix: Path, which: str) -> Path:
-    """Train one SentencePiece model on `sample`; its failures become one-line `DataError`s."""
     side = {"src": "source", "tgt": "target"}.get(which)       # None for the joint model
     if not sample:
         raise DataError(f"`data.train`: the training corpora hold no non-blank {f'{side} ' if side else ''}"
@@ -165,11 +158,7 @@ def _train_model(data: DataConfig, sample: list[str], prefix: Path, which: str) 
 
 
 def preprocess(config: Config, force: bool = False, config_path: str | Path | None = None) -> Path:
-    """Run the whole preprocessing stage; returns the output folder.
-
-    The output folder is nmt's (marked) and locked for the whole run; new files are built in a
-    temporary folder inside it and moved in at the end, the manifest last.
-    """
+    """Run the whole preprocessing stage; returns the output folder."""
     data = config.data
     if data.out_dir is None:
         raise ConfigError("`data.out_dir` is required: the folder to write the preprocessed data to")
@@ -210,11 +199,9 @@ def _up_to_date(out_dir: Path) -> Path:
 
 def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_dir: Path, force: bool,
                        built_from: Inputs) -> Path:
-    # Checked again under the exclusive lock: a caller that held it skipped the shared check, and another
-    # preprocess may have finished between the two.
+    # again under the exclusive lock: a caller that held it skipped the shared check, or another just finished
     if not force and recorded_fingerprint(out_dir) == built_from.fingerprint:
         return _up_to_date(out_dir)
-
     tmp = Path(tempfile.mkdtemp(prefix=f".build.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=out_dir))
     try:
         manifest = _write_folder(config, files, built_from.digests, built_from.fingerprint, tmp, built_from.parent)
@@ -241,13 +228,10 @@ def _stream_corpus(data: DataConfig, paths: tuple[Path, Path], src_vocab: Vocab,
                    writers: _Writers, filter_lengths: bool, seen_tgt: np.ndarray | None,
                    cooccurrence: CooccurrenceCounts | None = None) -> dict[str, Any]:
     """Read, check, encode, (filter) and append one parallel corpus chunk by chunk; returns its counts.
-
-    `seen_tgt` (one flag per target SentencePiece id) is set for every target piece written;
-    `cooccurrence` counts the pairs written, for the vocabulary shortlist.
-    """
+    `seen_tgt` (per target SentencePiece id) flags the pieces written; `cooccurrence` counts the pairs."""
     counts: dict[str, Any] = {"input_pairs": 0, "pairs": 0, "src_tokens": 0, "tgt_tokens": 0,
                               "src_unk": 0, "tgt_unk": 0, "empty_lines": 0}
-    stats, first_empty = FilterStats(), []
+    stats, first_empty = FilterStats(), list[int]()
     with progress_bar(f"encoding {paths[0].name}", "pairs", unit_scale=True, leave=False) as bar:
         for src_lines, tgt_lines in parallel_chunks(*paths, CHUNK_PAIRS):
             src, src_lens = src_vocab.encode_flat(src_lines)             # (tokens,), (pairs,)
@@ -335,7 +319,6 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
     for vocab in (src_vocab, tgt_vocab):
         _check_specials(vocab, str(vocab.model_path))
     dtypes = {"src": id_dtype(len(src_vocab)), "tgt": id_dtype(len(tgt_vocab))}
-
     # Training ids are written as SentencePiece ids while the target pieces in use are gathered ...
     seen_tgt = np.zeros(len(tgt_vocab), dtype=bool)
     cooccurrence = (CooccurrenceCounts(len(src_vocab), len(tgt_vocab), data.shortlist_pairs)
@@ -348,12 +331,11 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
     if data.target_vocab_from_train or parent is not None:
         # ... then the target side's vocabulary is those pieces (or the parent's), and its ids are mapped in place.
         seen_tgt[[PAD, UNK, BOS, EOS]] = True
-        tgt_vocab = Vocab(tgt_model, np.flatnonzero(seen_tgt) if parent is None else parent[1].pieces)
+        tgt_vocab = Vocab(tgt_model, (np.flatnonzero(seen_tgt) if parent is None else parent[1].pieces).tolist())
         tgt_vocab.save_pieces(out / "tgt.pieces")
         vocab_entries["tgt"]["pieces"] = "tgt.pieces"
         map_ids_in_place(out / f"train.{data.tgt_lang}", dtypes["tgt"], tgt_vocab.to_side)
     shortlist_entry = _write_shortlist(data, cooccurrence, src_vocab, tgt_vocab, out) if cooccurrence else None
-
     for split in SPLITS[1:]:
         if split not in files:
             continue
@@ -366,21 +348,12 @@ def _write_folder(config: Config, files: dict[str, tuple[Path, Path]], digests: 
             del splits[split]["input_pairs"]
             if not splits[split]["pairs"]:
                 raise DataError(f"`data.{split}`: {files[split][0]} and {files[split][1]} are empty")
-
-    vocab_entries["src"]["size"] = len(src_vocab)
-    vocab_entries["tgt"]["size"] = len(tgt_vocab)
-    manifest = {
-        "format": FORMAT_VERSION,
-        "nmt_version": __version__,
-        "fingerprint": fingerprint,
-        "langs": {"src": data.src_lang, "tgt": data.tgt_lang},
-        "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
-        "dtype": {side: dt.name for side, dt in dtypes.items()},
-        "vocab": vocab_entries,
-        "splits": splits,
-        "inputs": digests,
-        "settings": {k: v for k, v in dataclasses.asdict(data).items()},
-    }
+    vocab_entries["src"]["size"], vocab_entries["tgt"]["size"] = len(src_vocab), len(tgt_vocab)
+    manifest = {"format": FORMAT_VERSION, "nmt_version": __version__, "fingerprint": fingerprint,
+                "langs": {"src": data.src_lang, "tgt": data.tgt_lang},
+                "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
+                "dtype": {side: dt.name for side, dt in dtypes.items()}, "vocab": vocab_entries, "splits": splits,
+                "inputs": digests, "settings": dataclasses.asdict(data)}
     if shortlist_entry is not None:
         manifest["shortlist"] = shortlist_entry
     (out / "config.yaml").write_text(dump_config(config), encoding="utf-8")
@@ -402,12 +375,9 @@ def _write_shortlist(data: DataConfig, counts: CooccurrenceCounts, src_vocab: Vo
 
 
 def _replace_folder(tmp: Path, out_dir: Path) -> None:
-    """Move the finished files from `tmp` into the locked `out_dir`, replacing nmt's old ones.
-
-    The old manifest goes first and the new one last, so a crash in between leaves a folder
-    without a manifest (rebuilt by the next run), never a mix that looks complete. The marker
-    lists every file nmt may later delete, old and new, at each moment.
-    """
+    """Move the finished files from `tmp` into the locked `out_dir`, replacing nmt's old ones. The old manifest
+    goes first and the new one last: a crash between leaves no manifest (a rebuild), never a mix that looks
+    complete. The marker lists every file nmt may later delete, old and new, at each moment."""
     new = sorted(entry.name for entry in tmp.iterdir())
     old = (read_marker(out_dir) or {}).get("files", [])
     for name in new:                    # data on disk before the names point at it

@@ -1,23 +1,11 @@
 """Vocabulary shortlist (Marian-style): the target pieces likely for each source piece.
 
-`nmt preprocess` counts, over the first `data.shortlist_pairs` training pairs, in how many
-sentence pairs each (source piece s, target piece t) occurs together, c(s, t), and in how many
-each piece occurs, c(s) and c(t). For every source piece it then keeps the `data.shortlist_k`
-target pieces of highest score (the `data.shortlist_frequent` most frequent target pieces
-aside: decoding always keeps those):
-
-    dice:  2 c(s, t) / (c(s) + c(t))        favours translation pairs over frequent pieces
-    prob:  c(s, t) / c(s) = p(t | s)         favours frequent targets
-
-and writes `shortlist.npz`: `targets` (src_vocab, k) target side ids, best first, -1 where a
-source piece has fewer candidates; `frequent` (n,) target side ids, most frequent first; and what
-identifies the vocabularies they index (`src_size`, `tgt_pieces`, `vocab_sha256`). Decoding keeps,
-per batch, the union of its source pieces' rows, the frequent pieces and the special ids
-(nmt.decode.shortlist).
-
-Counting is vectorised per chunk (the distinct pieces of every sentence, their cross product per
-pair, one `np.unique` over combined keys s * tgt_spm_size + t) and merged into sparse sorted
-counts; memory is that of the distinct (s, t) pairs, at most src_vocab x tgt_vocab.
+Over the first `data.shortlist_pairs` training pairs, c(s, t) counts the sentence pairs where source piece s
+and target piece t occur together, c(s) and c(t) those with each. Per source piece, the `data.shortlist_k`
+targets of best score are kept (dice 2 c(s,t) / (c(s) + c(t)) favours translation pairs, prob c(s,t) / c(s)
+frequent targets), the `data.shortlist_frequent` most frequent targets aside: decoding always keeps those
+(nmt.decode.shortlist). `shortlist.npz` holds `targets` (src_vocab, k), -1 padded, `frequent` (n,) and
+what identifies the vocabularies. Counting is vectorised per chunk into sparse sorted counts.
 """
 
 from __future__ import annotations
@@ -35,10 +23,8 @@ PAIRS_PER_BLOCK = 1 << 22       # (s, t) pairs expanded at a time: about 100 MB 
 
 
 def distinct_per_sentence(flat: np.ndarray, lengths: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """flat: (tokens,) ids of the sentences back to back; lengths: (sentences,).
-
-    returns the distinct ids of every sentence, sentence after sentence, ascending within one
-    (ids,), and how many each sentence has (sentences,)."""
+    """flat: (tokens,) ids of the sentences back to back; lengths: (sentences,). Returns each sentence's
+    distinct ids, ascending, sentence after sentence (ids,), and their counts (sentences,)."""
     sentence = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)        # (tokens,)
     keys = np.unique(sentence * vocab_size + flat)                                 # (ids,) sorted
     owner, ids = np.divmod(keys, vocab_size)
@@ -47,9 +33,7 @@ def distinct_per_sentence(flat: np.ndarray, lengths: np.ndarray, vocab_size: int
 
 def cross_pairs(src_ids: np.ndarray, src_counts: np.ndarray, tgt_ids: np.ndarray,
                 tgt_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (source id, target id) of each sentence pair's distinct ids: (pairs,), (pairs,).
-
-    src_ids / tgt_ids: distinct ids sentence after sentence; src_counts / tgt_counts: (sentences,)."""
+    """Every (source id, target id) of each sentence pair's distinct ids (`distinct_per_sentence`): (pairs,) x 2."""
     owner = np.repeat(np.arange(len(src_counts)), src_counts)      # (src ids,) sentence of each source id
     reps = tgt_counts[owner]                                       # (src ids,) pairs each one makes
     total = int(reps.sum())
@@ -60,9 +44,7 @@ def cross_pairs(src_ids: np.ndarray, src_counts: np.ndarray, tgt_ids: np.ndarray
 
 
 class CooccurrenceCounts:
-    """Sentence-level co-occurrence counts c(s, t), c(s), c(t), gathered chunk by chunk.
-
-    Ids are SentencePiece ids of each side (the target vocabulary is only known at the end)."""
+    """c(s, t), c(s), c(t) over SentencePiece ids (the target vocabulary is only known at the end)."""
 
     def __init__(self, src_size: int, tgt_size: int, max_pairs: int) -> None:
         self.src_size, self.tgt_size, self.max_pairs = src_size, tgt_size, max_pairs
@@ -77,8 +59,7 @@ class CooccurrenceCounts:
         return self.pairs >= self.max_pairs
 
     def add(self, src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_lens: np.ndarray) -> None:
-        """A chunk of sentence pairs as flat ids and lengths (as `Vocab.encode_flat` gives them);
-        pairs beyond `max_pairs` in all are not counted."""
+        """A chunk of pairs as flat ids and lengths (`Vocab.encode_flat`), up to `max_pairs` in all."""
         take = min(len(src_lens), self.max_pairs - self.pairs)
         if take <= 0:
             return
@@ -114,10 +95,8 @@ class CooccurrenceCounts:
 
     def table(self, tgt_to_side: np.ndarray, src_to_side: np.ndarray, src_side_size: int, k: int,
               n_frequent: int, score: str) -> tuple[np.ndarray, np.ndarray]:
-        """The shortlist in the vocabularies' side ids: targets (src_side_size, k), -1 padded, best
-        first; frequent (n,), the `n_frequent` target pieces in the most sentence pairs (specials aside).
-
-        tgt_to_side / src_to_side: SentencePiece id -> side id (`Vocab.to_side`)."""
+        """targets (src_side_size, k), -1 padded, best first, and frequent (n,), in side ids (`*_to_side`:
+        SentencePiece id -> side id)."""
         if score not in SCORES:
             raise ValueError(f"shortlist score {score!r} is not one of {', '.join(SCORES)}")
         tgt_count = np.zeros(int(tgt_to_side.max(initial=0)) + 1, dtype=np.int64)
@@ -155,8 +134,7 @@ def vocab_fingerprint(src_proto: bytes, tgt_proto: bytes, tgt_pieces: np.ndarray
 
 def save_shortlist(path: Path, targets: np.ndarray, frequent: np.ndarray, fingerprint: str,
                    info: dict[str, Any]) -> None:
-    """Write `shortlist.npz` (compressed, no pickled objects), byte for byte the same for the same
-    arrays: `np.savez` would stamp the current time into the zip entries."""
+    """Write `shortlist.npz`, byte for byte the same for the same arrays (`np.savez` stamps the time)."""
     arrays = {"targets": targets, "frequent": frequent, "vocab_sha256": np.array(fingerprint),
               "score": np.array(info["score"]), "pairs": np.array(info["pairs"], dtype=np.int64)}
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -168,9 +146,7 @@ def save_shortlist(path: Path, targets: np.ndarray, frequent: np.ndarray, finger
 
 
 def load_shortlist(path: Path) -> dict[str, Any]:
-    """`shortlist.npz` as the dictionary a checkpoint or model file embeds: numpy arrays and a fingerprint.
-
-    Raises ValueError (or OSError) for a file that is not a shortlist."""
+    """`shortlist.npz` as checkpoints and model files embed it; ValueError (or OSError) for another file."""
     with np.load(path, allow_pickle=False) as arrays:
         missing = {"targets", "frequent", "vocab_sha256"} - set(arrays.files)
         if missing:

@@ -28,7 +28,8 @@ from nmt.config import (
     check_decoding_overrides,
 )
 from nmt.config_check import build
-from nmt.data.tokenizer import EOS, PAD, UNK, Vocab
+from nmt.data.special import EOS, PAD, UNK
+from nmt.data.tokenizer import Vocab
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.runtime.beam import beam_search

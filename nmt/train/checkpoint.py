@@ -1,11 +1,7 @@
-"""Training checkpoints: the model file's contents plus the training state, best-k averaging.
+"""Training checkpoints: a model file's contents (nmt.modelfile.file) plus the training state; averaging.
 
-A checkpoint is one `torch.save` dictionary: what a model file holds (config, weights, the
-tokenizer as bytes, a card with the data and dev scores; see nmt.modelfile.file) plus the
-optimiser, schedule, scaler, RNG states and data cursor. It is written to a temporary file in
-the same folder, fsynced, then renamed over the target, so a crash never leaves a half-written
-checkpoint under a real name. Because it embeds its tokenizer, a checkpoint moved out of its run
-folder still translates; `nmt export` drops the training state.
+Written to a temporary file, fsynced and renamed over the target: a crash never leaves a half-written
+checkpoint under a real name. It embeds its tokenizer, so it translates outside its run folder too.
 """
 
 from __future__ import annotations
@@ -39,16 +35,12 @@ from nmt.modelfile.file import (
     run_folder_card,
 )
 
-FORMAT_VERSION = CHECKPOINT_FORMAT
-REQUIRED_KEYS = CHECKPOINT_KEYS
-__all__ = ["CheckpointError", "Cursor", "Progress", "atomic_write", "average_checkpoints", "best_k_files",
-           "load_checkpoint", "restore_training_state", "save_checkpoint", "training_state"]
 BEST_K_FILES = "best-step*.pt"
 TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
 
 
 class CheckpointError(ModelFileError):
-    """A checkpoint that cannot be used: missing, truncated, corrupt or from an incompatible format."""
+    """A checkpoint that is missing, truncated, corrupt or of an incompatible format."""
 
 
 @dataclass
@@ -78,8 +70,8 @@ class Progress:
 
 def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    schedule: Any, scaler: Any, progress: Progress, elapsed: float) -> dict[str, Any]:
-    """What `save_checkpoint` writes for a run in progress: the model, and all that --resume needs to continue
-    exactly (every RNG state, the data cursor); `elapsed` is the run's training seconds so far."""
+    """The model and all that --resume needs to continue exactly (every RNG state, the data cursor);
+    `elapsed`: the run's training seconds so far."""
     p = progress
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -104,11 +96,8 @@ def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module
 
 def restore_training_state(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
                            schedule: Any, scaler: Any) -> Progress:
-    """Load the optimiser, schedule, scaler and RNGs as `training_state` saved them; returns the progress.
-
-    The optimiser's betas and weight decay come from `config` (a resumed run may change them). A
-    missing or malformed part is a `CheckpointError` naming `path`.
-    """
+    """Load the optimiser (betas and weight decay from `config`), schedule, scaler and RNGs as `training_state`
+    saved them; returns the progress. A missing or malformed part is a `CheckpointError` naming `path`."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"{path} lacks the training state `{missing[0]}` that --resume "
@@ -146,12 +135,9 @@ OPTIMIZER_KIND = ("capturable", "fused", "foreach", "differentiable")   # how th
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], config: Config) -> None:
-    """Adam's moments and step counts from `saved`; betas and weight decay stay the config's, and a
-    capturable optimiser keeps its lr tensor (a captured update reads it there).
-
-    The saved groups' OPTIMIZER_KIND flags give way to this optimiser's before the load, which places the
-    step counts by them: a state saved without CUDA graphs (on the CPU, with cuda_graphs off, another
-    precision) would otherwise make a graphed run's optimiser non-capturable, and its first capture fail."""
+    """Adam's moments and step counts from `saved`; betas and weight decay stay the config's, and a capturable
+    optimiser keeps its lr tensor. The saved OPTIMIZER_KIND flags give way to this optimiser's: a state saved
+    without CUDA graphs would otherwise make a graphed run's optimiser non-capturable."""
     check_optimizer_state(optimizer, saved)
     lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
     groups = [{**group, **{key: mine[key] for key in OPTIMIZER_KIND if key in mine}}
@@ -168,10 +154,8 @@ ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
-    """A ValueError unless `saved` holds, for each of the optimiser's parameters, Adam moments of its shape in
-    a floating dtype with finite values, and a finite step count. torch's `load_state_dict` checks only the
-    number of parameters: moments of other shapes or NaN broadcast into the first update, and the run later
-    dies with "loss became nan; lower training.lr", which blames the wrong thing."""
+    """A ValueError unless `saved` holds finite Adam moments of each parameter's shape and finite step counts:
+    torch checks only their number, and bad moments surface later as "loss became nan; lower training.lr"."""
     if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict) \
             or not isinstance(saved.get("param_groups"), list):
         raise ValueError("it is not an optimiser state (no state and param_groups)")
@@ -200,8 +184,7 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
 
 
 def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
-    """An optimiser's state with plain-number learning rates (a capturable one keeps its lr in a GPU tensor),
-    so that a checkpoint resumes on any device, with or without CUDA graphs."""
+    """Plain-number learning rates (a capturable optimiser's is a GPU tensor): resumable on any device."""
     groups = [{**g, "lr": float(g["lr"])} if isinstance(g["lr"], torch.Tensor) else g
               for g in optimizer_state["param_groups"]]
     return {**optimizer_state, "param_groups": groups}
@@ -215,10 +198,9 @@ def _as_tuple(value: Any) -> Any:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` with the format number, the nmt version, and (unless given) the tokenizer and card
-    that the run folder of `path` holds."""
+    """Write `state` with the format and nmt version, and (unless given) its run folder's tokenizer and card."""
     path = Path(path)
-    payload = {"format": FORMAT_VERSION, "nmt_version": __version__, **state}
+    payload = {"format": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" not in payload:
         payload["tokenizer"] = embedded_tokenizer(path.parent, state["vocab"])
     if "card" not in payload:
@@ -236,8 +218,8 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
-    """The checkpoint's kept best checkpoints as (score, file name); --resume deletes the ones that drop
-    out, so each must be a best-step*.pt file inside the run folder, or the checkpoint is refused."""
+    """The kept best checkpoints as (score, file name); --resume deletes those that drop out, so each must be
+    a best-step*.pt file inside the run folder, or the checkpoint is refused."""
     entries = progress.get("best_k", []) if isinstance(progress, dict) else []   # no progress: refused elsewhere
     if not isinstance(entries, list) or not all(isinstance(e, list | tuple) and len(e) == 2 for e in entries):
         raise CheckpointError(f"{path}: progress.best_k is not a list of (score, file) pairs; the checkpoint is "
@@ -250,7 +232,6 @@ def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
 
 
 def embedded_tokenizer(run_dir: Path, vocab_entries: dict[str, Any]) -> dict[str, Any]:
-    """The SentencePiece models and piece lists of a run folder, as a checkpoint embeds them."""
     try:
         return embed_tokenizer(*(Vocab.from_entry(run_dir, vocab_entries[side]) for side in ("src", "tgt")))
     except FileNotFoundError as exc:
@@ -260,14 +241,13 @@ def embedded_tokenizer(run_dir: Path, vocab_entries: dict[str, Any]) -> dict[str
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Load and check a checkpoint (its records' checksums too: a damaged one is never resumed from or
-    averaged); any problem is a `CheckpointError` naming the file."""
+    """Load and check a checkpoint, checksums too; any problem is a `CheckpointError` naming the file."""
     path = Path(path)
     try:
         state = read_file(path, "checkpoint", mmap=mmap)
         if state.get("kind") == MODEL_KIND:
             raise ModelFileError(f"{path} is a model file (nmt export), not a training checkpoint")
-        check_keys(path, state, "checkpoint", REQUIRED_KEYS, FORMAT_VERSION)
+        check_keys(path, state, "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
         check_checksums(path, "checkpoint")
     except ModelFileError as exc:
         raise CheckpointError(str(exc)) from None
@@ -275,7 +255,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
 
 
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
-    """Average the model parameters of several checkpoints of the same model; the rest comes from the last."""
+    """The mean parameters of checkpoints of one model; the rest comes from the last."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
@@ -303,7 +283,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
         else:
             averaged[key] = tensors[-1]
     last = states[-1]
-    result = {k: v for k, v in last.items() if k in REQUIRED_KEYS or k in ("metrics",)}
+    result = {k: v for k, v in last.items() if k in CHECKPOINT_KEYS or k in ("metrics",)}
     result["model"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
     result["tokenizer"] = last.get("tokenizer") or embedded_tokenizer(Path(paths[-1]).parent, last["vocab"])

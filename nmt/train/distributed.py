@@ -1,10 +1,8 @@
-"""Several training processes (torchrun): the rank rules, DDP set-up and teardown.
+"""Several training processes (torchrun: RANK, WORLD_SIZE, LOCAL_RANK): DDP set-up and teardown.
 
-torchrun starts one process per device and tells each its RANK, WORLD_SIZE and LOCAL_RANK. Every
-rank builds the same model (same seed), trains on its own shard of each epoch's batches
-(nmt.data.batching) and averages gradients through DistributedDataParallel; only rank 0 validates
-and writes the run folder, and decisions that depend on it (stop now, the plateau schedule's
-learning rate) are broadcast from it so that all ranks take the same step.
+Every rank builds the same model, trains on its shard of each epoch's batches and averages gradients
+(DistributedDataParallel); only rank 0 validates and writes the run folder, and broadcasts the decisions
+that depend on it (stop now, the plateau schedule's lr), so that all ranks take the same step.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 class Ranks:
@@ -29,12 +28,8 @@ class Ranks:
         return self.rank == 0
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, torch.device]:
-        """Join the process group and wrap `model` in DDP; returns (the model to train, this rank's device).
-
-        On CUDA each rank takes the device of its LOCAL_RANK; gloo is the backend on CPUs, NCCL on GPUs.
-        """
-        import torch.distributed as dist
-
+        """Join the process group (NCCL, or gloo on CPUs) and wrap `model` in DDP; returns it and this rank's
+        device (on CUDA, LOCAL_RANK's)."""
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             self._started = True
@@ -50,18 +45,14 @@ class Ranks:
         """Rank 0's `value` on every rank (only rank 0 validates, and ranks' clocks differ)."""
         if self.world_size == 1:
             return value
-        import torch.distributed as dist
-
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def close(self) -> None:
-        """Leave the process group this process joined (one it found already initialised is the caller's)."""
+        """Leave the process group this process joined (not one it found)."""
         if not self._started:
             return
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
         self._started = False

@@ -1,31 +1,20 @@
 """A training update on a GPU as one captured CUDA graph per padded batch shape.
 
-An update of the reference model launches about 1,750 kernels (the decoder's step loop forward
-and backward, the optimiser); at 2,000 target tokens they compute for about 6 ms of a 59 ms
-update on an H200, and the GPU waits for Python and launches the rest of the time
-(bench/profile_gpu_step.py). Here the whole update (forward, loss, backward, gradient
-clipping and the fused Adam step) is captured once per batch shape and replayed: one launch.
-
-A graph needs static shapes and no host synchronisation inside it, so:
-  * a batch is padded to a bucket of rows, source length and target length (`_bucket`); padded
-    rows hold one source token and no target token, so they add nothing to the loss or gradients;
-  * the encoder runs unpacked with the lengths on the GPU (`Encoder._gru_unpacked`; GRU only);
-  * the loss covers every position and masks PAD targets instead of gathering the real ones;
-  * the optimiser is capturable with its learning rate in a GPU tensor, which the schedule fills;
-  * the target-token count the loss is divided by is a GPU tensor, filled per batch.
-The first batch of a shape runs eagerly (a real update; it also warms cuBLAS and the optimiser
-up), then the shape is captured; later batches of that shape replay it. Dropout draws from the
-CUDA generator, whose graph-safe offsets make a replay draw what the eager run would.
-
-Graphs apply on one CUDA device, in fp32 or bf16 (fp16's gradient scaler synchronises with the
-host), with a GRU encoder, full teacher forcing and no gradient accumulation (`applies`); any other
-update takes the eager path.
+An update of the reference model launches about 1,750 kernels that compute for 6 ms of its 59 ms on an
+H200 (bench/profile_gpu_step.py); replayed as one graph, it is one launch. A graph needs static shapes and
+no host synchronisation, so batches are padded to buckets (padded rows: one source token, no target), the
+encoder runs unpacked (GRU only), the loss masks PAD instead of gathering, the capturable optimiser reads
+its lr and the loss its token count from GPU tensors. The first batch of a shape runs eagerly (a real
+update that also warms up), then is captured. Dropout's graph-safe offsets make a replay draw what the
+eager run would. `applies` says when: one CUDA device, fp32 or bf16, GRU, teacher forcing, no accumulation.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,13 +30,12 @@ MAX_GRAPHS = 64            # batch shapes kept (a Multi30k epoch has 27); least 
 
 def applies(model: Seq2Seq, device: torch.device, world_size: int, amp_dtype: torch.dtype | None,
             rnn_type: str, accumulate: int) -> bool:
-    """Whether training updates can run as captured graphs (see the module's docstring)."""
     return (device.type == "cuda" and world_size == 1 and amp_dtype != torch.float16 and rnn_type == "gru"
             and accumulate == 1 and isinstance(model, Seq2Seq))
 
 
-def capturable_optimizer(optimizer_class: type, parameters, lr: float, device: torch.device,
-                         **kwargs) -> torch.optim.Optimizer:
+def capturable_optimizer(optimizer_class: type, parameters: Iterable[nn.Parameter], lr: float, device: torch.device,
+                         **kwargs: Any) -> torch.optim.Optimizer:
     """A fused Adam/AdamW whose step can be captured: its step counts on the GPU, its lr a GPU tensor."""
     return optimizer_class(list(parameters), lr=torch.tensor(lr, device=device), fused=True, capturable=True,
                            **kwargs)

@@ -2,12 +2,10 @@
 
     loss = Σ_i [(1 - ε) (-log p(y_i)) + ε mean_v(-log p(v))],   p = softmax(W_s h̃_i + b)
 
-The plain way materialises logits, log-probabilities and their gradients for every target
-token at once (tokens x vocabulary floats, several times over); at 2000 tokens x 4000 pieces
-that is 32 MB per tensor, streamed through memory again and again. Here the forward pass walks
-the rows in chunks that stay in cache and computes the loss together with its gradients
-(softmax - target distribution) w.r.t. h̃, W_s and b; backward only scales them. The result
-equals `F.cross_entropy(F.linear(h̃, W_s, b), y, label_smoothing=ε, reduction="sum")`.
+equal to `F.cross_entropy(F.linear(h̃, W_s, b), y, label_smoothing=ε, reduction="sum")`, which streams
+tokens x vocabulary tensors (32 MB at 2000 x 4000) through memory again and again. Here the forward pass
+walks row chunks that stay in cache and computes the gradients (softmax - target) with the loss; backward
+only scales them.
 """
 
 from __future__ import annotations
@@ -71,12 +69,9 @@ class _FusedOutputCrossEntropy(torch.autograd.Function):
 
 def output_cross_entropy(features: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                          label_smoothing: float = 0.0, chunk_rows: int = 4096, all_rows: bool = False) -> Tensor:
-    """Summed cross-entropy of softmax(features W_sᵀ + b) over the non-padding targets.
-
-    features: (batch, tgt_len, hidden); targets: (batch, tgt_len) with PAD where there is no token.
-    Under autocast the matrix products run in the autocast dtype; the softmax runs in float32.
-    The real targets are gathered first (fewer rows), unless `all_rows`: then every position is computed
-    and the padding masked, with no host synchronisation and static shapes (a captured CUDA graph).
+    """Summed cross-entropy of softmax(features W_sᵀ + b) over the non-PAD targets; products in the autocast
+    dtype, softmax in float32. features: (batch, tgt_len, hidden); targets: (batch, tgt_len). `all_rows`
+    masks PAD instead of gathering the real rows: static shapes, no host sync (a captured CUDA graph).
     """
     flat_targets = targets.reshape(-1)
     flat_features = features.reshape(-1, features.size(-1))

@@ -1,9 +1,7 @@
 """The pieces of a training run, built from its config: data, model, optimiser, schedule, run folder.
 
-`build_parts` does everything a run needs before its first update, in an order that fails early
-and leaves nothing behind: the data folder (shared lock) and a model this machine can hold come
-first; the run folder is touched only once they have loaded; a resumed run then restores its
-checkpoint. The trainer (nmt.train.trainer) receives the pieces and only trains.
+Built in an order that fails early and leaves nothing behind: the data folder (shared lock) and a model this
+machine can hold first, the run folder once they have loaded, then a resumed run's checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from nmt.config import Config, ConfigError, stored_config
 from nmt.data.batching import BucketBatchSampler, ParallelIds
 from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
-from nmt.device import autocast_dtype, grad_scaler, make_optimizer, resolve_device, use_deterministic_algorithms
+from nmt.device import autocast_dtype, make_optimizer, resolve_device, use_deterministic_algorithms
 from nmt.evaluate import bleu_metric
 from nmt.fs.locks import lock_folder, release_folder
 from nmt.model.seq2seq import Seq2Seq
@@ -38,14 +36,14 @@ from nmt.train.graphed import GraphedUpdates, capturable_optimizer
 from nmt.train.graphed import applies as graphs_apply
 from nmt.train.run_folder import RunDirError, RunFolder, resume_changes
 from nmt.train.schedules import LrSchedule
+from nmt.train.stopping import finished_reason
 from nmt.train.tensorboard import TensorBoardLog
 from nmt.train.tensorboard import check_available as check_tensorboard
 
 
 @dataclass
 class TrainingParts:
-    """Everything one training process works with. `model` is the Seq2Seq; `train_model` is what the
-    update calls (the same model, or its DDP wrapper); `graphed` replays CUDA-graph updates, if any."""
+    """Everything one training process works with; `train_model` is `model` or its DDP wrapper."""
 
     config: Config
     ranks: Ranks
@@ -69,7 +67,7 @@ class TrainingParts:
     tensorboard: TensorBoardLog | None = None   # `training.tensorboard`, on rank 0
 
     def close(self) -> None:
-        """Let go of the run folder's and data folder's locks and the process group (idempotent)."""
+        """Let go of the folders' locks and the process group (idempotent)."""
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
@@ -93,7 +91,7 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
     data_locked = (data_dir / "manifest.json").is_file() and lock_folder(data_dir, "train", shared=True)
     ranks = Ranks()
     try:
-        parts = _build(config, ranks, bool(data_locked), resume)
+        parts = _build(config, ranks, bool(data_locked), resume, data_dir, Path(t.run_dir))
     except BaseException:
         if data_locked:
             release_folder(data_dir)
@@ -122,14 +120,15 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
     return parts
 
 
-def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> TrainingParts:
+def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool, data_dir: Path,
+           run_dir: Path) -> TrainingParts:
     t = config.training
     device = resolve_device(t.device)
     if t.precision == "fp16" and device.type != "cuda":       # autocast would quietly run bf16 instead
         raise ConfigError("`training.precision` fp16 runs on CUDA only; on the CPU use bf16 or fp32")
     if t.threads:
         torch.set_num_threads(t.threads)
-    data = DataFolder.open(config.data.out_dir)
+    data = DataFolder.open(data_dir)
     if not resume:                                  # a resumed run checks its own data (RunFolder.data_mismatch)
         data.check_settings(config.data)
     src_vocab, tgt_vocab = data.vocab("src"), data.vocab("tgt")
@@ -174,10 +173,10 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool) -> Tra
                                  corpora=corpora)
     dev_ids = (ParallelIds(data.ids("dev", "src"), data.ids("dev", "tgt")) if data.has_split("dev") else None)
     return TrainingParts(
-        config=config, ranks=ranks, run=RunFolder(Path(t.run_dir), ranks.is_main), data=data,
+        config=config, ranks=ranks, run=RunFolder(run_dir, ranks.is_main), data=data,
         data_locked=data_locked, vocabs=(src_vocab, tgt_vocab), device=device, amp_dtype=amp_dtype,
         model=model, train_model=train_model, optimizer=optimizer, schedule=LrSchedule(optimizer, t),
-        scaler=grad_scaler(enabled=amp_dtype == torch.float16), graphed=graphs, train_ids=train_ids,
+        scaler=torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16), graphed=graphs, train_ids=train_ids,
         sampler=sampler, dev_ids=dev_ids, progress=Progress(cursor=Cursor(seed=t.seed)), parent=parent)
 
 
@@ -198,7 +197,7 @@ def _resume(parts: TrainingParts) -> None:
             raise CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
         parts.progress = restore_training_state(path, state, config, parts.optimizer, parts.schedule, parts.scaler)
         mismatch = run.data_mismatch(parts.data)
-        if mismatch and (parts.progress.validation_due or not finished_reason(config, parts.progress, parts.schedule)):
+        if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
             # a finished run reads no data (let it say it is done), unless it owes a validation
             raise RunDirError(mismatch)
         run.record_resume_changes(changed, config)
@@ -210,18 +209,3 @@ def _resume(parts: TrainingParts) -> None:
         torch.manual_seed(t.seed + parts.ranks.rank * 1_000_003 + parts.progress.step)
     run.trim_metrics(parts.progress.step)
 
-
-def finished_reason(config: Config, progress: Progress, schedule: LrSchedule) -> str | None:
-    """Why a resumed run has nothing left to do (its budget is spent or it stopped early), if it has not."""
-    t, p = config.training, progress
-    if t.max_updates and p.step >= t.max_updates:
-        return f"max_updates {t.max_updates}"
-    if p.cursor.epoch >= t.max_epochs:
-        return f"max_epochs {t.max_epochs}"
-    if t.max_minutes and p.elapsed / 60 >= t.max_minutes:
-        return f"max_minutes {t.max_minutes}"
-    if t.patience and p.bad_validations >= t.patience:
-        return f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"
-    if schedule.floor_reached:
-        return f"the plateau schedule took the learning rate below min_lr {t.min_lr}"
-    return None

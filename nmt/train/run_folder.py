@@ -1,9 +1,7 @@
-"""The run folder of a training run: what may be written there, its lock, resume checks, metrics.jsonl.
+"""The run folder (rank 0's): its lock, what may be written there, resume checks, metrics.jsonl.
 
-Only rank 0 touches the folder. A new run takes an empty folder (or, with --overwrite, one whose
-files nmt wrote: it carries nmt's marker) and fills it with the resolved config, the tokenizer and
-the data manifest; --resume takes a folder holding last.pt, refuses config changes that would move
-the data stream the checkpoint's cursor points into, and applies (and records) the others.
+A new run takes an empty folder (with --overwrite, one nmt marked) and writes the config, tokenizer and data
+manifest; --resume refuses config changes that move the data stream its cursor points into.
 """
 
 from __future__ import annotations
@@ -46,11 +44,11 @@ FIXED_FOR_A_RUN = {
 
 
 class RunDirError(ValueError):
-    """The run folder cannot be used as asked (not empty without --resume/--overwrite, nothing to resume)."""
+    """The run folder cannot be used as asked."""
 
 
 class RunFolder:
-    """`training.run_dir` as one process sees it: rank 0 checks, locks and writes it; other ranks do nothing."""
+    """`training.run_dir`: rank 0 checks, locks and writes it; other ranks do nothing."""
 
     def __init__(self, path: Path, is_main: bool) -> None:
         self.path = Path(path)
@@ -61,7 +59,6 @@ class RunFolder:
 
     def prepare(self, config: Config, data: DataFolder, resume: bool, overwrite: bool,
                 config_path: str | Path | None) -> None:
-        """Check, lock and (for a new run) fill the folder."""
         if not self.is_main:
             return
         d = config.data
@@ -116,7 +113,7 @@ class RunFolder:
         remove_leftovers(self.path)
 
     def adopt(self) -> None:
-        """A run folder from before markers resumed successfully: mark it as nmt's."""
+        """Mark a run folder from before markers, resumed successfully."""
         if self.is_main and self.adopting:
             write_marker(self.path, "run")
 
@@ -132,10 +129,10 @@ class RunFolder:
             self.locked = False
 
     def write_config(self, config: Config) -> None:
-        atomic_write(self.path / "config.yaml", lambda h: h.write(dump_config(config)), mode="w")
+        atomic_write(self.path / "config.yaml", lambda h: h.writelines([dump_config(config)]), mode="w")
 
     def record_resume_changes(self, changed: dict[str, tuple[Any, Any]], config: Config) -> None:
-        """Log the accepted changes and store the config they give in the run folder."""
+        """Log the accepted changes and store the resulting config."""
         if not self.is_main:
             return
         for key, (before, after) in changed.items():
@@ -158,7 +155,7 @@ class RunFolder:
         return None
 
     def trim_metrics(self, step: int) -> None:
-        """Drop events after the restored step (logged, then lost to a kill) and any torn last line."""
+        """Drop events after the restored step (lost to a kill) and a torn last line."""
         path = self.path / "metrics.jsonl"
         if not self.is_main or not path.is_file():
             return
@@ -175,10 +172,9 @@ class RunFolder:
                 continue
             kept.append(line + "\n")
         if dropped:
-            atomic_write(path, lambda h: h.write("".join(kept)), mode="w")
+            atomic_write(path, lambda h: h.writelines(kept), mode="w")
 
     def log(self, event: dict[str, Any]) -> None:
-        """Append one event to metrics.jsonl (rank 0)."""
         if self.is_main:
             append_text(self.path / "metrics.jsonl", json.dumps({"time": round(time.time(), 3), **event}) + "\n")
 
@@ -199,7 +195,6 @@ def resume_changes(saved: Config, config: Config) -> dict[str, tuple[Any, Any]]:
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"training": {"lr": 1}} -> {"training.lr": 1}."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict):

@@ -12,13 +12,10 @@ from nmt.config import ConfigError, TrainingConfig
 
 
 class LrSchedule:
-    """constant | plateau (multiply by `plateau_factor` after `plateau_patience` validations
-    without improvement; once that takes the lr below `min_lr`, training is over) |
-    inverse_sqrt (linear warmup, then lr * sqrt(warmup / step)) |
-    budget (cosine decay from lr to `min_lr` over the training budget: the larger of the fractions of
-    `max_updates` and of `max_minutes` spent, wall time and validation included, so a run that stops when
-    its time is up stops at the bottom of the curve; a resumed run continues it).
-    A positive `warmup_updates` ramps the lr up linearly under every schedule."""
+    """constant | plateau (times `plateau_factor` after `plateau_patience` validations without improvement;
+    below `min_lr`, training ends) | inverse_sqrt (lr * sqrt(warmup / step)) | budget (cosine from lr to
+    `min_lr` over the larger spent fraction of `max_updates` and `max_minutes`: a run whose time is up stops
+    at the bottom). `warmup_updates` ramps the lr up linearly under every schedule."""
 
     def __init__(self, optimizer: Optimizer, config: TrainingConfig) -> None:
         if config.lr_schedule == "budget" and not (config.max_updates or config.max_minutes):
@@ -47,12 +44,12 @@ class LrSchedule:
 
     @property
     def floor_reached(self) -> bool:
-        """The plateau schedule has decayed the lr below `min_lr`: training should end."""
+        """The plateau schedule took the lr below `min_lr`: training ends."""
         c = self.config
         return c.lr_schedule == "plateau" and self.base_lr * self.plateau_scale < c.min_lr
 
     def step(self, step: int, minutes: float = 0.0) -> float:
-        """Set the lr for update number `step` (1-based), `minutes` into the run; returns it."""
+        """Set (and return) the lr of update `step`."""
         lr = self.lr_at(step, minutes)
         for group in self.optimizer.param_groups:
             if isinstance(group["lr"], Tensor):           # a capturable optimiser: a captured step reads it there

@@ -1,11 +1,8 @@
-"""TensorBoard event files for a run (`training.tensorboard: true`, `pip install 'nmt[tensorboard]'`).
+"""TensorBoard event files in RUN/tensorboard (`training.tensorboard: true`, `pip install 'nmt[tensorboard]'`).
 
-The same numbers as metrics.jsonl, for `tensorboard --logdir RUN/tensorboard`: training loss,
-perplexity, learning rate and target tokens/s at each `log_every`; dev loss, perplexity, BLEU and
-chrF at each validation, with the attention heatmap of the first dev sentence (as Joey NMT and
-OpenNMT-py log them). Events go to RUN/tensorboard, which the run folder's marker records, so
-`--overwrite` removes it with the rest. A resumed run drops the events after its checkpoint's
-step (logged, then lost to a kill), as metrics.jsonl does.
+metrics.jsonl's numbers, and the first dev sentence's attention heatmap at each validation (as Joey NMT and
+OpenNMT-py log them). The marker records the folder (--overwrite removes it); a resumed run drops events
+after its checkpoint's step, as metrics.jsonl does.
 """
 
 from __future__ import annotations
@@ -24,7 +21,8 @@ TRAIN_SCALARS = ("loss", "ppl", "lr", "tgt_tokens_per_s")
 DEV_SCALARS = ("loss", "ppl", "bleu", "chrf")
 
 
-def _summary_writer() -> type:
+def check_available() -> type:
+    """SummaryWriter; without the package, `training.tensorboard: true` is refused before the run folder is touched."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -33,17 +31,12 @@ def _summary_writer() -> type:
     return SummaryWriter
 
 
-def check_available() -> None:
-    """Refuse `training.tensorboard: true` without the package, before the run folder is touched."""
-    _summary_writer()
-
-
 class TensorBoardLog:
     """Scalars and attention images of one run, written by rank 0."""
 
     def __init__(self, run_dir: Path, step: int) -> None:
         register_file(Path(run_dir) / FOLDER)
-        self.writer = _summary_writer()(log_dir=str(Path(run_dir) / FOLDER), purge_step=step + 1 if step else None)
+        self.writer = check_available()(log_dir=str(Path(run_dir) / FOLDER), purge_step=step + 1 if step else None)
         self._no_images = False
 
     def train(self, event: dict[str, Any]) -> None:
@@ -56,7 +49,7 @@ class TensorBoardLog:
         self.writer.flush()
 
     def attention(self, step: int, src_pieces: list[str], tgt_pieces: list[str], weights: Tensor) -> None:
-        """weights: (len(tgt_pieces), len(src_pieces)). Without matplotlib, one warning and no images."""
+        """weights: (len(tgt_pieces), len(src_pieces)); without matplotlib, one warning and no images."""
         from nmt.plot import PlotUnavailable, attention_figure
 
         if self._no_images:
