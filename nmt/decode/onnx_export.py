@@ -55,7 +55,8 @@ from nmt.fs.folders import (
     write_marker,
 )
 from nmt.model.seq2seq import Seq2Seq
-from nmt.modelfile.file import LoadedModel, describe, load_model
+from nmt.modelfile.card import describe
+from nmt.modelfile.file import LoadedModel, load_model
 
 FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
 INFO_FILE = "nmt-onnx.json"
