@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import harness
 
@@ -71,7 +72,18 @@ def measure_training(args: argparse.Namespace) -> dict:
         return result
 
 
-def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -> dict:
+def load_translator(args: argparse.Namespace, beam: int) -> Any:
+    """The translator `nmt translate -m CHECKPOINT` would use: PyTorch's for a model file or checkpoint,
+    onnxruntime's (nmt.runtime, torch never imported) for a folder `nmt export --format onnx` wrote."""
+    from nmt.runtime.folder import is_onnx_folder
+
+    settings = {"beam_size": beam, "precision": args.precision, "length_penalty": args.length_penalty,
+                "batch_tokens": args.batch_tokens, "quantize": args.quantize, "early_stop": args.early_stop,
+                **shortlist_overrides(args)}
+    if is_onnx_folder(args.checkpoint):
+        from nmt.runtime.translator import Translator as OnnxTranslator
+
+        return OnnxTranslator.load(args.checkpoint, args.device, threads=args.threads, **settings)
     import torch
 
     from nmt.decode.translator import Translator
@@ -79,17 +91,27 @@ def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -
 
     torch.set_num_threads(args.threads)
     reuse_freed_memory()                                               # as `nmt translate` does
-    translator = Translator.load(args.checkpoint, args.device, beam_size=beam, precision=args.precision,
-                                 length_penalty=args.length_penalty, batch_tokens=args.batch_tokens,
-                                 quantize=args.quantize, early_stop=args.early_stop, **shortlist_overrides(args))
+    return Translator.load(args.checkpoint, args.device, **settings)
+
+
+def measure_decode_only(args: argparse.Namespace, beam: int, lines: list[str]) -> dict:
+    """Sentences/s of translator.translate over `lines` after a warm-up on 50 of them: the same timer
+    for both translators, loading and start-up excluded."""
+    translator = load_translator(args, beam)
     translator.translate(lines[:50])                                   # warm-up
     start = time.perf_counter()
     out = translator.translate(lines)
-    if translator.device.type == "cuda":
+    if getattr(getattr(translator, "device", None), "type", "cpu") == "cuda":    # ONNX folders run on a CPU
+        import torch
+
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    if hasattr(translator, "amp_dtype"):                               # PyTorch: its autocast type, if any
+        precision = str(translator.amp_dtype or "float32").replace("torch.", "")
+    else:                                                              # ONNX: chosen at export
+        precision = translator.model.manifest.precision
     return {"sent_per_s": len(lines) / seconds, "seconds": seconds, "outputs": [t.text for t in out],
-            "precision": str(translator.amp_dtype or torch.float32).replace("torch.", "")}
+            "precision": precision}
 
 
 def child(task: str, args: argparse.Namespace) -> None:
@@ -109,11 +131,14 @@ def decoding_options(args: argparse.Namespace) -> list[str]:
     for name in ("length_penalty", "batch_tokens", "quantize", "shortlist_k"):
         if getattr(args, name) is not None:
             options += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return options + (["--early-stop"] if args.early_stop else [])
+    return options + (["--early-stop"] if args.early_stop else []) + \
+        (["--no-shortlist"] if getattr(args, "no_shortlist", False) else [])
 
 
 def shortlist_overrides(args: argparse.Namespace) -> dict:
     """`--shortlist-k K`: decode with the vocabulary shortlist the checkpoint embeds, K pieces per source piece."""
+    if getattr(args, "no_shortlist", False):
+        return {"shortlist": False}
     return {} if args.shortlist_k is None else {"shortlist": True, "shortlist_k": args.shortlist_k}
 
 
@@ -123,8 +148,12 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, whose: str = "") -> 
     parser.add_argument("--batch-tokens", type=int, help=f"{whose}decoding.batch_tokens (default: the checkpoint's)")
     parser.add_argument("--quantize", choices=["none", "int8"],
                         help=f"{whose}decoding.quantize (default: the checkpoint's)")
-    parser.add_argument("--shortlist-k", type=int, help=f"{whose}decoding with the checkpoint's vocabulary "
-                                                          "shortlist, K target pieces per source piece (default: off)")
+    shortlist = parser.add_mutually_exclusive_group()
+    shortlist.add_argument("--shortlist-k", type=int, help=f"{whose}decoding with the checkpoint's vocabulary "
+                           "shortlist, K target pieces per source piece (default: off)")
+    shortlist.add_argument("--no-shortlist", action="store_true",
+                           help=f"{whose}decoding over the whole vocabulary where the model would use its shortlist "
+                                "on a CPU by default (the exact search)")
     parser.add_argument("--early-stop", action="store_true",
                         help=f"{whose}beam search with decoding.early_stop (OpenNMT-py's stopping rule)")
 
@@ -145,8 +174,10 @@ def run_child(task: str, args: argparse.Namespace, env: dict, pin: list[str] = (
     return result
 
 
-def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str], pin: list[str] = ()) -> dict:
-    """Wall time of `nmt translate < test > hyp`, start-up and model loading included."""
+def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str], pin: list[str] = (),
+                  outputs: bool = False) -> dict:
+    """Wall time of `nmt translate < test > hyp`, start-up and model loading included (and the
+    translations themselves under "outputs" if asked)."""
     from nmt.evaluate import bleu as corpus_bleu
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +192,8 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
         seconds = time.perf_counter() - start
         hyps = out.read_text(encoding="utf-8").splitlines()
     bleu = corpus_bleu(hyps, refs) if refs else None
-    return {"sent_per_s": len(hyps) / seconds, "seconds": seconds, "bleu": bleu}
+    return {"sent_per_s": len(hyps) / seconds, "seconds": seconds, "bleu": bleu,
+            **({"outputs": hyps} if outputs else {})}
 
 
 def main() -> None:

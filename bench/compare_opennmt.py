@@ -54,12 +54,12 @@ ONMT_CONFIG = {
 REPORT = re.compile(r"Step (\d+)/.*?(\d+)/\s*(\d+) tok/s")
 
 
-def write_pieces(config_path: Path, work: Path) -> None:
+def write_pieces(config_path: Path, work: Path, overrides: list[str]) -> None:
     from nmt.config import load_config
     from nmt.data.corpus import read_lines, resolve_text_file
     from nmt.data.folder import DataFolder
 
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     folder = DataFolder.open(config.data.out_dir)
     sp = folder.vocab("src").sp
     for split, prefix in (("train", config.data.train), ("val", config.data.dev), ("test", config.data.test)):
@@ -113,13 +113,13 @@ def run_onmt(venv: Path, config: Path, warmup: int, env: dict, pin: list[str]) -
     return statistics.mean(speeds)
 
 
-def benchmark_args(args: argparse.Namespace, source: Path) -> argparse.Namespace:
-    """The options benchmark.py's measurements take, from ours."""
-    return argparse.Namespace(config=args.config, checkpoint=args.checkpoint, threads=args.threads, device=args.device,
-                              precision=args.precision, updates=args.steps - args.warmup, warmup=args.warmup,
-                              source=source, set=[], length_penalty=args.alpha, batch_tokens=args.batch_tokens,
-                              quantize=args.quantize, shortlist_k=args.shortlist_k, early_stop=args.early_stop,
-                              matmul_precision="highest")
+def benchmark_args(args: argparse.Namespace, source: Path, checkpoint: Path | None = None) -> argparse.Namespace:
+    """The options benchmark.py's measurements take, from ours (`checkpoint`: another of our models)."""
+    return argparse.Namespace(config=args.config, checkpoint=checkpoint or args.checkpoint, threads=args.threads,
+                              device=args.device, precision=args.precision, updates=args.steps - args.warmup,
+                              warmup=args.warmup, source=source, set=args.set, length_penalty=args.alpha,
+                              batch_tokens=args.batch_tokens, quantize=args.quantize, shortlist_k=args.shortlist_k,
+                              no_shortlist=args.no_shortlist, early_stop=args.early_stop, matmul_precision="highest")
 
 
 def run_ours(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
@@ -136,7 +136,7 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     from nmt.evaluate import bleu
 
     out = args.work / f"onmt_hyp.b{beam}.sp"
-    cmd = [*pin, *onmt_translate_cmd(args.onmt_venv, args.onmt_checkpoint, args.work / f"test.sp.{args.src}", out,
+    cmd = [*pin, *onmt_translate_cmd(args.onmt_venv, args.onmt_checkpoint, args.onmt_source, out,
                                      beam, args.device, args.alpha), "-report_time"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -147,43 +147,65 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     sp = DataFolder.open(args.data_dir).vocab("tgt").sp
     hyps = [sp.decode_pieces(line.split()) for line in out.read_text(encoding="utf-8").splitlines()]
     return {"sent_per_s": len(hyps) / seconds, "decode_only_sent_per_s": len(hyps) / decode_seconds,
-            "seconds": seconds, "bleu": bleu(hyps, refs)}
+            "seconds": seconds, "bleu": bleu(hyps, refs), "outputs": hyps}
 
 
-def decode_ours(args: argparse.Namespace, beam: int, env: dict, pin: list[str], refs: list[str]) -> dict:
-    """benchmark.py's two measurements: `nmt translate` as a whole process, and decoding alone."""
-    bench_args = benchmark_args(args, args.work / "test.raw")
-    whole = benchmark.whole_process(bench_args, beam, env, refs, pin)
+def decode_ours(args: argparse.Namespace, model: Path, beam: int, env: dict, pin: list[str],
+                refs: list[str]) -> dict:
+    """benchmark.py's two measurements of `model` (a checkpoint, model file or ONNX folder): `nmt translate`
+    as a whole process, and decoding alone (the same in-process timer for PyTorch and onnxruntime)."""
+    bench_args = benchmark_args(args, args.work / "test.raw", model)
+    whole = benchmark.whole_process(bench_args, beam, env, refs, pin, outputs=True)
     alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
-    return {**whole, "decode_only_sent_per_s": alone["sent_per_s"]}
+    return {**whole, "decode_only_sent_per_s": alone["sent_per_s"], "precision": alone["precision"]}
+
+
+NAMES = {"nmt": "nmt (PyTorch)", "onnx": "nmt (onnxruntime)", "onmt": "OpenNMT-py"}
 
 
 def compare_decoding(args: argparse.Namespace, env: dict, pin: list[str]) -> dict:
+    """Each system's runs, medians and ratios to OpenNMT-py, for beam 5 and greedy, on the first
+    `--lines` lines of the test set; with --onnx also how many lines the two nmt paths translate differently."""
     from nmt.config import load_config
     from nmt.data.corpus import read_lines, resolve_text_file
 
-    data = load_config(args.config).data
+    data = load_config(args.config, args.set).data
     args.src, args.data_dir = data.src_lang, data.out_dir
-    source = read_lines(resolve_text_file(data.test, data.src_lang, "data.test"))
+    source = read_lines(resolve_text_file(data.test, data.src_lang, "data.test"))[: args.lines]
+    refs = read_lines(resolve_text_file(data.test, data.tgt_lang, "data.test"))[: args.lines]
     (args.work / "test.raw").write_text("\n".join(source) + "\n", encoding="utf-8")
-    refs = read_lines(resolve_text_file(data.test, data.tgt_lang, "data.test"))
-    report = {}
+    pieces = (args.work / f"test.sp.{args.src}").read_text(encoding="utf-8").splitlines(keepends=True)
+    args.onmt_source = args.work / f"test.head.sp.{args.src}"
+    args.onmt_source.write_text("".join(pieces[: len(source)]), encoding="utf-8")
+    report: dict = {"lines": len(source)}
     for name, beam in (("beam5", 5), ("greedy", 1)):
-        systems = {"nmt": functools.partial(decode_ours, args, beam, env, pin, refs),
+        systems = {"nmt": functools.partial(decode_ours, args, args.checkpoint, beam, env, pin, refs),
+                   **({"onnx": functools.partial(decode_ours, args, args.onnx, beam, env, pin, refs)}
+                      if args.onnx else {}),
                    "onmt": functools.partial(decode_onmt, args, beam, env, pin, refs)}
         runs = alternate(systems, args.runs, on_run=lambda index, system, r, name=name: print(
-            f"{name} run {index + 1}: {'OpenNMT-py' if system == 'onmt' else 'nmt'} {r['sent_per_s']:.1f} sent/s "
+            f"{name} run {index + 1}: {NAMES[system]} {r['sent_per_s']:.1f} sent/s "
             f"({r['decode_only_sent_per_s']:.1f} decode only, BLEU {r['bleu']:.2f})", flush=True))
-        entry: dict = dict(runs)
+        outputs = {system: results[0].pop("outputs") for system, results in runs.items()}
+        for results in runs.values():
+            for result in results:
+                result.pop("outputs", None)
+        entry: dict = {"runs": dict(runs)}
+        if args.onnx:
+            entry["lines_onnx_differs_from_pytorch"] = sum(a != b for a, b in zip(outputs["nmt"], outputs["onnx"],
+                                                                                   strict=True))
         for key in ("sent_per_s", "decode_only_sent_per_s"):
             middle = medians(runs, key)
-            mine, peer = middle["nmt"], middle["onmt"]
-            entry[f"nmt_median_{key}"], entry[f"onmt_median_{key}"], entry[f"ratio_{key}"] = mine, peer, mine / peer
+            entry[f"median_{key}"] = middle
+            entry[f"over_onmt_{key}"] = {system: value / middle["onmt"] for system, value in middle.items()}
         report[name] = entry
-        print(f"{name}, median of {args.runs}: whole process nmt {entry['nmt_median_sent_per_s']:.1f} vs OpenNMT-py "
-              f"{entry['onmt_median_sent_per_s']:.1f} sent/s -> {entry['ratio_sent_per_s']:.2f}x; decoding alone "
-              f"{entry['nmt_median_decode_only_sent_per_s']:.1f} vs {entry['onmt_median_decode_only_sent_per_s']:.1f}"
-              f" -> {entry['ratio_decode_only_sent_per_s']:.2f}x")
+        for key, label in (("sent_per_s", "whole process"), ("decode_only_sent_per_s", "decoding alone")):
+            print(f"{name}, {label}, median of {args.runs}: " + ", ".join(
+                f"{NAMES[system]} {entry[f'median_{key}'][system]:.1f} sent/s "
+                f"({entry[f'over_onmt_{key}'][system]:.2f}x)" for system in systems), flush=True)
+        if args.onnx:
+            print(f"{name}: {entry['lines_onnx_differs_from_pytorch']} of {len(source)} lines differ between "
+                  "the onnxruntime and PyTorch paths", flush=True)
     return report
 
 
@@ -221,8 +243,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="updates per training run, warm-up included")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--precision", default="auto", help="our training.precision")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override in --config (as `nmt train --set`), e.g. data.out_dir of the model's data")
+    parser.add_argument("--bridge", action="store_true",
+                        help="--task train-model: OpenNMT's bridge layer on the encoder's final state, as our "
+                             "`model.bridge: bridge` (OpenNMT's ReLU where ours has tanh)")
     parser.add_argument("--checkpoint", type=Path, help="our trained checkpoint, for --task decode")
     parser.add_argument("--onmt-checkpoint", type=Path, help="OpenNMT-py's trained model, for --task decode")
+    parser.add_argument("--onnx", type=Path, help="--task decode: also our --checkpoint's ONNX folder (nmt export "
+                                                  "--format onnx) on onnxruntime, a third system")
+    parser.add_argument("--lines", type=int, help="--task decode: only the first LINES lines of the test set")
     parser.add_argument("--alpha", type=float, default=1.0, help="GNMT length penalty for both systems")
     benchmark.add_decoding_arguments(parser, whose="our ")
     parser.add_argument("--json-out", type=Path, default=OUT / "compare_opennmt.json")
@@ -232,16 +262,17 @@ def main() -> None:
 
     from nmt.config import load_config
 
-    data = load_config(args.config).data
+    data = load_config(args.config, args.set).data
     args.work.mkdir(parents=True, exist_ok=True)
-    write_pieces(args.config, args.work)
+    write_pieces(args.config, args.work, args.set)
     config = onmt_config(args.work, args.steps, data.src_lang, data.tgt_lang, args.device)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     prefix = pin(args.core)
     build_vocab(args.onmt_venv, args.work, config, env)
     if args.task == "train-model":
         subprocess.run([*prefix, str(args.onmt_venv / "bin" / "onmt_train"), "-config", str(config),
-                        "-save_checkpoint_steps", str(args.steps)], check=True, env=env)
+                        "-save_checkpoint_steps", str(args.steps), *(["-bridge"] if args.bridge else [])],
+                       check=True, env=env)
         return
 
     facts = machine_facts(args.threads)
@@ -250,7 +281,7 @@ def main() -> None:
                     "precision": args.precision,
                     "our_decoding": {"length_penalty": args.alpha, "batch_tokens": args.batch_tokens,
                                      "quantize": args.quantize, "shortlist_k": args.shortlist_k,
-                                     "early_stop": args.early_stop}}
+                                     "no_shortlist": args.no_shortlist, "early_stop": args.early_stop}}
     if args.task in ("train", "all"):
         result["train"] = compare_training(args, config, env, prefix)
     if args.task in ("decode", "all"):
