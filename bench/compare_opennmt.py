@@ -147,7 +147,8 @@ def decode_onmt(args: argparse.Namespace, beam: int, env: dict, pin: list[str], 
     sp = DataFolder.open(args.data_dir).vocab("tgt").sp
     hyps = [sp.decode_pieces(line.split()) for line in out.read_text(encoding="utf-8").splitlines()]
     return {"sent_per_s": len(hyps) / seconds, "decode_only_sent_per_s": len(hyps) / decode_seconds,
-            "seconds": seconds, "bleu": bleu(hyps, refs), "outputs": hyps}
+            "seconds": seconds, "bleu": bleu(hyps, refs), "output_words": sum(len(h.split()) for h in hyps),
+            "outputs": hyps}
 
 
 def decode_ours(args: argparse.Namespace, model: Path, beam: int, env: dict, pin: list[str],
@@ -157,7 +158,8 @@ def decode_ours(args: argparse.Namespace, model: Path, beam: int, env: dict, pin
     bench_args = benchmark_args(args, args.work / "test.raw", model)
     whole = benchmark.whole_process(bench_args, beam, env, refs, pin, outputs=True)
     alone = benchmark.run_child(f"decode-{beam}", bench_args, env, pin)
-    return {**whole, "decode_only_sent_per_s": alone["sent_per_s"], "precision": alone["precision"]}
+    return {**whole, "decode_only_sent_per_s": alone["sent_per_s"], "precision": alone["precision"],
+            "output_words": sum(len(h.split()) for h in whole["outputs"])}
 
 
 NAMES = {"nmt": "nmt (PyTorch)", "onnx": "nmt (onnxruntime)", "onmt": "OpenNMT-py"}
@@ -185,7 +187,8 @@ def compare_decoding(args: argparse.Namespace, env: dict, pin: list[str]) -> dic
                    "onmt": functools.partial(decode_onmt, args, beam, env, pin, refs)}
         runs = alternate(systems, args.runs, on_run=lambda index, system, r, name=name: print(
             f"{name} run {index + 1}: {NAMES[system]} {r['sent_per_s']:.1f} sent/s "
-            f"({r['decode_only_sent_per_s']:.1f} decode only, BLEU {r['bleu']:.2f})", flush=True))
+            f"({r['decode_only_sent_per_s']:.1f} decode only, BLEU {r['bleu']:.2f}, {r['output_words']} words out)",
+            flush=True))
         outputs = {system: results[0].pop("outputs") for system, results in runs.items()}
         for results in runs.values():
             for result in results:
