@@ -5,9 +5,10 @@
 
 figures.json holds the machine (bench.machine_facts' fields), the models the decoding figures used,
 `side_by_side` (one entry per measure: nmt's and OpenNMT-py's medians, threads, our options, the
-commit and the command) and `figures` (nmt's own figures: quality, memory). tests/test_docs.py
-checks that docs/benchmarks.md holds this script's output for every `cpu-table` block, so a figure
-is changed in the JSON file and the page regenerated, never edited by hand.
+commit and the command; optional `onnx`, the same model's ONNX folder on onnxruntime in the same
+runs) and `figures` (nmt's own figures: quality, memory). tests/test_docs.py checks that
+docs/benchmarks.md holds this script's output for every `cpu-table` block, so a figure is changed
+in the JSON file and the page regenerated, never edited by hand.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def table(folder: Path) -> str:
                 "| ratio | commit | command |", "|---|---|---|---|---|---|---|---|"]
         for row in data["side_by_side"]:
             options = f"`{row['options']}`" if row["options"] else "none"
-            out.append(f"| {row['measure']} | {row['threads']} | {options} | {_number(row['nmt'])} | "
-                       f"{_number(row['onmt'])} | **{row['nmt'] / row['onmt']:.2f}x** | {row['commit']} | "
-                       f"{ref(row['command'])} |")
+            nmt, ratio = _number(row["nmt"]), f"**{row['nmt'] / row['onmt']:.2f}x**"
+            if "onnx" in row:                         # "PyTorch / onnxruntime" in one cell
+                nmt, ratio = f"{nmt} / {_number(row['onnx'])}", f"{ratio} / **{row['onnx'] / row['onmt']:.2f}x**"
+            out.append(f"| {row['measure']} | {row['threads']} | {options} | {nmt} | {_number(row['onmt'])} | "
+                       f"{ratio} | {row['commit']} | {ref(row['command'])} |")
         notes = [f"{row['measure']}, {row['threads']} thread{'s' if row['threads'] > 1 else ''}: {row['note']}."
                  for row in data["side_by_side"]
                  if row.get("note")]
