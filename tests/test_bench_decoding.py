@@ -62,3 +62,31 @@ def test_no_shortlist_and_a_shortlist_size_are_one_choice():
     result = subprocess.run([sys.executable, "-m", "bench.benchmark", "--no-shortlist", "--shortlist-k", "20"],
                             capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
+
+
+def test_onnx_time_splits_the_decoding_time_into_parts_that_add_up(folder, tmp_path):
+    source = tmp_path / "src.de"
+    source.write_text("\n".join(read_gz("test_2016_flickr.de", 12)) + "\n", encoding="utf-8")
+    out = tmp_path / "time.json"
+    result = subprocess.run([sys.executable, "-m", "bench.onnx_time", "--model", str(folder), "--source", str(source),
+                             "--beam-size", "5", "--no-shortlist", "--ops", "--json-out", str(out)],
+                            capture_output=True, text=True, cwd=REPO, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text(encoding="utf-8"))
+    parts = report["parts"]
+    assert sum(part["seconds"] for part in parts.values()) == pytest.approx(report["seconds"])
+    assert parts["onnxruntime step (beam)"]["calls"] > 0 and parts["onnxruntime encoder (beam)"]["calls"] == 1
+    assert parts["tokenize (SentencePiece encode)"]["calls"] == 1
+    step = report["operator_shares"]["step (beam)"]
+    assert 0 < sum(step.values()) <= 1 and {"Gemm", "MatMul"} & set(step)
+
+
+def test_the_cpu_table_shows_the_onnx_folder_beside_the_model_file(tmp_path):
+    from bench.cpu_table import table
+
+    machine = json.loads((REPO / "docs" / "results" / "cpu-avx2" / "figures.json").read_text())["machine"]
+    row = {"measure": "beam 5, decoding alone, sent/s", "threads": 1, "options": "--no-shortlist", "nmt": 40.0,
+           "onnx": 50.0, "onmt": 20.0, "commit": "abc1234", "command": "python -m bench.compare_opennmt --onnx M"}
+    (tmp_path / "figures.json").write_text(json.dumps({"machine": machine, "side_by_side": [row]}))
+    assert "| `--no-shortlist` | 40.0 / 50.0 | 20.0 | **2.00x** / **2.50x** | abc1234 | [1] |" in table(tmp_path)
