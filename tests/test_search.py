@@ -7,6 +7,7 @@ from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, EOS, UNK
 from nmt.decode import search
 from nmt.decode.search import Sampler, beam_search, greedy_search, length_penalty, max_output_lengths, sample
+from nmt.decode.steps import Decoding
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -227,7 +228,7 @@ def test_by_default_no_search_gives_an_empty_output():
     assert all(len(h.tokens) >= 1 for h in greedy)
     assert all(len(hyps) == 3 and all(len(h.tokens) >= 1 for h in hyps) for hyps in beams)
     assert all(len(h.tokens) >= 1 for hyps in samples for h in hyps)
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     assert [h.tokens for h in graphs.greedy(src, lengths)] == [h.tokens for h in greedy]
     assert ([[h.tokens for h in hyps] for hyps in graphs.beam(src, lengths, 4, n_best=3)]
             == [[h.tokens for h in hyps] for hyps in beams])

@@ -42,10 +42,10 @@ from torch import Tensor
 from nmt.data.batching import bucket_size
 from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.decode.search import MIN_LEN, NEG_INF, Hypothesis, _collect, _collect_beams, length_penalty, max_output_lengths
+from nmt.decode.steps import Decoding
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.inference import Decoding
 
 STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
 # shapes kept (the least recently used dropped first), so that a server's GPU memory stays bounded: at most

@@ -22,8 +22,8 @@ Options that cost nothing when off (each is a branch inside the step loop):
 Every hypothesis carries its log-probability, so `force_decode` (teacher-forced scoring of given
 targets) gives the same number for the same output.
 
-The searches take a `SearchModel` (nmt.model.inference.Decoding, nmt.decode.ensemble.EnsembleDecoding;
-a plain `Seq2Seq` or `Ensemble` gets a context for the call). With an output subset (a shortlist) they
+The searches take a `SearchModel` (nmt.decode.steps.Decoding, nmt.decode.ensemble.EnsembleDecoding;
+a plain `Seq2Seq` or `Ensemble` gets an inference step for the call). With an output subset (a shortlist) they
 run on subset positions, which keep the special ids' numbers, and return vocabulary ids; a `prefix`
 must then be given as subset positions, and log-probabilities are normalised over the subset.
 """
@@ -39,6 +39,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt.data.tokenizer import BOS, EOS, PAD
+from nmt.decode.steps import Decoding
+from nmt.model.seq2seq import Seq2Seq
 
 NEG_INF = float("-inf")
 # No EOS at the first output position, as `decoding.min_len` defaults to (Joey NMT's min_output_length and
@@ -70,7 +72,9 @@ class SearchModel(Protocol):
 
 
 def search_model(model: SearchModel | nn.Module) -> SearchModel:
-    """A `SearchModel` as it is; a plain Seq2Seq or Ensemble with a context for this call (`.decoding()`)."""
+    """A `SearchModel` as it is; a plain Seq2Seq or Ensemble with an inference step for this call."""
+    if isinstance(model, Seq2Seq):
+        return Decoding(model)
     return model.decoding() if isinstance(model, nn.Module) else model
 
 

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -49,9 +49,9 @@ from nmt.decode.search import (
     sample,
 )
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
+from nmt.decode.steps import Decoding
 from nmt.decode.streaming import Line, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
-from nmt.model.inference import Inference
 from nmt.model.modelfile import ModelFileError, load_model
 from nmt.model.seq2seq import Seq2Seq
 from nmt.process import configure_process
@@ -63,7 +63,7 @@ class Translator:
     """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines.
 
     The Translator owns its model from then on: it moves it and puts it in eval mode. Its inference
-    context (nmt.model.inference; one per ensemble member) holds the int8 products and the weights
+    step (nmt.decode.steps; one per ensemble member) holds the int8 products and the weights
     derived from the parameters (the decoder's token table, stacked step weights), built once for the
     Translator's life, not once per call: a one-line call would otherwise spend about half its time
     rebuilding them. Do not train the model further under a Translator.
@@ -76,8 +76,8 @@ class Translator:
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None,
-                 contexts: list[Inference] | None = None, languages: dict[str, str] | None = None) -> None:
-        """`contexts`: the inference contexts of the model (one per ensemble member), when they exist
+                 contexts: list[Decoding] | None = None, languages: dict[str, str] | None = None) -> None:
+        """`contexts`: the inference steps of the model (one per ensemble member), when they exist
         already; else made here (with int8 products for decoding.quantize int8). `languages`: the
         model's {"src", "tgt"} codes, as its file names them (the server reports them)."""
         self.model = model.to(device).eval()
@@ -96,10 +96,10 @@ class Translator:
             self.amp_dtype = None
         if contexts is None:
             members = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
-            contexts = [Inference(int8=quantize_int8(member) if decoding.quantize == "int8" else {})
+            contexts = [Decoding(member, quantize_int8(member) if decoding.quantize == "int8" else None)
                         for member in members]
         self.search_model: SearchModel = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
-                                          else self.model.decoding(contexts[0]))
+                                          else contexts[0])
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
         self._graphs: SearchGraphs | None = None                    # CUDA: captured search steps, made on first use
         self._graphs_lock = threading.Lock()
@@ -163,7 +163,7 @@ class Translator:
                     raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
                                          "the models of an ensemble must share their vocabularies")
         ensemble = Ensemble([member.model for member in members])
-        contexts = [member.search_model.ctx for member in members]      # with their int8 products, if any
+        contexts = [cast(Decoding, member.search_model) for member in members]   # with their int8 products, if any
         return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device), first.shortlist,
                    contexts, first.languages)
 

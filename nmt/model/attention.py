@@ -17,7 +17,6 @@ its (beam, d) block of queries, like the steps of a teacher-forced target.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,23 +45,6 @@ def masked_softmax(scores: Tensor, pad_bias: Tensor, scale: float = 1.0) -> Tens
     return torch.add(bias, scores, alpha=scale).softmax(dim=-1)
 
 
-def at_real_positions(values: Tensor, mask: Tensor, *projections: Callable[[Tensor], Tensor]) -> list[Tensor]:
-    """Each projection over the real source positions only, zeros at the padded ones (which attention
-    masks): (batch, src_len, d) -> (batch, src_len, d'). In inference only: decoding sorts its input by
-    length and cuts it by a token budget, so a greedy batch is about a quarter padding (test_2016_flickr),
-    while training's length buckets carry little."""
-    if torch.is_grad_enabled() or bool(mask.all()):
-        return [project(values) for project in projections]
-    real = values[mask]                                                  # (real positions, d)
-    outputs = []
-    for project in projections:
-        projected = project(real)                                        # (real positions, d')
-        padded = projected.new_zeros(*mask.shape, projected.size(-1))
-        padded[mask] = projected
-        outputs.append(padded)
-    return outputs
-
-
 @dataclass
 class Memory:
     """What the decoder attends over, computed once per batch."""
@@ -70,8 +52,7 @@ class Memory:
     values: Tensor                    # (batch, src_len, enc_out) the annotations h_j
     keys: Tensor                      # (batch, src_len, key_dim) project_keys(h_j)
     mask: Tensor                      # (batch, src_len) True at real tokens
-    # (batch, src_len, gates*dec_hidden + dec_hidden) [W_ctx; W_cc] h_j, for Bahdanau's RNN input and pre-output;
-    # None for Luong, and for Bahdanau's unfolded memory in greedy search (Decoder.memory)
+    # (batch, src_len, gates*dec_hidden + dec_hidden) [W_ctx; W_cc] h_j, Bahdanau's folded context (nmt.model.bahdanau)
     context_terms: Tensor | None = None
     pad_bias: Tensor | None = None    # (batch, src_len) padding_bias(mask); made from the mask when not given
 
@@ -105,10 +86,6 @@ class Attention(nn.Module):
         """(batch, src_len, enc_out) -> (batch, src_len, key_dim); the identity unless overridden."""
         return values
 
-    def key_weights(self) -> tuple[Tensor, Tensor | None] | None:
-        """`project_keys` as x Wᵀ + b: weight (key_dim, enc_out) and bias, for int8 decoding; None for the identity."""
-        return None
-
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, d); keys: (batch, src_len, key_dim) -> energies (batch, queries, src_len)."""
         raise NotImplementedError
@@ -139,11 +116,7 @@ class AdditiveAttention(Attention):
         self.v = nn.Linear(attention_dim, 1, bias=False)                     # v_a
 
     def project_keys(self, values: Tensor) -> Tensor:
-        keys = 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
-        return keys if torch.is_grad_enabled() else keys.float()            # see `energies`
-
-    def key_weights(self) -> tuple[Tensor, Tensor | None]:
-        return 2 * self.key_proj.weight, 2 * self.key_proj.bias
+        return 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
@@ -171,9 +144,9 @@ class AdditiveAttention(Attention):
         return masked_softmax(self._v_sigmoid(projected, memory.keys, v), memory.pad_bias, scale=2.0)
 
     def _v_sigmoid(self, projected: Tensor, keys: Tensor, v: Tensor | None = None) -> Tensor:
-        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: fp32 in inference,
-        also under autocast (CPU elementwise kernels are slower in bf16), and the autocast dtype in
-        training, where it halves the activations kept for the backward pass."""
+        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: the autocast dtype in
+        training, where it halves the activations kept for the backward pass; decoding keeps float32 keys
+        (nmt.decode.steps: CPU elementwise kernels are slower in bf16)."""
         with torch.autocast(keys.device.type, enabled=False):
             # float32 keys promote a bf16 query inside the addition (on CUDA without a cast kernel of its own)
             query = projected if keys.dtype == torch.float32 else projected.to(keys.dtype)
@@ -211,9 +184,6 @@ class LuongGeneralAttention(Attention):
 
     def project_keys(self, values: Tensor) -> Tensor:
         return self.key_proj(values)                                         # (batch, src_len, dec_hidden)
-
-    def key_weights(self) -> tuple[Tensor, Tensor | None]:
-        return self.key_proj.weight, None
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         return query.bmm(keys.transpose(1, 2))                               # (batch, queries, src_len)

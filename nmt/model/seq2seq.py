@@ -11,7 +11,6 @@ from nmt.model.attention import Memory, build_attention
 from nmt.model.bahdanau import BahdanauDecoder
 from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.encoder import Encoder, EncoderOutput
-from nmt.model.inference import Decoding, Inference, int8_product
 from nmt.model.luong import LuongDecoder
 
 
@@ -82,23 +81,16 @@ class Seq2Seq(nn.Module):
             decoder.zero_feed_weights()
         return model
 
-    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True,
-               ctx: Inference | None = None) -> tuple[Memory, DecoderState]:
-        """Run the encoder once and precompute the attention keys for every decoder step
-        (`fold_context`: see `Decoder.memory`; `ctx`: the inference context, see nmt.model.inference)."""
-        encoded = self.encoder(src, src_lengths, int8_product("encoder_rnn", ctx))
-        memory = self.decoder.memory(encoded.outputs, src != PAD, fold_context, ctx)
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
+        """Run the encoder once and prepare what every decoder step attends over (`Decoder.memory`)."""
+        encoded = self.encoder(src, src_lengths)
+        memory = self.decoder.memory(encoded.outputs, src != PAD)
         hidden, cell = self.bridge(encoded)
         return memory, self.decoder.initial_state(hidden, cell)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, teacher_forcing: float = 1.0,
-                features_only: bool = False, ctx: Inference | None = None) -> tuple[Tensor, Tensor]:
+                features_only: bool = False) -> tuple[Tensor, Tensor]:
         """returns logits (batch, tgt_len, tgt_vocab), or with `features_only` the output layer's input
         (batch, tgt_len, dec_hidden), and attention weights (batch, tgt_len, src_len)."""
-        memory, state = self.encode(src, src_lengths, ctx=ctx)
-        return self.decoder(tgt_in, state, memory, teacher_forcing, features_only, ctx)
-
-    def decoding(self, ctx: Inference | None = None) -> Decoding:
-        """This model as the searches take it: with `ctx`, else an open `frozen_weights` block's context, else
-        a new one (whose derived weights then last as long as the returned object)."""
-        return Decoding(self, ctx or self.decoder._block or Inference())
+        memory, state = self.encode(src, src_lengths)
+        return self.decoder(tgt_in, state, memory, teacher_forcing, features_only)

@@ -332,7 +332,7 @@ class Trainer:
             self._save("last.pt")                                   # times itself
         dev = 0.0
         if self.dev_ids is not None and self.is_main:
-            with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+            with torch.random.fork_rng(devices=[]):
                 dev = estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
         # validation writes best.pt and a best-step file besides last.pt
         self.final_seconds, self.final_estimated = dev + 3 * (self.save_seconds or 0.0), time.monotonic()
@@ -371,7 +371,7 @@ class Trainer:
             return {}
         t, p = self.config.training, self.progress
         vocabs = (self.src_vocab, self.tgt_vocab)
-        with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+        with torch.random.fork_rng(devices=[]):
             self.evaluating_dev = True
             try:
                 metrics = evaluate_dev(self.model, self.dev_ids, self.data, vocabs, self.config, self.device,
