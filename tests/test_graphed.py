@@ -218,7 +218,7 @@ def test_a_shape_whose_capture_fails_is_neither_kept_nor_counted(monkeypatch):
 def test_only_plain_searches_of_one_model_on_cuda_are_graphed():
     from nmt.decode.graphed import graphable
 
-    model, cuda = random_model("bahdanau").decoding(), torch.device("cuda")
+    model, cuda = Decoding(random_model("bahdanau")), torch.device("cuda")
     plain = dict(sampling=False, prefix=None, no_repeat_ngram=0, coverage=0.0, return_attention=False)
     assert graphable(model, cuda, **plain)
     assert not graphable(model, torch.device("cpu"), **plain)

@@ -172,18 +172,18 @@ def test_early_stop_decodes_fewer_rows_and_never_beats_the_exact_search(monkeypa
     src = torch.cat([source_batch(seed)[0] for seed in (1, 2, 3)])       # 15 sentences
     lengths = src.ne(0).sum(1)
     rows: list[int] = []
-    step = model.decoder.step
+    step = Decoding.step
 
-    def counted_step(prev, *args):
+    def counted_step(self, prev, *args):
         rows.append(prev.numel())
-        return step(prev, *args)
+        return step(self, prev, *args)
 
     def search(alpha: float, early_stop: bool) -> tuple[list[list], int]:
         rows.clear()
         found = beam_search(model, src, lengths, beam_size=5, alpha=alpha, max_len_ratio=2.0, early_stop=early_stop)
         return found, sum(rows)
 
-    monkeypatch.setattr(model.decoder, "step", counted_step)
+    monkeypatch.setattr(Decoding, "step", counted_step)
     (exact, exact_rows), (early, early_rows) = search(2.0, False), search(2.0, True)
     assert early_rows < exact_rows
     for fast, full in zip(early, exact, strict=True):

@@ -16,6 +16,7 @@ the argmax of the plain average. Attention weights are the members' average.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -94,4 +95,4 @@ class Ensemble(nn.Module):
 
     def decoding(self, members: list[Decoding] | None = None) -> EnsembleDecoding:
         """The members' `Decoding`s (one each, e.g. with int8 products), else a new one each."""
-        return EnsembleDecoding(members or [Decoding(model) for model in self.members])
+        return EnsembleDecoding(members or [Decoding(cast(Seq2Seq, model)) for model in self.members])

@@ -222,26 +222,24 @@ class LuongStep(_Step):
         assert self.combine is not None
         return torch.tanh(F.linear(both, self.combine)), weights
 
-    def _recurrence(self, gi0: Tensor, state: DecoderState, memory: Memory) -> tuple[DecoderState, Tensor]:
-        """Step the RNN from gi0 = W_e E y + b_i (rows, gates*dec_hidden), then attend with s_i; returns the new
-        state (h̃_i in `feed`) and α_i."""
-        if self.decoder.input_feeding:                                  # + W_f h̃_{i-1}
+    def features_from(self, gi0: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
+        """Step the RNN from gi0 = W_e E y + b_i (rows, gates*dec_hidden), then attend with s_i: h̃_i, the new
+        state (h̃_i in `feed` with input feeding) and α_i."""
+        if state.feed is not None:                                      # + W_f h̃_{i-1}
             if self.int8 is not None:
                 assert self.int8.feed_input is not None
                 gi0 = gi0 + self.int8.feed_input(state.feed)
             else:
+                assert self.feed is not None
                 gi0 = gi0 + F.linear(state.feed, self.feed)
         gh0 = F.linear(state.hidden[0], self.hidden, self.hidden_bias)
         s, hidden, cell = self.decoder.rnn.step(gi0, state.hidden, state.cell, gh0)
         attn_hidden, weights = self._attentional(s, memory)
-        return DecoderState(hidden, cell, attn_hidden), weights
+        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.decoder.input_feeding else None), weights
 
     def features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState,
                                                                                            Tensor]:
-        state, weights = self._recurrence(F.embedding(prev_tokens, self.token_table), state, memory)
-        attn_hidden = state.feed
-        assert attn_hidden is not None
-        return attn_hidden, state if self.decoder.input_feeding else replace(state, feed=None), weights
+        return self.features_from(F.embedding(prev_tokens, self.token_table), state, memory)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
         if not self.decoder.input_feeding:                              # the RNN over all steps at once
@@ -250,8 +248,8 @@ class LuongStep(_Step):
             return self._attentional(s_all, memory)
         hiddens, weights = [], []
         for input_t in F.embedding(tgt_in, self.token_table).unbind(1):
-            state, alpha = self._recurrence(input_t, state, memory)
-            hiddens.append(state.feed)
+            attn_hidden, state, alpha = self.features_from(input_t, state, memory)
+            hiddens.append(attn_hidden)
             weights.append(alpha)
         return torch.stack(hiddens, 1), torch.stack(weights, 1)
 

@@ -54,7 +54,7 @@ class Memory:
     mask: Tensor                      # (batch, src_len) True at real tokens
     # (batch, src_len, gates*dec_hidden + dec_hidden) [W_ctx; W_cc] h_j, Bahdanau's folded context (nmt.model.bahdanau)
     context_terms: Tensor | None = None
-    pad_bias: Tensor | None = None    # (batch, src_len) padding_bias(mask); made from the mask when not given
+    pad_bias: Tensor = None  # type: ignore[assignment]  # (batch, src_len) padding_bias(mask), made when not given
 
     def __post_init__(self) -> None:
         if self.pad_bias is None:
@@ -62,9 +62,9 @@ class Memory:
 
     def index_select(self, index: Tensor) -> Memory:
         """Sentences `index` of the batch, e.g. to drop those whose search is over."""
-        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.context_terms),
-                      pick(self.pad_bias))
+        terms = None if self.context_terms is None else self.context_terms.index_select(0, index)
+        return Memory(self.values.index_select(0, index), self.keys.index_select(0, index),
+                      self.mask.index_select(0, index), terms, self.pad_bias.index_select(0, index))
 
     def group(self, queries: Tensor) -> Tensor:
         """Queries as (batch, queries per sentence, d): (rows, d) with rows = batch*beam becomes

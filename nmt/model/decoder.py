@@ -37,8 +37,9 @@ class DecoderState:
     feed: Tensor | None = None  # (batch, dec_hidden) h̃_{i-1} for Luong input feeding
 
     def index_select(self, index: Tensor) -> DecoderState:
-        pick = lambda t, dim: None if t is None else t.index_select(dim, index)  # noqa: E731
-        return DecoderState(pick(self.hidden, 1), pick(self.cell, 1), pick(self.feed, 0))
+        return DecoderState(self.hidden.index_select(1, index),
+                            None if self.cell is None else self.cell.index_select(1, index),
+                            None if self.feed is None else self.feed.index_select(0, index))
 
     @property
     def top(self) -> Tensor:

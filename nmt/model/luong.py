@@ -58,7 +58,7 @@ class LuongDecoder(Decoder):
     def step_features(self, prev_tokens: Tensor, state: DecoderState,
                       memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         embedded = self.dropout(self.embed(prev_tokens))                 # (rows, emb) E y_{i-1}
-        rnn_in = torch.cat([embedded, state.feed], dim=-1) if self.input_feeding else embedded
+        rnn_in = embedded if state.feed is None else torch.cat([embedded, state.feed], dim=-1)   # h̃_{i-1} fed
         gi0 = F.linear(rnn_in, self.rnn.input_weight(0, rnn_in.size(-1)), self.rnn.input_bias())
         s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell)   # (rows, dec_hidden) s_i
         energies = self.attention.score(memory.group(s), memory.keys)     # (batch, rows/batch, src_len) e_ij
@@ -77,11 +77,12 @@ class LuongDecoder(Decoder):
             return self._attentional(s_all, memory)
         feed_weight = autocast_once(self.feed_weight())
         hiddens, weights = [], []
+        hidden, cell, attn_hidden = state.hidden, state.cell, state.feed
+        assert attn_hidden is not None                                  # h̃_0
         for input_t in self.token_terms(tgt_in).unbind(1):
-            gi0 = input_t + F.linear(state.feed, feed_weight)           # + W_f h̃_{i-1}
-            s, hidden, cell = self.rnn.step(gi0, state.hidden, state.cell)
+            gi0 = input_t + F.linear(attn_hidden, feed_weight)          # + W_f h̃_{i-1}
+            s, hidden, cell = self.rnn.step(gi0, hidden, cell)
             attn_hidden, alpha = self._attentional(s, memory)
-            state = DecoderState(hidden, cell, attn_hidden)
             hiddens.append(attn_hidden)
             weights.append(alpha)
         return torch.stack(hiddens, 1), torch.stack(weights, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -37,7 +39,7 @@ class Bridge(nn.Module):
             zeros = final.new_zeros(self.dec_layers, final.size(0), self.dec_hidden)
             return zeros, (zeros.clone() if self.is_lstm else None)
         hidden = self._project(self.hidden, final)
-        cell = self._project(self.cell, encoded.final_cell) if self.is_lstm else None
+        cell = None if self.cell is None or encoded.final_cell is None else self._project(self.cell, encoded.final_cell)
         return hidden, cell
 
 
@@ -57,9 +59,10 @@ class Seq2Seq(nn.Module):
                                         config.attention_dim)
         except ValueError as exc:
             raise ConfigError(f"`model.attention`: {exc}") from None
-        common = dict(vocab_size=tgt_vocab, embedding_dim=config.embedding_dim, hidden=config.decoder_hidden,
-                      layers=config.decoder_layers, rnn_type=config.rnn_type, attention=attention,
-                      context_size=encoder.output_size, dropout=config.dropout)
+        common: dict[str, Any] = dict(
+            vocab_size=tgt_vocab, embedding_dim=config.embedding_dim, hidden=config.decoder_hidden,
+            layers=config.decoder_layers, rnn_type=config.rnn_type, attention=attention,
+            context_size=encoder.output_size, dropout=config.dropout)
         if config.attention == "bahdanau":
             decoder: Decoder = BahdanauDecoder(**common)
         else:

@@ -77,7 +77,7 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
     loss = loss_sum / max(tokens, 1)
     examples = []
     if t.log_examples:
-        sources = src_vocab.decode([dev.src[i] for i in range(min(t.log_examples, len(rows)))])
+        sources = src_vocab.decode([dev.src[i].tolist() for i in range(min(t.log_examples, len(rows)))])
         examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
     return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "chrf": chrf.score,
             "bleu_signature": metric.get_signature().format(), "examples": examples}
@@ -131,7 +131,7 @@ def first_sentence_attention(model: Seq2Seq, dev: ParallelIds, vocabs: tuple[Voc
     batch = dev.collate(np.arange(1)).to(device)
     with autocast(device, amp_dtype):
         hyp = greedy_search(Decoding(model), batch.src, batch.src_lengths, max_len_ratio, return_attention=True)[0]
-    src_pieces = [*src_vocab.to_pieces(dev.src[0]), "</s>"]
+    src_pieces = [*src_vocab.to_pieces(dev.src[0].tolist()), "</s>"]
     tgt_pieces = [*tgt_vocab.to_pieces(hyp.tokens), "</s>"]
     return src_pieces, tgt_pieces, hyp.attention.float()      # (len(tgt_pieces), len(src_pieces))
 
