@@ -169,7 +169,7 @@ def test_inference_memory_projects_only_the_real_positions(attention):
     mask = torch.arange(7) < torch.tensor([7, 4, 1]).unsqueeze(1)        # (batch, src_len)
     full = model.decoder.memory(values, mask)
     with torch.no_grad():
-        real = Decoding(model).steps().memory(model.decoder, values, mask, True)
+        real = Decoding(model).steps().memory(values, mask, True)
     if not model.decoder.attention.projects_keys:
         assert real.keys is values
     projected = ["context_terms"] if attention == "bahdanau" else []

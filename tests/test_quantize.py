@@ -73,9 +73,11 @@ def test_quantized_model_steps_close_to_float32(model_options):
     assert (approx - exact[:, :1]).abs().max() < 0.05
     assert torch.equal(_step_log_probs(model, src, lengths, steps=5), exact)   # the model itself stays float32
     if model_options["attention"] == "bahdanau":                     # greedy's unfolded memory: int8 [W_ctx; W_cc] c_i
-        context_product, calls = int8.context, []
-        int8.context = lambda x: calls.append(x.shape) or context_product(x)
+        context, calls = int8.context, []
+        add = context.add                                            # the step's c_i product, with its token terms
+        context.add = lambda terms, x: calls.append(x.shape) or add(terms, x)
         unfolded = _step_log_probs(model, src, lengths, steps=3, fold_context=False, int8=int8)
+        del context.add
         assert calls == [(6, 64)] * 3                                 # once per step, on c_i (rows, enc_out)
         assert (unfolded - exact[:, :3]).abs().max() < 0.05
     for name, value in model.state_dict().items():                  # float parameters untouched, none added
@@ -102,10 +104,10 @@ def test_int8_memory_is_close_to_float32(attention, products, options, padded, f
     if padded:
         mask[2, 4:] = False
     with torch.no_grad():
-        exact = Decoding(model).steps().memory(model.decoder, values, mask, fold_context)
+        exact = Decoding(model).steps().memory(values, mask, fold_context)
         int8 = quantize_int8(model)
         assert all(getattr(int8, product) is not None for product in products)
-        approx = Decoding(model, int8).steps().memory(model.decoder, values, mask, fold_context)
+        approx = Decoding(model, int8).steps().memory(values, mask, fold_context)
     if attention == "bahdanau":
         assert (approx.context_terms is None) == (not fold_context)
     for name in ("keys", "context_terms"):

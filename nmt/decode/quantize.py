@@ -57,6 +57,10 @@ class Int8Linear(nn.Module):
     def forward(self, inputs: Tensor) -> Tensor:
         return torch.ops.quantized.linear_dynamic(inputs, self.packed, reduce_range=True)
 
+    def add(self, terms: Tensor, inputs: Tensor) -> Tensor:
+        """terms + x Wᵀ (+ b), as nmt.decode.steps.Linear."""
+        return self(inputs) + terms
+
     def rows(self, index: Tensor) -> Int8Linear:
         """The product for output rows `index` only, (n,) ascending ids: the very int8 values and scales of
         those rows, packed anew for FBGEMM (about 13 ms for 2,700 rows of 512 here: once per batch)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -59,105 +60,108 @@ def at_real_positions(values: Tensor, mask: Tensor, *projections: Product) -> li
     return outputs
 
 
+class Linear(Protocol):
+    """A product a step makes: x Wᵀ + b in float (`FloatLinear`) or int8 (nmt.decode.quantize.Int8Linear)."""
+
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+    def add(self, terms: Tensor, x: Tensor) -> Tensor:
+        """terms + x Wᵀ for 2-D x (the float product adds them in the same kernel)."""
+        ...
+
+
+@dataclass
+class FloatLinear:
+    weight: Tensor              # (out, in), built from the parameters once, cast once under autocast
+    bias: Tensor | None = None  # (out,)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def add(self, terms: Tensor, x: Tensor) -> Tensor:
+        return torch.addmm(terms, x, self.weight.t())
+
+
+def _linear(int8: Linear | None, weight: Callable[[], Tensor], bias: Callable[[], Tensor] | None = None) -> Linear:
+    """The int8 product when there is one, else the float one built from `weight()` and `bias()`."""
+    if int8 is not None:
+        return int8
+    return FloatLinear(autocast_once(weight()), None if bias is None else autocast_once(bias()))
+
+
+def padded_output(weight: Tensor, bias: Tensor | None) -> FloatLinear:
+    """W_s (or its shortlist's rows) padded to 16s rows (nmt.model.output_rows); its logits are cut back."""
+    return FloatLinear(autocast_once(padded_rows(weight)), None if bias is None else autocast_once(padded_rows(bias)))
+
+
 @dataclass
 class _Step:
-    """What every decoder's step shares: the token table, the output rows and the int8 products."""
+    """What every decoder's step has: the token table, the output product and the keys' product."""
 
-    int8: Int8Products | None
-    token_table: Tensor            # (tgt_vocab, terms) the step's terms of each input token, W E y + b
-    output: Tensor | None          # (vocab padded to 16s, dec_hidden) W_s; None with int8
-    output_bias: Tensor | None     # (vocab padded to 16s,) b_s
+    token_table: Tensor        # (tgt_vocab, terms) the step's terms of each input token, W E y + b
+    output: Linear             # h̃ -> logits: W_s padded to 16s rows, or int8
+    keys: Product | None       # h_j -> attention keys; None where the annotations are the keys (Luong dot)
 
     @staticmethod
-    def common(decoder: Decoder, int8: Int8Products | None) -> dict:
-        """The shared fields' values, built from `decoder` under the current autocast."""
-        output = None if int8 is not None else autocast_once(padded_rows(decoder.output.weight))
-        bias = decoder.output.bias
-        return {"int8": int8, "token_table": autocast_once(F.linear(decoder.embed.weight, *decoder.token_projection())),
-                "output": output,
-                "output_bias": None if int8 is not None or bias is None else autocast_once(padded_rows(bias))}
+    def common(decoder: Decoder, int8: Int8Products | None) -> dict[str, Any]:
+        attention, layer = decoder.attention, decoder.output
+        keys: Product | None = int8.keys if int8 is not None else None
+        if keys is None and isinstance(attention, AdditiveAttention):   # float32 keys: see AdditiveAttention
+            keys = lambda h: attention.project_keys(h).float()  # noqa: E731
+        return {"token_table": autocast_once(F.linear(decoder.embed.weight, *decoder.token_projection())),
+                "output": int8.output if int8 is not None else padded_output(layer.weight, layer.bias),
+                "keys": keys or (attention.project_keys if attention.projects_keys else None)}
 
-    def logits(self, features: Tensor, vocab: int) -> Tensor:
-        """W_s h̃ + b_s: (rows, dec_hidden) -> (rows, vocab), a view cut from the padded rows' product."""
-        if self.int8 is not None:
-            return self.int8.output(features)
-        assert self.output is not None
-        return F.linear(features, self.output, self.output_bias)[:, :vocab]
-
-    def memory(self, decoder: Decoder, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
-        """The annotations, cast once under autocast, and their keys (the int8 product with int8)."""
-        values = autocast_once(values)                                   # (batch, src_len, enc_out)
-        if not decoder.attention.projects_keys:
+    def memory(self, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
+        """The annotations (batch, src_len, enc_out), cast once under autocast, and their keys."""
+        values = autocast_once(values)
+        if self.keys is None:
             return Memory(values, values, mask)
-        keys, = at_real_positions(values, mask, self.keys_product(decoder))
+        keys, = at_real_positions(values, mask, self.keys)
         return Memory(values, keys, mask)
-
-    def keys_product(self, decoder: Decoder) -> Product:
-        if self.int8 is not None and self.int8.keys is not None:
-            return self.int8.keys
-        if isinstance(decoder.attention, AdditiveAttention):             # float32 keys: see AdditiveAttention
-            return lambda h: decoder.attention.project_keys(h).float()
-        return decoder.attention.project_keys
 
 
 @dataclass
 class BahdanauStep(_Step):
     decoder: BahdanauDecoder
-    context: Tensor | None                 # (gates*dec_hidden + dec_hidden, enc_out) [W_ctx; W_cc]; None with int8
-    hidden_and_query: Tensor | None        # (gates*dec_hidden + attn_dim, dec_hidden) [W_h; W_a], one layer only
-    hidden_and_query_bias: Tensor | None   # [b_h; 0]
-    pre_output_state: Tensor | None        # (dec_hidden, dec_hidden) W_cs; None with int8
+    context: Linear                    # [W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out)
+    hidden_and_query: Linear | None    # [W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden) with [b_h; 0]; one layer
+    pre_output_state: Linear           # W_cs (dec_hidden, dec_hidden)
 
     @classmethod
     def build(cls, decoder: BahdanauDecoder, int8: Int8Products | None) -> BahdanauStep:
-        exact, fused = int8 is None, int8 is None and decoder.rnn.layers == 1
-        return cls(**cls.common(decoder, int8), decoder=decoder,
-                   context=autocast_once(decoder.context_weight()) if exact else None,
-                   hidden_and_query=autocast_once(decoder.hidden_and_query()) if fused else None,
-                   hidden_and_query_bias=autocast_once(decoder.hidden_and_query_bias()) if fused else None,
-                   pre_output_state=autocast_once(decoder.pre_output_weight("state")) if exact else None)
+        fused = None
+        if decoder.rnn.layers == 1:
+            fused = _linear(int8.hidden_and_query if int8 else None, decoder.hidden_and_query,
+                            decoder.hidden_and_query_bias)
+        return cls(**cls.common(decoder, int8), decoder=decoder, hidden_and_query=fused,
+                   context=_linear(int8.context if int8 else None, decoder.context_weight),
+                   pre_output_state=_linear(int8.pre_output_state if int8 else None,
+                                            lambda: decoder.pre_output_weight("state")))
 
-    def memory(self, decoder: Decoder, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
+    def memory(self, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
         """Folded: keys 2·U_a h_j and [W_ctx; W_cc] h_j (`context_terms`) for every position; unfolded (greedy
         search: with one row per sentence the folding saves no products and makes every step read 4x more),
         a step forms c_i and multiplies it by [W_ctx; W_cc] instead."""
         if not fold_context:
-            return super().memory(decoder, values, mask, fold_context)
-        keys, context_terms = at_real_positions(values, mask, self.keys_product(decoder), self._context_product)
+            return super().memory(values, mask, fold_context)
+        assert self.keys is not None
+        keys, context_terms = at_real_positions(values, mask, self.keys, self.context)
         return Memory(values, keys, mask, context_terms)
-
-    def _context_product(self, inputs: Tensor, add: Tensor | None = None) -> Tensor:
-        """[W_ctx; W_cc] x (+ add, for 2-D x): (..., enc_out) -> (..., gates*dec_hidden + dec_hidden)."""
-        if self.int8 is not None:
-            assert self.int8.context is not None
-            return self.int8.context(inputs) if add is None else self.int8.context(inputs) + add
-        assert self.context is not None
-        return F.linear(inputs, self.context) if add is None else torch.addmm(add, inputs, self.context.t())
 
     def _attend(self, s_prev: Tensor, memory: Memory) -> tuple[Tensor | None, Tensor]:
         """α_i from s_{i-1} (rows, dec_hidden): the weights (batch, rows per sentence, src_len) and, with one
         layer, the RNN's W_h s_{i-1} + b_h (rows, gates*dec_hidden) from the same product (else None)."""
         attention = self.decoder.attention
-        if self.decoder.rnn.layers > 1:
+        if self.hidden_and_query is None:
             return None, attention.projected_weights(memory.group(attention.query_proj(s_prev)), memory)
-        if self.int8 is not None:
-            assert self.int8.hidden_and_query is not None
-            projected = self.int8.hidden_and_query(s_prev)
-        else:
-            assert self.hidden_and_query is not None
-            projected = F.linear(s_prev, self.hidden_and_query, self.hidden_and_query_bias)
-        gates = self.decoder.rnn.hidden_weight(0).size(0)               # projected: (rows, gates*dec_hidden + attn)
+        projected = self.hidden_and_query(s_prev)                        # (rows, gates*dec_hidden + attn_dim)
+        gates = self.decoder.rnn.hidden_weight(0).size(0)
         return projected[:, :gates], attention.projected_weights(memory.group(projected[:, gates:]), memory)
 
     def _pre_output(self, s: Tensor, terms: Tensor) -> Tensor:
         """h̃ = tanh(W_cs s + terms), terms = W_cc c + W_ce E y + b_c already summed; s: (rows, [steps,] dec_hidden)."""
-        if self.int8 is not None:
-            assert self.int8.pre_output_state is not None
-            return torch.tanh(self.int8.pre_output_state(s) + terms)
-        assert self.pre_output_state is not None
-        if s.dim() == 2:                                                # a step: the terms added in the product
-            return torch.tanh(torch.addmm(terms, s, self.pre_output_state.t()))
-        return torch.tanh(F.linear(s, self.pre_output_state) + terms)
+        return torch.tanh(self.pre_output_state.add(terms, s) if s.dim() == 2 else self.pre_output_state(s) + terms)
 
     def features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState,
                                                                                            Tensor]:
@@ -170,7 +174,7 @@ class BahdanauStep(_Step):
             terms = torch.baddbmm(memory.group(token_terms), weights, memory.context_terms).view(token_terms.shape)
         else:
             context = memory.weighted_sum(weights, memory.values, s_prev.shape)      # (rows, enc_out) c_i
-            terms = self._context_product(context, add=token_terms)
+            terms = self.context.add(token_terms, context)
         rnn_in, pre_output_terms = self.decoder.split_terms(terms)      # (rows, gates*dec_hidden | dec_hidden)
         _, hidden, cell = self.decoder.rnn.step(rnn_in, state.hidden, state.cell, gh0)
         state = DecoderState(hidden, cell)
@@ -198,51 +202,37 @@ class BahdanauStep(_Step):
 @dataclass
 class LuongStep(_Step):
     decoder: LuongDecoder
-    combine: Tensor | None         # (dec_hidden, enc_out + dec_hidden) W_c; None with int8
-    feed: Tensor | None            # (gates*dec_hidden, dec_hidden) W_f; None without input feeding or with int8
-    hidden: Tensor                 # (gates*dec_hidden, dec_hidden) layer 0's W_h
-    hidden_bias: Tensor            # (gates*dec_hidden,) b_h
+    combine: Linear                # W_c (dec_hidden, enc_out + dec_hidden)
+    feed: Linear | None            # W_f (gates*dec_hidden, dec_hidden), with input feeding
+    hidden: Linear                 # layer 0's W_h, b_h (gates*dec_hidden, dec_hidden), cast once under autocast
 
     @classmethod
     def build(cls, decoder: LuongDecoder, int8: Int8Products | None) -> LuongStep:
-        exact = int8 is None
-        return cls(**cls.common(decoder, int8), decoder=decoder,
-                   combine=autocast_once(decoder.combine.weight) if exact else None,
-                   feed=autocast_once(decoder.feed_weight()) if exact and decoder.input_feeding else None,
-                   hidden=autocast_once(decoder.rnn.hidden_weight(0)),
-                   hidden_bias=autocast_once(decoder.rnn.hidden_bias(0)))
+        feed = _linear(int8.feed_input if int8 else None, decoder.feed_weight) if decoder.input_feeding else None
+        return cls(**cls.common(decoder, int8), decoder=decoder, feed=feed,
+                   combine=_linear(int8.combine if int8 else None, lambda: decoder.combine.weight),
+                   hidden=_linear(None, decoder.rnn.hidden_weight, decoder.rnn.hidden_bias))
 
     def _attentional(self, s: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
         """h̃ = tanh(W_c [c; s]) and α for states s: (batch, [tgt_len,] dec_hidden)."""
         context, weights = self.decoder.attention(s, memory)
-        both = torch.cat([context, s], dim=-1)
-        if self.int8 is not None:
-            assert self.int8.combine is not None
-            return torch.tanh(self.int8.combine(both)), weights
-        assert self.combine is not None
-        return torch.tanh(F.linear(both, self.combine)), weights
+        return torch.tanh(self.combine(torch.cat([context, s], dim=-1))), weights
 
     def features_from(self, gi0: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         """Step the RNN from gi0 = W_e E y + b_i (rows, gates*dec_hidden), then attend with s_i: h̃_i, the new
         state (h̃_i in `feed` with input feeding) and α_i."""
-        if state.feed is not None:                                      # + W_f h̃_{i-1}
-            if self.int8 is not None:
-                assert self.int8.feed_input is not None
-                gi0 = gi0 + self.int8.feed_input(state.feed)
-            else:
-                assert self.feed is not None
-                gi0 = gi0 + F.linear(state.feed, self.feed)
-        gh0 = F.linear(state.hidden[0], self.hidden, self.hidden_bias)
-        s, hidden, cell = self.decoder.rnn.step(gi0, state.hidden, state.cell, gh0)
+        if state.feed is not None and self.feed is not None:            # + W_f h̃_{i-1}
+            gi0 = gi0 + self.feed(state.feed)
+        s, hidden, cell = self.decoder.rnn.step(gi0, state.hidden, state.cell, self.hidden(state.hidden[0]))
         attn_hidden, weights = self._attentional(s, memory)
-        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.decoder.input_feeding else None), weights
+        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.feed is not None else None), weights
 
     def features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState,
                                                                                            Tensor]:
         return self.features_from(F.embedding(prev_tokens, self.token_table), state, memory)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        if not self.decoder.input_feeding:                              # the RNN over all steps at once
+        if self.feed is None:                                           # the RNN over all steps at once
             embedded = self.decoder.dropout(self.decoder.embed(tgt_in))
             s_all, _, _ = self.decoder.rnn(embedded, state.hidden, state.cell)
             return self._attentional(s_all, memory)
@@ -259,7 +249,7 @@ class OutputSubset:
     """A shortlist view's output: `step` takes and returns positions in `keep`."""
 
     keep: Tensor          # (subset,) ascending target ids, the special ids first (so they keep their numbers)
-    product: Product      # h̃ (rows, dec_hidden) -> logits (rows, subset) through W_s[keep], b_s[keep]
+    output: Linear        # h̃ (rows, dec_hidden) -> logits through W_s[keep], b_s[keep] (padded, or int8)
 
 
 @dataclass
@@ -310,7 +300,7 @@ class Decoding:
         """src: (batch, src_len) -> memory, initial state. `fold_context`: Bahdanau's context terms once per
         batch (beam search, scoring), or c_i multiplied at each step (greedy search; see BahdanauStep.memory)."""
         encoded = self._encoded(src, src_lengths)
-        memory = self.steps().memory(self.model.decoder, encoded.outputs, src != PAD, fold_context)
+        memory = self.steps().memory(encoded.outputs, src != PAD, fold_context)
         hidden, cell = self.model.bridge(encoded)
         return memory, self.model.decoder.initial_state(hidden, cell)
 
@@ -319,9 +309,9 @@ class Decoding:
         steps, dropout = self.steps(), self.model.decoder.dropout
         if self.subset is not None:
             attn_hidden, state, weights = steps.features(self.subset.keep[prev_tokens], state, memory)
-            return self.subset.product(dropout(attn_hidden)), state, weights
+            return self.subset.output(dropout(attn_hidden))[:, : self.subset.keep.numel()], state, weights
         attn_hidden, state, weights = steps.features(prev_tokens, state, memory)
-        return steps.logits(dropout(attn_hidden), self.model.decoder.output.out_features), state, weights
+        return steps.output(dropout(attn_hidden))[:, : self.vocab_size], state, weights
 
     def vocab_ids(self, tokens: Tensor) -> Tensor:
         """Positions `step` chose -> vocabulary ids: keep[tokens] inside a subset, else unchanged."""
@@ -348,14 +338,11 @@ class Decoding:
         positions in `keep` (subset,), ascending target ids beginning with the special ids, its logits
         (rows, subset) from the rows W_s[keep], b_s[keep] (int8 ones cut by `Int8Linear.rows`), sliced once here."""
         if self.int8 is not None:
-            product: Product = self.int8.output.rows(keep)
+            output: Linear = self.int8.output.rows(keep)
         else:
-            output = self.model.decoder.output
-            bias = output.bias[keep] if output.bias is not None else None
-            weight = autocast_once(padded_rows(output.weight[keep]))    # (subset padded to 16s, dec_hidden)
-            bias = autocast_once(padded_rows(bias)) if bias is not None else None
-            product = lambda features: F.linear(features, weight, bias)[:, : keep.numel()]  # noqa: E731
-        return replace(self, subset=OutputSubset(keep, product))
+            layer = self.model.decoder.output
+            output = padded_output(layer.weight[keep], None if layer.bias is None else layer.bias[keep])
+        return replace(self, subset=OutputSubset(keep, output))
 
 
 def picked_log_probs(log_probs: Callable[[slice], Tensor], tokens: Tensor, vocab: int) -> Tensor:
