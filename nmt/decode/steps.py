@@ -186,16 +186,8 @@ class BahdanauStep(_Step):
             raise ValueError("teacher forcing needs a folded memory (encode with fold_context=True)")
         token_in, token_out = self.decoder.split_terms(F.embedding(tgt_in, self.token_table))
         values_in, values_out = self.decoder.split_terms(memory.context_terms)   # W_ctx h_j, W_cc h_j
-        states, weights = [], []
-        for input_t in token_in.unbind(1):
-            s_prev = state.top
-            gh0, alpha = self._attend(s_prev, memory)
-            context_in = memory.weighted_sum(alpha, values_in, s_prev.shape)     # Σ_j α_ij W_ctx h_j
-            _, hidden, cell = self.decoder.rnn.step(input_t + context_in, state.hidden, state.cell, gh0)
-            state = DecoderState(hidden, cell)
-            states.append(state.top)
-            weights.append(alpha.view(s_prev.size(0), -1))
-        s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)
+        s_all, alphas = self.decoder.recurrence(token_in, state, lambda s: self._attend(s, memory),
+                                                lambda alpha, shape: memory.weighted_sum(alpha, values_in, shape))
         return self._pre_output(s_all, torch.baddbmm(token_out, alphas, values_out)), alphas
 
 

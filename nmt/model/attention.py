@@ -9,10 +9,8 @@ Every variant computes the same three things, in the textbook's symbols:
 and splits `score` in two so that the part that depends only on the source (the "keys",
 e.g. U_a h_j) is computed once per batch by `project_keys`, not once per decoder step.
 
-Queries come as (rows, d) for one step or (batch, tgt_len, d) for all steps at once. One-step
-rows may outnumber the memory's sentences: beam search keeps `beam` rows per sentence over a
-single copy of the sentence's memory, and the rows of a sentence are then scored together as
-its (beam, d) block of queries, like the steps of a teacher-forced target.
+Queries come as (rows, d) for one step or (batch, tgt_len, d) for all steps at once; a step's
+rows may be several per sentence (beam search), scored together as the sentence's block of queries.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -123,6 +124,23 @@ class BahdanauDecoder(Decoder):
         gh0 = projected[:, :gates] + cast.hidden_bias
         return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory, cast.v)
 
+    def recurrence(self, token_in: Tensor, state: DecoderState, attend: Callable[[Tensor], tuple[Tensor | None,
+                                                                                                 Tensor]],
+                   context_in: Callable[[Tensor, torch.Size], Tensor]) -> tuple[Tensor, Tensor]:
+        """s_i for each step of a reference: `attend(s_{i-1})` gives α_i (batch, rows/batch, src_len) and, with
+        one layer, W_h s_{i-1} + b_h; the RNN input is token_in (batch, tgt_len, gates*dec_hidden) plus
+        `context_in(α_i, shape)` = Σ_j α_ij W_ctx h_j. Returns s (batch, tgt_len, dec_hidden), α (batch, tgt_len,
+        src_len)."""
+        states, weights = [], []
+        for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
+            s_prev = state.top                                          # (rows, dec_hidden)
+            gh0, alpha = attend(s_prev)
+            _, hidden, cell = self.rnn.step(input_t + context_in(alpha, s_prev.shape), state.hidden, state.cell, gh0)
+            state = DecoderState(hidden, cell)
+            states.append(state.top)
+            weights.append(alpha.view(s_prev.size(0), -1))
+        return torch.stack(states, 1), torch.stack(weights, 1)
+
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
         """Attend with s_{i-1}, then step the RNN, for every step; W_cc c_i and the pre-output for all at once.
         On the CPU with gradients, the products with [W_h; W_a] and W_ctx h_j go through SharedGrads."""
@@ -136,19 +154,10 @@ class BahdanauDecoder(Decoder):
             shared = SharedGrads(fused, values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
         cast = _CastOnce.make(self, tgt_in.device) if fused is not None else None
-        states, weights = [], []
-        for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
-            s_prev = state.top                                          # (rows, dec_hidden)
-            gh0, alpha = self._attend(s_prev, memory, fused, shared, cast)
-            if shared is not None:
-                context_in = shared.weighted_sum(alpha, s_prev.shape)
-            else:                                                       # Σ_j α_ij W_ctx h_j
-                context_in = memory.weighted_sum(alpha, values_in, s_prev.shape)
-            _, hidden, cell = self.rnn.step(input_t + context_in, state.hidden, state.cell, gh0)
-            state = DecoderState(hidden, cell)
-            states.append(state.top)
-            weights.append(alpha.view(s_prev.size(0), -1))
-        s_all, alphas = torch.stack(states, 1), torch.stack(weights, 1)  # (batch, tgt_len, dec_hidden / src_len)
+        context_in = shared.weighted_sum if shared is not None else (
+            lambda alpha, shape: memory.weighted_sum(alpha, values_in, shape))
+        s_all, alphas = self.recurrence(token_in, state, lambda s: self._attend(s, memory, fused, shared, cast),
+                                        context_in)
         terms = torch.baddbmm(token_out, alphas, values_out)              # W_ce E y + b_c + W_cc c_i, all steps
         state_weight = autocast_once(self.pre_output_weight("state"))
         return torch.tanh(F.linear(s_all, state_weight) + terms), alphas
