@@ -58,7 +58,7 @@ class SearchModel(Protocol):
     """What the searches (here and nmt.decode.graphed) need of a model or an ensemble."""
 
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Rows, Rows]:
-        """src: (batch, src_len) -> memory, initial decoder state (`fold_context`: see `Decoder.memory`)."""
+        """src: (batch, src_len) -> memory, initial decoder state (`fold_context`: see `Decoding.encode`)."""
 
     def step(self, prev_tokens: Tensor, state: Rows, memory: Rows) -> tuple[Tensor, Rows, Tensor]:
         """prev_tokens: (rows,) -> scores whose log-softmax is log p (rows, vocab), new state, attention
@@ -200,7 +200,7 @@ def greedy_search(model: SearchModel, src: Tensor, src_lengths: Tensor, max_len_
     With a `sampler`, a token drawn from the distribution instead, `num_samples` rows per sentence
     (sentence-major: rows i*num_samples .. (i+1)*num_samples-1 belong to sentence i).
     prefix: (batch, prefix_len) tokens to force first, PAD-padded; None for none."""
-    memory, state = model.encode(src, src_lengths, fold_context=False)   # one row per sentence: see Decoder.memory
+    memory, state = model.encode(src, src_lengths, fold_context=False)   # one row per sentence: see Decoding.encode
     if num_samples > 1:                                                 # one row per sample
         rows = torch.arange(src.size(0), device=src.device).repeat_interleave(num_samples)
         memory, state, src = memory.index_select(rows), state.index_select(rows), src[rows]
