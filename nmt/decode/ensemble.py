@@ -1,10 +1,8 @@
 """Several models decoding as one: at every step, the average of their log-probabilities.
 
-`EnsembleDecoding` is the searches' model (nmt.decode.search.SearchModel) for several members, each
-a `Decoding` with its own inference step, so greedy search, beam search, sampling and
-`force_decode` run an ensemble unchanged. The members share the source and
-target vocabularies but may differ in everything else (attention, sizes, RNN type): each keeps its
-own memory and state, and a step runs each member once on the same rows.
+`EnsembleDecoding` is the searches' model (nmt.decode.search.SearchModel) for several `Decoding`s, so
+every search and `force_decode` run an ensemble unchanged. The members share the vocabularies and may
+differ in everything else: each keeps its own memory and state, and a step runs each on the same rows.
 
     log p_ens(y_i | y_<i, x) = log softmax( (1/M) Σ_m log p_m(y_i | y_<i, x) )
 

@@ -1,15 +1,9 @@
-"""Dynamic int8 decoding: the matrix products of every decoder step and the encoder's RNN with
-int8 weights, through PyTorch's own quantized kernels (torch.ao dynamic quantization, FBGEMM on
-x86), not hand-written ones.
-
-"Dynamic" means the weights are quantized once, per output channel, and each product quantizes
-its input on the fly from the input's own range, accumulates in int32 and returns float32; so the
-rest of the model (attention, softmax, search) runs unchanged in float32. The products done once
-per batch are int8 too: the attention keys, and for Bahdanau the projected annotations
-[W_ctx; W_cc] h_j (the same int8 product multiplies c_i at each step of greedy search).
-
-With a vocabulary shortlist the output product is cut to the batch's rows of W_s (`Int8Linear.rows`):
-the same int8 values and scales, repacked once per batch, so the shortlist and int8 gains multiply.
+"""Dynamic int8 decoding: the matrix products of a decoding step (nmt.decode.steps), the once-per-batch
+keys and [W_ctx; W_cc] h_j, and the encoder's RNN with int8 weights, through PyTorch's own quantized
+kernels (torch.ao dynamic quantization, FBGEMM on x86). The weights are quantized once, per output
+channel; each product quantizes its input on the fly, accumulates in int32 and returns float32, so
+attention, softmax and search run unchanged in float32. With a shortlist the output product is cut to
+the batch's rows of W_s (`Int8Linear.rows`): the same int8 values and scales, repacked once per batch.
 """
 
 from __future__ import annotations

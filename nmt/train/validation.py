@@ -106,10 +106,8 @@ def _dev_batch(decoding: Decoding, batch: Batch, config: Config, device: torch.d
 def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds, config: Config, device: torch.device,
                          amp_dtype: torch.dtype | None) -> float:
     """Seconds `evaluate_dev` would take now: its longest `PROBE_SENTENCES` sentences timed, scaled by the
-    share of the dev tokens they hold. A budget (`training.max_minutes`) keeps this much time for the last
-    validation before one is measured. An early model's greedy outputs run long, and a few rows cost more
-    per sentence than a full batch: the estimate errs high (the trainer estimates again before it stops on
-    an old estimate)."""
+    share of the dev tokens they hold, for a budget (`training.max_minutes`) to keep for the last
+    validation. It errs high: an early model's outputs run long, and a few rows cost more per sentence."""
     model.eval()
     rows, batches = _dev_batches(dev, config)
     lengths = dev.src_lengths[rows] + dev.tgt_lengths[rows]
