@@ -47,8 +47,8 @@ class Translator:
 
     It owns its model (moved, in eval mode; do not train it further). Its inference steps (nmt.decode.steps)
     hold the int8 products and derived weights for its whole life: a one-line call would otherwise spend about
-    half its time rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA graphs are taken
-    in turn (on one CPU, two searches side by side were no faster than one with two threads).
+    half its time rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA
+    graphs are taken in turn (on one CPU, two searches side by side were no faster than one with two threads).
     """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
