@@ -44,7 +44,7 @@ class Rows(Protocol):
 
 
 class SearchModel(Protocol):
-    """What the searches need of a model or an ensemble (nmt.model.inference.Decoding, EnsembleDecoding)."""
+    """What the searches need of a model or an ensemble (nmt.decode.steps.Decoding, EnsembleDecoding)."""
 
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Any, Any]: ...
 
