@@ -64,9 +64,9 @@ def search_step(model, beam: int, sentences: int = 64, src_len: int = 20) -> dic
     """Operations per step of the captured greedy (beam 1) or beam search chunk."""
     from nmt.decode import graphs as graphed
     from nmt.decode.search import SearchSettings
-    from nmt.model.inference import Inference
+    from nmt.decode.steps import Decoding
 
-    graphs = graphed.SearchGraphs(model.decoding(Inference()), capture=False)
+    graphs = graphed.SearchGraphs(Decoding(model), capture=False)
     src, lengths, _ = _batch(model, sentences, src_len, 1)
     counter = KernelCount()
     original = graphs._graph

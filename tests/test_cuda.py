@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from nmt.config import load_config
+from nmt.decode.steps import Decoding
 from nmt.decode.translator import Translator
 from nmt.model.attention import Memory, build_attention
 from nmt.train.trainer import Trainer
@@ -148,7 +149,7 @@ def test_captured_steps_equal_eager_steps_on_random_models(attention, rnn):
     model = random_model(attention, rnn).cuda()
     src, lengths = source_batch()
     src = src.cuda()
-    graphs = SearchGraphs(model.decoding())
+    graphs = SearchGraphs(Decoding(model))
     for _ in range(2):                                                    # the capture, then a replay
         greedy = graphs.greedy(src, lengths, SearchSettings(max_len_ratio=2.0))
         assert [h.tokens for h in greedy] == [h.tokens for h in greedy_search(model, src, lengths,

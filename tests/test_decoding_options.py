@@ -52,7 +52,7 @@ def test_reported_log_prob_equals_teacher_forced_score(attention):
 def test_scores_do_not_depend_on_how_many_rows_are_normalised_at_once(ensembled, monkeypatch):
     """Scoring makes its float32 log-probabilities a few rows at a time (memory bounded by
     FORCED_CHUNK_ELEMENTS, not by the batch): one row at a time gives the same scores."""
-    import nmt.model.inference as inference
+    import nmt.decode.steps as inference
 
     model = Ensemble([random_model("bahdanau"), random_model("luong_dot", seed=3)]) if ensembled \
         else random_model("bahdanau")

@@ -12,6 +12,7 @@ from nmt.data.batching import bucket_size
 from nmt.decode import graphs as graphs_module
 from nmt.decode.graphs import STEPS_PER_GRAPH, SearchGraphs, _Static
 from nmt.decode.search import Sampler, SearchSettings, beam_search, greedy_search, search
+from nmt.decode.steps import Decoding
 
 from .test_search import VARIANTS, random_model, source_batch
 
@@ -28,7 +29,7 @@ def assert_same(expected, found):
 def test_static_greedy_equals_greedy(attention, rnn):
     model = random_model(attention, rnn)
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     for ratio, min_len, cap in [(1.5, 0, None), (3.0, 4, None), (2.0, 0, 3)]:
         expected = greedy_search(model, src, lengths, SearchSettings(max_len_ratio=ratio, min_len=min_len, max_len=cap))
         assert_same(expected, graphs.greedy(src, lengths,
@@ -41,7 +42,7 @@ def test_static_greedy_equals_greedy(attention, rnn):
 def test_static_beam_equals_beam(attention, beam, alpha, n_best, early_stop):
     model = random_model(attention, "gru" if attention != "luong_concat" else "lstm")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     expected = beam_search(model, src, lengths,
                            SearchSettings(beam_size=beam, alpha=alpha, n_best=n_best, max_len_ratio=2.5,
                                           early_stop=early_stop))
@@ -63,7 +64,7 @@ def test_a_sentence_that_is_done_decodes_on_without_changing_its_n_best(n_best):
     src, lengths = source_batch()
     expected = beam_search(model, src, lengths,
                            SearchSettings(beam_size=4, alpha=1.0, n_best=n_best, max_len_ratio=3.5))
-    found = SearchGraphs(model.decoding(), capture=False).beam(src, lengths,
+    found = SearchGraphs(Decoding(model), capture=False).beam(src, lengths,
                                                                SearchSettings(beam_size=4, alpha=1.0,
                                                                               max_len_ratio=3.5, n_best=n_best))
     for e, f in zip(expected, found, strict=True):
@@ -75,7 +76,7 @@ def test_a_sentence_that_is_done_decodes_on_without_changing_its_n_best(n_best):
 def test_min_len_and_length_cap_in_beam():
     model = random_model("bahdanau")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     found = graphs.beam(src, lengths, SearchSettings(beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6))
     expected = beam_search(model, src, lengths,
                            SearchSettings(beam_size=3, alpha=1.0, max_len_ratio=2.0, min_len=4, max_len=6))
@@ -90,7 +91,7 @@ def test_a_cap_shorter_than_a_chunk_in_beam(cap):
     reach the hypotheses."""
     model = random_model("bahdanau")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     found = graphs.beam(src, lengths, SearchSettings(beam_size=5, alpha=1.0, max_len_ratio=2.0, n_best=3, max_len=cap))
     expected = beam_search(model, src, lengths,
                            SearchSettings(beam_size=5, alpha=1.0, max_len_ratio=2.0, n_best=3, max_len=cap))
@@ -103,7 +104,7 @@ def test_a_shape_is_built_once_and_serves_smaller_batches():
     """Batches that fall into one bucket reuse one set of static tensors; the padding changes nothing."""
     model = random_model("luong_general")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     graphs.greedy(src, lengths)
     graphs.greedy(src[1:], lengths[1:])                             # 4 sentences, 9 columns: the same bucket
     assert len(graphs.graphs) == 1
@@ -113,7 +114,7 @@ def test_a_shape_is_built_once_and_serves_smaller_batches():
 def test_long_outputs_span_several_chunks():
     model = random_model("bahdanau", sharpen=0.0)                  # flat distributions: no early EOS
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     found = graphs.greedy(src, lengths, SearchSettings(max_len_ratio=4.0))
     assert max(len(h.tokens) for h in found) > 2 * STEPS_PER_GRAPH
     assert_same(greedy_search(model, src, lengths, SearchSettings(max_len_ratio=4.0)), found)
@@ -156,7 +157,7 @@ def test_the_least_recently_used_shapes_are_dropped(monkeypatch):
     monkeypatch.setattr(graphed, "MAX_GRAPHS", 2)
     model = random_model("bahdanau")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     graphs.greedy(src, lengths)                                   # rows 8, length 16
     graphs.greedy(src[:, :7][2:], lengths[2:])                    # length 8
     graphs.greedy(src, lengths)                                   # used again: now the most recent
@@ -185,15 +186,15 @@ def test_the_kept_shapes_stay_within_their_memory_budget(monkeypatch):
     short = (src[:, :7][2:], lengths[2:])                                  # rows 8, length 8
     sizes = []
     for batch in ((src, lengths), short):
-        alone = SearchGraphs(model.decoding(), capture=False)
+        alone = SearchGraphs(Decoding(model), capture=False)
         alone.greedy(*batch)
         sizes.append(alone.kept_bytes)
     assert sizes[0] > sizes[1] > 0
-    both = SearchGraphs(model.decoding(), capture=False, max_bytes=sum(sizes))
+    both = SearchGraphs(Decoding(model), capture=False, max_bytes=sum(sizes))
     both.greedy(src, lengths)
     both.greedy(*short)
     assert [key[:3] for key in both.graphs] == [("greedy", 8, 16), ("greedy", 8, 8)]
-    one = SearchGraphs(model.decoding(), capture=False, max_bytes=sum(sizes) - 1)
+    one = SearchGraphs(Decoding(model), capture=False, max_bytes=sum(sizes) - 1)
     current.append(one)
     one.greedy(src, lengths)
     one.greedy(*short)                                                    # does not fit beside the first
@@ -201,7 +202,7 @@ def test_the_kept_shapes_stay_within_their_memory_budget(monkeypatch):
     assert_same(greedy_search(model, src, lengths), one.greedy(src, lengths))    # built again: the same
     assert [key[:3] for key in one.graphs] == [("greedy", 8, 16)] and one.kept_bytes == sizes[0]
     assert len(peaks) == 3 and all(held <= budget for held, budget in peaks)     # never both at once
-    tiny = SearchGraphs(model.decoding(), capture=False, max_bytes=1)   # a shape over the budget still runs alone
+    tiny = SearchGraphs(Decoding(model), capture=False, max_bytes=1)   # a shape over the budget still runs alone
     assert_same(greedy_search(model, *short), tiny.greedy(*short))
     assert len(tiny.graphs) == 1
 
@@ -218,7 +219,7 @@ def test_a_shape_whose_capture_fails_is_neither_kept_nor_counted(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(torch.cuda, "synchronize", out_of_memory)        # right after the warm-up
-    graphs = SearchGraphs(model.decoding(), capture=True, max_bytes=10**9)
+    graphs = SearchGraphs(Decoding(model), capture=True, max_bytes=10**9)
     for _ in range(2):
         with pytest.raises(torch.OutOfMemoryError):
             graphs.greedy(src, lengths)
@@ -228,7 +229,7 @@ def test_a_shape_whose_capture_fails_is_neither_kept_nor_counted(monkeypatch):
 def test_only_plain_searches_of_one_model_are_graphed():
     """`search` takes the graphs only for what they run: one model's plain searches on its whole vocabulary;
     sampling, prefixes, n-gram blocking, coverage, attention, shortlists and ensembles run eagerly."""
-    model = random_model("bahdanau").decoding()
+    model = Decoding(random_model("bahdanau"))
     graphs = SearchGraphs(model, capture=False)
     plain = SearchSettings(beam_size=1)
     assert graphs.runs(model, plain, None)
@@ -270,7 +271,7 @@ def test_static_searches_equal_eager_ones_under_bf16_autocast(attention):
     still part ways at near-ties, where a padded batch's products round differently: greedy is the check.)"""
     model = random_model(attention, "gru" if attention != "luong_concat" else "lstm")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert_same(greedy_search(model, src, lengths), graphs.greedy(src, lengths))
         if attention == "bahdanau":
@@ -327,10 +328,10 @@ def test_captures_use_the_models_stream_one_at_a_time_and_a_new_pool_once_no_gra
     monkeypatch.setattr(torch.cuda, "graph", graph)
     model = random_model("bahdanau")
     src, lengths = source_batch()
-    graphs = SearchGraphs(model.decoding(), capture=True, max_bytes=1)      # room for one shape at a time
+    graphs = SearchGraphs(Decoding(model), capture=True, max_bytes=1)      # room for one shape at a time
     graphs.greedy(src, lengths)
     graphs.greedy(src, lengths)                                             # replayed: no capture
     graphs.greedy(src[:, :7][2:], lengths[2:])                              # another shape, alone
-    assert graphs.stream.device == model.decoding().device
+    assert graphs.stream.device == Decoding(model).device
     assert captures == [(0, True, "thread_local", True), (1, True, "thread_local", True)]
     assert graphs.captured == 2 and len(graphs.graphs) == 1

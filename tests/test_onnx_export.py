@@ -20,9 +20,9 @@ from nmt.config import ModelConfig  # noqa: E402
 from nmt.data.special import BOS, EOS, PAD  # noqa: E402
 from nmt.decode.onnx_graphs import Layout, OnnxExportError, example_batch, export_pair, inference_step  # noqa: E402
 from nmt.decode.search import max_output_lengths  # noqa: E402
+from nmt.decode.steps import Decoding  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
 from nmt.fs.folders import MARKER, read_marker  # noqa: E402
-from nmt.model.inference import Decoding  # noqa: E402
 from nmt.model.seq2seq import Seq2Seq  # noqa: E402
 
 from .conftest import randomize_feed_weights  # noqa: E402

@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import ModelConfig
-from nmt.decode.quantize import _int8_linear, quantize_int8
+from nmt.decode.quantize import Int8Products, _int8_linear, quantize_int8
+from nmt.decode.steps import Decoding
 from nmt.decode.translator import Translator
 from nmt.evaluate import bleu
-from nmt.model.inference import Inference
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights, read_gz
@@ -36,10 +36,10 @@ def test_int8_rows_are_the_full_products_rows():
 
 
 def _step_log_probs(model: Seq2Seq, src: torch.Tensor, lengths: torch.Tensor, steps: int,
-                    fold_context: bool = True, ctx: Inference | None = None) -> torch.Tensor:
-    """Log-probabilities of `steps` teacher-free steps fed with token 2 (BOS) then the argmax, in `ctx`."""
+                    fold_context: bool = True, int8: Int8Products | None = None) -> torch.Tensor:
+    """Log-probabilities of `steps` teacher-free steps fed with token 2 (BOS) then the argmax, with `int8`."""
     out = []
-    decoding = model.decoding(ctx or Inference())
+    decoding = Decoding(model, int8)
     with torch.no_grad():
         memory, state = decoding.encode(src, lengths, fold_context)
         tokens = torch.full((src.size(0),), 2)
@@ -67,17 +67,17 @@ def test_quantized_model_steps_close_to_float32(model_options):
     lengths = (src != 0).sum(1)
     exact = _step_log_probs(model, src, lengths, steps=5)
     before = {name: p.clone() for name, p in model.state_dict().items()}
-    ctx = Inference(int8=quantize_int8(model))
-    assert set(ctx.int8) >= {"output", "encoder_rnn"}
-    approx = _step_log_probs(model, src, lengths, steps=1, ctx=ctx)
+    int8 = quantize_int8(model)
+    approx = _step_log_probs(model, src, lengths, steps=1, int8=int8)
     assert not torch.equal(approx, exact[:, :1])                    # the int8 products ran
     assert (approx - exact[:, :1]).abs().max() < 0.05
     assert torch.equal(_step_log_probs(model, src, lengths, steps=5), exact)   # the model itself stays float32
     if model_options["attention"] == "bahdanau":                     # greedy's unfolded memory: int8 [W_ctx; W_cc] c_i
-        context_product, calls = ctx.int8["context"], []
-        ctx.int8["context"] = lambda x: calls.append(x.shape) or context_product(x)
-        unfolded = _step_log_probs(model, src, lengths, steps=3, fold_context=False, ctx=ctx)
-        ctx.int8["context"] = context_product
+        context, calls = int8.context, []
+        add = context.add                                            # the step's c_i product, with its token terms
+        context.add = lambda terms, x: calls.append(x.shape) or add(terms, x)
+        unfolded = _step_log_probs(model, src, lengths, steps=3, fold_context=False, int8=int8)
+        del context.add
         assert calls == [(6, 64)] * 3                                 # once per step, on c_i (rows, enc_out)
         assert (unfolded - exact[:, :3]).abs().max() < 0.05
     for name, value in model.state_dict().items():                  # float parameters untouched, none added
@@ -104,10 +104,10 @@ def test_int8_memory_is_close_to_float32(attention, products, options, padded, f
     if padded:
         mask[2, 4:] = False
     with torch.no_grad():
-        exact = model.decoder.memory(values, mask, fold_context, Inference())
-        ctx = Inference(int8=quantize_int8(model))
-        assert all(product in ctx.int8 for product in products)
-        approx = model.decoder.memory(values, mask, fold_context, ctx)
+        exact = Decoding(model).steps().memory(values, mask, fold_context)
+        int8 = quantize_int8(model)
+        assert all(getattr(int8, product) is not None for product in products)
+        approx = Decoding(model, int8).steps().memory(values, mask, fold_context)
     if attention == "bahdanau":
         assert (approx.context_terms is None) == (not fold_context)
     for name in ("keys", "context_terms"):
@@ -148,7 +148,7 @@ def test_export_quantize_int8_makes_int8_the_model_files_default(trained_run, tm
     done = run_cli("export", str(trained_run / "best.pt"), "-o", str(model_file), "--quantize", "int8")
     assert done.returncode == 0, done.stderr
     translator = Translator.load(model_file, device="cpu")
-    assert translator.decoding.quantize == "int8" and translator.search_model.ctx.int8
-    assert not Translator.load(model_file, device="cpu", quantize="none").search_model.ctx.int8
+    assert translator.decoding.quantize == "int8" and translator.search_model.int8 is not None
+    assert Translator.load(model_file, device="cpu", quantize="none").search_model.int8 is None
     info = run_cli("info", str(model_file))
     assert info.returncode == 0 and "int8" in info.stdout, info.stdout

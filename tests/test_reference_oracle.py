@@ -17,7 +17,7 @@ from nmt.data.special import BOS, EOS, PAD
 from nmt.decode.graphs import SearchGraphs
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import SearchSettings, beam_search, greedy_search, length_penalty, max_output_lengths
-from nmt.model.inference import Inference
+from nmt.decode.steps import Decoding
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -85,7 +85,7 @@ def test_teacher_forcing_is_the_equations(model, grad):
 
 def _greedy_paths(model: Seq2Seq):
     """name -> greedy search(src, lengths, max_len_ratio, min_len) over each path."""
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     return {
         "eager": lambda s, n, ratio, m: greedy_search(model, s, n, SearchSettings(max_len_ratio=ratio, min_len=m)),
         "graphed": lambda s, n, ratio, m: graphs.greedy(s, n, SearchSettings(max_len_ratio=ratio, min_len=m)),
@@ -112,7 +112,7 @@ def test_beam_hypotheses_are_scored_as_the_equations_score_them(model, alpha):
     penalty is the equations' greedy output."""
     src, lengths, sentences = batch()
     refs = [Reference(model, s) for s in sentences]
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     with torch.no_grad():
         paths = {"eager": beam_search(model, src, lengths,
                                       SearchSettings(beam_size=4, alpha=alpha, max_len_ratio=1.5, n_best=3)),
@@ -141,9 +141,9 @@ def test_a_shortlist_scores_its_subset_as_the_equations_do(model):
     refs = [Reference(model, s) for s in sentences]
     chosen = {t for r, n in zip(refs, limits, strict=True) for t in r.greedy(n, 1)[0]}
     keep = torch.tensor(sorted({PAD, 1, BOS, EOS} | chosen | set(range(4, VOCAB, 3))))
-    ctx = Inference().with_output_rows(model.decoder.output, keep)
     with torch.no_grad():
-        found = greedy_search(model.decoding(ctx), src, lengths, SearchSettings(max_len_ratio=1.5, min_len=1))
+        found = greedy_search(Decoding(model).with_output_subset(keep), src, lengths,
+                              SearchSettings(max_len_ratio=1.5, min_len=1))
     for ref, limit, hyp in zip(refs, limits, found, strict=True):
         tokens, _ = ref.greedy(limit, 1)
         assert hyp.tokens == tokens
@@ -157,9 +157,8 @@ def test_int8_products_stay_within_their_tolerance_of_the_equations(model):
     """int8 greedy search: log p of its own outputs, step by step, within 0.05 per position of what the
     equations give for the same tokens (the products are approximate; the bound is the stated tolerance)."""
     src, lengths, sentences = batch()
-    ctx = Inference(int8=quantize_int8(model))
     with torch.no_grad():
-        found = greedy_search(model.decoding(ctx), src, lengths, SearchSettings(max_len_ratio=1.5))
+        found = greedy_search(Decoding(model, quantize_int8(model)), src, lengths, SearchSettings(max_len_ratio=1.5))
     for sentence, hyp in zip(sentences, found, strict=True):
         exact = Reference(model, sentence).log_prob(hyp.tokens)
         assert abs(hyp.score - exact) <= 0.05 * (len(hyp.tokens) + 1), (hyp.score, exact)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nmt.decode import search as torch_search
+from nmt.decode.search import SearchSettings
 from nmt.runtime import beam as np_beam
 from nmt.runtime import search as np_search
 
@@ -113,7 +114,8 @@ GREEDY = [dict(), dict(min_len=3), dict(max_len=4), dict(no_repeat_ngram=2), dic
 def test_greedy_equals_torch(seed: int, options: dict) -> None:
     src = batch(seed)
     lengths = (src != 0).sum(1)
-    want = torch_search.greedy_search(TorchFake(seed), torch.from_numpy(src), torch.from_numpy(lengths), **options)
+    want = torch_search.greedy_search(TorchFake(seed), torch.from_numpy(src), torch.from_numpy(lengths),
+                                      SearchSettings(**options))
     got = np_search.greedy_search(NumpyFake(seed), src, lengths, **options)
     same(want, got)
     assert any(h.tokens for h in got)
@@ -132,7 +134,7 @@ def test_beam_equals_torch(seed: int, options: dict) -> None:
     lengths = (src != 0).sum(1)
     fake = dict(sharpness=1.0) if seed == 2 else {}        # flat distributions: long searches, many ties in rank
     want = torch_search.beam_search(TorchFake(seed, **fake), torch.from_numpy(src), torch.from_numpy(lengths),
-                                    **options)
+                                    SearchSettings(**options))
     got = np_beam.beam_search(NumpyFake(seed, **fake), src, lengths, **options)
     assert len(want) == len(got)
     for t, n in zip(want, got, strict=True):
@@ -146,12 +148,12 @@ def test_prefixes_are_forced_as_in_torch(beam_size: int) -> None:
     lengths = (src != 0).sum(1)
     prefix = np.array([[7, 8, 9], [0, 0, 0], [5, 0, 0], [11, 11, 0]], np.int64)
     if beam_size == 1:
-        want = [[h] for h in torch_search.greedy_search(TorchFake(5), torch.from_numpy(src),
-                                                        torch.from_numpy(lengths), prefix=torch.from_numpy(prefix))]
+        want = [[h] for h in torch_search.greedy_search(TorchFake(5), torch.from_numpy(src), torch.from_numpy(lengths),
+                                                        SearchSettings(), prefix=torch.from_numpy(prefix))]
         got = [[h] for h in np_search.greedy_search(NumpyFake(5), src, lengths, prefix=prefix)]
     else:
-        want = torch_search.beam_search(TorchFake(5), torch.from_numpy(src), torch.from_numpy(lengths), beam_size,
-                                        prefix=torch.from_numpy(prefix), n_best=2)
+        want = torch_search.beam_search(TorchFake(5), torch.from_numpy(src), torch.from_numpy(lengths),
+                                        SearchSettings(beam_size=beam_size, n_best=2), prefix=torch.from_numpy(prefix))
         got = np_beam.beam_search(NumpyFake(5), src, lengths, beam_size, prefix=prefix, n_best=2)
     for t, n in zip(want, got, strict=True):
         same(t, n)

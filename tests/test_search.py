@@ -15,6 +15,7 @@ from nmt.decode.search import (
     max_output_lengths,
     search,
 )
+from nmt.decode.steps import Decoding
 from nmt.model.seq2seq import Seq2Seq
 
 from .conftest import randomize_feed_weights
@@ -183,11 +184,11 @@ def test_early_stop_decodes_fewer_rows_and_never_beats_the_exact_search(monkeypa
     src = torch.cat([source_batch(seed)[0] for seed in (1, 2, 3)])       # 15 sentences
     lengths = src.ne(0).sum(1)
     rows: list[int] = []
-    step = model.decoder.step
+    step = Decoding.step
 
-    def counted_step(prev, *args):
+    def counted_step(self, prev, *args):
         rows.append(prev.numel())
-        return step(prev, *args)
+        return step(self, prev, *args)
 
     def search(alpha: float, early_stop: bool) -> tuple[list[list], int]:
         rows.clear()
@@ -195,7 +196,7 @@ def test_early_stop_decodes_fewer_rows_and_never_beats_the_exact_search(monkeypa
                             SearchSettings(beam_size=5, alpha=alpha, max_len_ratio=2.0, early_stop=early_stop))
         return found, sum(rows)
 
-    monkeypatch.setattr(model.decoder, "step", counted_step)
+    monkeypatch.setattr(Decoding, "step", counted_step)
     (exact, exact_rows), (early, early_rows) = search(2.0, False), search(2.0, True)
     assert early_rows < exact_rows
     for fast, full in zip(early, exact, strict=True):
@@ -240,7 +241,7 @@ def test_by_default_no_search_gives_an_empty_output():
     assert all(len(h.tokens) >= 1 for h in greedy)
     assert all(len(hyps) == 3 and all(len(h.tokens) >= 1 for h in hyps) for hyps in beams)
     assert all(len(h.tokens) >= 1 for hyps in samples for h in hyps)
-    graphs = SearchGraphs(model.decoding(), capture=False)
+    graphs = SearchGraphs(Decoding(model), capture=False)
     assert [h.tokens for h in graphs.greedy(src, lengths)] == [h.tokens for h in greedy]
     assert ([[h.tokens for h in hyps] for hyps in graphs.beam(src, lengths, SearchSettings(beam_size=4, n_best=3))]
             == [[h.tokens for h in hyps] for hyps in beams])

@@ -1,10 +1,8 @@
 """Several models decoding as one: at every step, the average of their log-probabilities.
 
-`EnsembleDecoding` is the searches' model (nmt.decode.search.SearchModel) for several members, each
-a `Decoding` with its own inference context, so greedy search, beam search, sampling and
-`force_decode` run an ensemble unchanged. The members share the source and
-target vocabularies but may differ in everything else (attention, sizes, RNN type): each keeps its
-own memory and state, and a step runs each member once on the same rows.
+`EnsembleDecoding` is the searches' model (nmt.decode.search.SearchModel) for several `Decoding`s, so
+every search and `force_decode` run an ensemble unchanged. The members share the vocabularies and may
+differ in everything else: each keeps its own memory and state, and a step runs each on the same rows.
 
     log p_ens(y_i | y_<i, x) = log softmax( (1/M) Σ_m log p_m(y_i | y_<i, x) )
 
@@ -16,13 +14,14 @@ the argmax of the plain average. Attention weights are the members' average.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
+from nmt.decode.steps import Decoding, picked_log_probs
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.inference import Decoding, Inference, picked_log_probs
 from nmt.model.seq2seq import Seq2Seq
 
 
@@ -78,7 +77,7 @@ class EnsembleDecoding:
         return picked_log_probs(log_probs, tgt_out, logits[0].size(-1))
 
     def with_output_subset(self, keep: Tensor) -> EnsembleDecoding:
-        """Every member scores only the target ids `keep` (see `Decoder.with_output_subset`)."""
+        """Every member scores only the target ids `keep` (see `Decoding.with_output_subset`)."""
         return EnsembleDecoding([member.with_output_subset(keep) for member in self.members])
 
 
@@ -92,7 +91,6 @@ class Ensemble(nn.Module):
             raise ValueError(f"ensemble members have different target vocabulary sizes {sorted(vocabs)}")
         self.members = nn.ModuleList(models)
 
-    def decoding(self, contexts: list[Inference] | None = None) -> EnsembleDecoding:
-        """The members with `contexts` (one each), else each with a new one."""
-        contexts = contexts or [Inference() for _ in self.members]
-        return EnsembleDecoding([model.decoding(ctx) for model, ctx in zip(self.members, contexts, strict=True)])
+    def decoding(self, members: list[Decoding] | None = None) -> EnsembleDecoding:
+        """The members' `Decoding`s (one each, e.g. with int8 products), else a new one each."""
+        return EnsembleDecoding(members or [Decoding(cast(Seq2Seq, model)) for model in self.members])

@@ -43,10 +43,10 @@ from nmt.decode.rule import (
     sentence_done,
 )
 from nmt.decode.search import SearchModel
+from nmt.decode.steps import Decoding
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.inference import Decoding
 
 STEPS_PER_GRAPH = 8        # steps per replay: fewer host syncs against up to 7 steps decoded past the end
 MAX_GRAPHS = 48            # shapes kept (least recently used dropped first): a server's GPU memory stays bounded,

@@ -25,9 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from nmt.data.special import BOS, EOS, PAD
+from nmt.decode.steps import Decoding
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
-from nmt.model.inference import Decoding, Inference
 from nmt.model.seq2seq import Seq2Seq
 
 OPSET = 17
@@ -84,14 +84,13 @@ class Layout:
 
 def inference_step(model: Seq2Seq) -> Decoding:
     """The model with its inference step, as the searches decode with it (float32, full vocabulary)."""
-    return model.decoding(Inference())
+    return Decoding(model)
 
 
 def step_features(decoding: Decoding, prev_tokens: Tensor, state: DecoderState,
                   memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
     """`Decoding.step` short of the output layer: h̃ (rows, dec_hidden), new state, attention."""
-    decoder = decoding.model.decoder
-    return decoder.step_features(prev_tokens, state, memory, decoder.context(decoding.ctx))
+    return decoding.steps().features(prev_tokens, state, memory)
 
 
 class EncoderGraph(nn.Module):

@@ -1,26 +1,25 @@
-"""Dynamic int8 decoding: the matrix products of every decoder step and the encoder's RNN with
-int8 weights, through PyTorch's own quantized kernels (torch.ao dynamic quantization, FBGEMM on
-x86), not hand-written ones.
-
-"Dynamic" means the weights are quantized once, per output channel, and each product quantizes
-its input on the fly from the input's own range, accumulates in int32 and returns float32; so the
-rest of the model (attention, softmax, search) runs unchanged in float32. The products done once
-per batch are int8 too: the attention keys, and for Bahdanau the projected annotations
-[W_ctx; W_cc] h_j (the same int8 product multiplies c_i at each step of greedy search).
-
-With a vocabulary shortlist the output product is cut to the batch's rows of W_s (`Int8Linear.rows`):
-the same int8 values and scales, repacked once per batch, so the shortlist and int8 gains multiply.
+"""Dynamic int8 decoding: the matrix products of a decoding step (nmt.decode.steps), the once-per-batch
+keys and [W_ctx; W_cc] h_j, and the encoder's RNN with int8 weights, through PyTorch's own quantized
+kernels (torch.ao dynamic quantization, FBGEMM on x86). The weights are quantized once, per output
+channel; each product quantizes its input on the fly, accumulates in int32 and returns float32, so
+attention, softmax and search run unchanged in float32. With a shortlist the output product is cut to
+the batch's rows of W_s (`Int8Linear.rows`): the same int8 values and scales, repacked once per batch.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from nmt.config import ConfigError
+from nmt.model.attention import AdditiveAttention, LuongGeneralAttention
+from nmt.model.bahdanau import BahdanauDecoder
+from nmt.model.decoder import Decoder
+from nmt.model.luong import LuongDecoder
 from nmt.model.seq2seq import Seq2Seq
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -52,6 +51,10 @@ class Int8Linear(nn.Module):
     def forward(self, inputs: Tensor) -> Tensor:
         return torch.ops.quantized.linear_dynamic(inputs, self.packed, reduce_range=True)
 
+    def add(self, terms: Tensor, inputs: Tensor) -> Tensor:
+        """terms + x Wᵀ (+ b), as nmt.decode.steps.Linear."""
+        return self(inputs) + terms
+
     def rows(self, index: Tensor) -> Int8Linear:
         """The product for output rows `index` only, (n,) ascending ids: the very int8 values and scales of
         those rows, packed anew for FBGEMM (about 13 ms for 2,700 rows of 512 here: once per batch)."""
@@ -78,19 +81,52 @@ def _int8_linear(weight: Tensor, bias: Tensor | None) -> Int8Linear:
     return Int8Linear(quantized, None if bias is None else bias.float())
 
 
-def quantize_int8(model: Seq2Seq) -> dict[str, nn.Module]:
-    """int8 versions of `model`'s step products and encoder RNN (`model` in eval mode, on the CPU), by name,
-    for an `Inference` context (nmt.model.inference): the model itself is left as it is, so it still
-    trains, exports and scores in float32; only decoding with that context uses the int8 products."""
+@dataclass
+class Int8Products:
+    """The int8 replacements (float in, float out) of the products a decoding step makes (nmt.decode.steps)."""
+
+    encoder_rnn: nn.Module                         # the encoder's GRU/LSTM
+    output: Int8Linear                             # W_s, b_s
+    keys: Int8Linear | None = None                 # the attention keys (2·U_a, or Luong general's W_a)
+    context: Int8Linear | None = None              # Bahdanau: [W_ctx; W_cc]
+    pre_output_state: Int8Linear | None = None     # Bahdanau: W_cs
+    hidden_and_query: Int8Linear | None = None     # Bahdanau, one layer: [W_h; W_a] with [b_h; 0]
+    combine: Int8Linear | None = None              # Luong: W_c
+    feed_input: Int8Linear | None = None           # Luong with input feeding: W_f
+
+
+def _float_products(decoder: Decoder) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """The weight (out, in) and bias of every product a decoding step makes, by `Int8Products` field."""
+    weights: dict[str, tuple[Tensor, Tensor | None]] = {"output": (decoder.output.weight, decoder.output.bias)}
+    attention = decoder.attention
+    if isinstance(attention, AdditiveAttention):                    # keys 2·U_a h_j (see AdditiveAttention)
+        weights["keys"] = (2 * attention.key_proj.weight, 2 * attention.key_proj.bias)
+    elif isinstance(attention, LuongGeneralAttention):
+        weights["keys"] = (attention.key_proj.weight, None)
+    if isinstance(decoder, BahdanauDecoder):
+        weights["context"] = (decoder.context_weight(), None)
+        weights["pre_output_state"] = (decoder.pre_output_weight("state"), None)
+        if decoder.rnn.layers == 1:
+            weights["hidden_and_query"] = (decoder.hidden_and_query(), decoder.hidden_and_query_bias())
+    elif isinstance(decoder, LuongDecoder):
+        weights["combine"] = (decoder.combine.weight, None)
+        if decoder.input_feeding:
+            weights["feed_input"] = (decoder.feed_weight(), None)
+    return weights
+
+
+def quantize_int8(model: Seq2Seq) -> Int8Products:
+    """int8 versions of `model`'s step products and encoder RNN (`model` in eval mode, on the CPU), for a
+    `Decoding` (nmt.decode.steps): the model itself is left as it is, so it still trains, exports and scores
+    in float32; only decoding with these products is int8."""
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
     dynamic, per_tensor, _ = _dynamic_modules()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")                  # torch.ao announces its move to torchao on every call
-        products: dict[str, nn.Module] = {
-            name: _int8_linear(weight.detach(), None if bias is None else bias.detach())
-            for name, (weight, bias) in model.decoder.int8_weights().items()}
+        products = {name: _int8_linear(weight.detach(), None if bias is None else bias.detach())
+                    for name, (weight, bias) in _float_products(model.decoder).items()}
         rnn = copy.copy(model.encoder.rnn)               # a shallow copy carries the qconfig, not the model
         rnn.qconfig = per_tensor                         # the only qconfig torch.ao's quantized RNNs take
-        products["encoder_rnn"] = (dynamic.LSTM if isinstance(rnn, nn.LSTM) else dynamic.GRU).from_float(rnn)
-    return products
+        encoder_rnn = (dynamic.LSTM if isinstance(rnn, nn.LSTM) else dynamic.GRU).from_float(rnn)
+    return Int8Products(encoder_rnn=encoder_rnn, **products)

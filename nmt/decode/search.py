@@ -31,6 +31,8 @@ from nmt.decode.rule import (
     max_output_lengths,
     sentence_done,
 )
+from nmt.decode.steps import Decoding
+from nmt.model.seq2seq import Seq2Seq
 
 __all__ = ["Hypothesis", "Sampler", "SearchModel", "SearchSettings", "beam_search", "coverage_penalty",
            "force_decode", "greedy_search", "length_penalty", "max_output_lengths", "search"]
@@ -42,7 +44,7 @@ class Rows(Protocol):
 
 
 class SearchModel(Protocol):
-    """What the searches need of a model or an ensemble (nmt.model.inference.Decoding, EnsembleDecoding)."""
+    """What the searches need of a model or an ensemble (nmt.decode.steps.Decoding, EnsembleDecoding)."""
 
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Any, Any]: ...
 
@@ -56,7 +58,9 @@ class SearchModel(Protocol):
 
 
 def search_model(model: SearchModel | nn.Module) -> SearchModel:
-    """A `SearchModel` as it is; a plain Seq2Seq or Ensemble with a context for this call (`.decoding()`)."""
+    """A `SearchModel` as it is; a plain Seq2Seq or Ensemble with an inference step for this call."""
+    if isinstance(model, Seq2Seq):
+        return Decoding(model)
     return model.decoding() if isinstance(model, nn.Module) else model  # type: ignore[operator]
 
 

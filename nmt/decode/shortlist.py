@@ -4,7 +4,7 @@ A batch keeps the union of its source pieces' shortlists (nmt.data.shortlist), t
 target pieces, the special ids and any forced prefix pieces: a sorted index `keep` into the target
 vocabulary. Its first entries are the special ids 0-3 (PAD, UNK, BOS, EOS), so inside the subset
 they keep their numbers and the searches run unchanged on subset positions (see
-`Decoder.output_subset`); chosen positions map back to vocabulary ids as `keep[position]`.
+`Decoding.with_output_subset`); chosen positions map back to vocabulary ids as `keep[position]`.
 """
 
 from __future__ import annotations

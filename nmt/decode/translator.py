@@ -31,10 +31,10 @@ from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalise
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
+from nmt.decode.steps import Decoding
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.fs.text import as_lines as _as_lines
-from nmt.model.inference import Inference
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.file import ModelFileError, load_model
 from nmt.process import configure_process
@@ -45,17 +45,18 @@ __all__ = ["Translation", "Translator"]
 class Translator:
     """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines.
 
-    It owns its model (moved, in eval mode; do not train it further). Its inference contexts hold the int8
-    products and derived weights for its whole life: a one-line call would otherwise spend about half its time
-    rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA graphs are taken
-    in turn (on one CPU, two searches side by side were no faster than one with two threads).
+    It owns its model (moved, in eval mode; do not train it further). Its inference steps (nmt.decode.steps)
+    hold the int8 products and derived weights for its whole life: a one-line call would otherwise spend about
+    half its time rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA
+    graphs are taken in turn (on one CPU, two searches side by side were no faster than one with two threads).
     """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None,
-                 contexts: list[Inference] | None = None, languages: dict[str, str] | None = None) -> None:
-        """`contexts`: one per ensemble member, when they exist already (else made here, with int8 products for
-        decoding.quantize int8). `languages`: the model's {"src", "tgt"} codes, as its file names them."""
+                 contexts: list[Decoding] | None = None, languages: dict[str, str] | None = None) -> None:
+        """`contexts`: the inference steps, one per ensemble member, when they exist already (else made here,
+        with int8 products for decoding.quantize int8). `languages`: the model's {"src", "tgt"} codes, as its
+        file names them."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
@@ -71,11 +72,12 @@ class Translator:
                 raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
             self.amp_dtype = None
         if contexts is None:
-            members: list[Any] = list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
-            contexts = [Inference(int8=quantize_int8(member) if decoding.quantize == "int8" else {})
+            members = [cast(Seq2Seq, m) for m in
+                       (self.model.members if isinstance(self.model, Ensemble) else [self.model])]
+            contexts = [Decoding(member, quantize_int8(member) if decoding.quantize == "int8" else None)
                         for member in members]
         self.search_model: Any = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
-                                          else self.model.decoding(contexts[0]))
+                                          else contexts[0])
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
         self._graphs = (SearchGraphs.of(self.search_model)          # CUDA: captured search steps
                         if decoding.cuda_graphs and device.type == "cuda" else None)
@@ -133,7 +135,7 @@ class Translator:
                     raise ModelFileError(f"{path} has a different {side} vocabulary from {paths[0]}; "
                                          "the models of an ensemble must share their vocabularies")
         ensemble = Ensemble([cast(Seq2Seq, member.model) for member in members])     # each loaded alone
-        contexts = [member.search_model.ctx for member in members]      # with their int8 products, if any
+        contexts = [cast(Decoding, member.search_model) for member in members]   # with their int8 products, if any
         return cls(ensemble, first.src_vocab, first.tgt_vocab, first.decoding, resolve_device(device), first.shortlist,
                    contexts, first.languages)
 

@@ -9,15 +9,12 @@ Every variant computes the same three things, in the textbook's symbols:
 and splits `score` in two so that the part that depends only on the source (the "keys",
 e.g. U_a h_j) is computed once per batch by `project_keys`, not once per decoder step.
 
-Queries come as (rows, d) for one step or (batch, tgt_len, d) for all steps at once. One-step
-rows may outnumber the memory's sentences: beam search keeps `beam` rows per sentence over a
-single copy of the sentence's memory, and the rows of a sentence are then scored together as
-its (beam, d) block of queries, like the steps of a teacher-forced target.
+Queries come as (rows, d) for one step or (batch, tgt_len, d) for all steps at once; a step's
+rows may be several per sentence (beam search), scored together as the sentence's block of queries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,23 +43,6 @@ def masked_softmax(scores: Tensor, pad_bias: Tensor, scale: float = 1.0) -> Tens
     return torch.add(bias, scores, alpha=scale).softmax(dim=-1)
 
 
-def at_real_positions(values: Tensor, mask: Tensor, *projections: Callable[[Tensor], Tensor]) -> list[Tensor]:
-    """Each projection over the real source positions only, zeros at the padded ones (which attention
-    masks): (batch, src_len, d) -> (batch, src_len, d'). In inference only: decoding sorts its input by
-    length and cuts it by a token budget, so a greedy batch is about a quarter padding (test_2016_flickr),
-    while training's length buckets carry little."""
-    if torch.is_grad_enabled() or bool(mask.all()):
-        return [project(values) for project in projections]
-    real = values[mask]                                                  # (real positions, d)
-    outputs = []
-    for project in projections:
-        projected = project(real)                                        # (real positions, d')
-        padded = projected.new_zeros(*mask.shape, projected.size(-1))
-        padded[mask] = projected
-        outputs.append(padded)
-    return outputs
-
-
 @dataclass
 class Memory:
     """What the decoder attends over, computed once per batch."""
@@ -70,10 +50,9 @@ class Memory:
     values: Tensor                    # (batch, src_len, enc_out) the annotations h_j
     keys: Tensor                      # (batch, src_len, key_dim) project_keys(h_j)
     mask: Tensor                      # (batch, src_len) True at real tokens
-    # (batch, src_len, gates*dec_hidden + dec_hidden) [W_ctx; W_cc] h_j, for Bahdanau's RNN input and pre-output;
-    # None for Luong, and for Bahdanau's unfolded memory in greedy search (Decoder.memory)
+    # (batch, src_len, gates*dec_hidden + dec_hidden) [W_ctx; W_cc] h_j, Bahdanau's folded context (nmt.model.bahdanau)
     context_terms: Tensor | None = None
-    pad_bias: Tensor | None = None    # (batch, src_len) padding_bias(mask); made from the mask when not given
+    pad_bias: Tensor = None  # type: ignore[assignment]  # (batch, src_len) padding_bias(mask), made when not given
 
     def __post_init__(self) -> None:
         if self.pad_bias is None:
@@ -81,9 +60,9 @@ class Memory:
 
     def index_select(self, index: Tensor) -> Memory:
         """Sentences `index` of the batch, e.g. to drop those whose search is over."""
-        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
-        return Memory(pick(self.values), pick(self.keys), pick(self.mask), pick(self.context_terms),
-                      pick(self.pad_bias))
+        terms = None if self.context_terms is None else self.context_terms.index_select(0, index)
+        return Memory(self.values.index_select(0, index), self.keys.index_select(0, index),
+                      self.mask.index_select(0, index), terms, self.pad_bias.index_select(0, index))
 
     def group(self, queries: Tensor) -> Tensor:
         """Queries as (batch, queries per sentence, d): (rows, d) with rows = batch*beam becomes
@@ -104,10 +83,6 @@ class Attention(nn.Module):
     def project_keys(self, values: Tensor) -> Tensor:
         """(batch, src_len, enc_out) -> (batch, src_len, key_dim); the identity unless overridden."""
         return values
-
-    def key_weights(self) -> tuple[Tensor, Tensor | None] | None:
-        """`project_keys` as x Wᵀ + b: weight (key_dim, enc_out) and bias, for int8 decoding; None for the identity."""
-        return None
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, d); keys: (batch, src_len, key_dim) -> energies (batch, queries, src_len)."""
@@ -139,11 +114,7 @@ class AdditiveAttention(Attention):
         self.v = nn.Linear(attention_dim, 1, bias=False)                     # v_a
 
     def project_keys(self, values: Tensor) -> Tensor:
-        keys = 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
-        return keys if torch.is_grad_enabled() else keys.float()            # see `energies`
-
-    def key_weights(self) -> tuple[Tensor, Tensor | None]:
-        return 2 * self.key_proj.weight, 2 * self.key_proj.bias
+        return 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
@@ -171,9 +142,9 @@ class AdditiveAttention(Attention):
         return masked_softmax(self._v_sigmoid(projected, memory.keys, v), memory.pad_bias, scale=2.0)
 
     def _v_sigmoid(self, projected: Tensor, keys: Tensor, v: Tensor | None = None) -> Tensor:
-        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: fp32 in inference,
-        also under autocast (CPU elementwise kernels are slower in bf16), and the autocast dtype in
-        training, where it halves the activations kept for the backward pass."""
+        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: the autocast dtype in
+        training, where it halves the activations kept for the backward pass; decoding keeps float32 keys
+        (nmt.decode.steps: CPU elementwise kernels are slower in bf16)."""
         with torch.autocast(keys.device.type, enabled=False):
             # float32 keys promote a bf16 query inside the addition (on CUDA without a cast kernel of its own)
             query = projected if keys.dtype == torch.float32 else projected.to(keys.dtype)
@@ -211,9 +182,6 @@ class LuongGeneralAttention(Attention):
 
     def project_keys(self, values: Tensor) -> Tensor:
         return self.key_proj(values)                                         # (batch, src_len, dec_hidden)
-
-    def key_weights(self) -> tuple[Tensor, Tensor | None]:
-        return self.key_proj.weight, None
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         return query.bmm(keys.transpose(1, 2))                               # (batch, queries, src_len)

@@ -50,10 +50,9 @@ class Encoder(nn.Module):
         self.directions = 2 if bidirectional else 1
         self.output_size = hidden * self.directions
 
-    def forward(self, src: Tensor, src_lengths: Tensor, int8_rnn: nn.Module | None = None) -> EncoderOutput:
+    def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         """src: (batch, src_len) padded ids; src_lengths: (batch,) on the CPU, or on the GPU for a captured
-        training step (nmt.train.graphed), which packing cannot serve (it reads the lengths on the host).
-        `int8_rnn`: an int8 version of the RNN (nmt.decode.quantize) to run instead, in inference."""
+        training step (nmt.train.graphed), which packing cannot serve (it reads the lengths on the host)."""
         embedded = self.dropout(self.embed(src))                          # (batch, src_len, emb)
         if src_lengths.device.type != "cpu":
             if not isinstance(self.rnn, nn.GRU):
@@ -61,10 +60,14 @@ class Encoder(nn.Module):
             return self._output(*self._gru_unpacked(embedded, src_lengths))
         if torch.is_grad_enabled() and self._unpacked_pays(src, src_lengths):
             return self._output(*self._gru_unpacked(embedded, src_lengths))
-        int8 = int8_rnn if not (self.training or torch.is_grad_enabled()) else None
+        return self.packed(embedded, src_lengths, self.rnn)
+
+    def packed(self, embedded: Tensor, src_lengths: Tensor, rnn: nn.Module) -> EncoderOutput:
+        """The RNN as one packed call over embedded (batch, src_len, emb): `rnn` is this encoder's, or a
+        stand-in computing it from the same parameters (nmt.decode.quantize's int8 one)."""
         packed = pack_padded_sequence(embedded, src_lengths, batch_first=True, enforce_sorted=False)
-        packed_out, final = (int8 or self.rnn)(packed)
-        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))
+        packed_out, final = rnn(packed)
+        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=embedded.size(1))
         return self._output(outputs, final)
 
     def _output(self, outputs: Tensor, final: Tensor | tuple[Tensor, Tensor]) -> EncoderOutput:

@@ -14,6 +14,8 @@ PyTorch's gate equations, with gi = W_i x + b_i and gh = W_h s + b_h split into 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -66,32 +68,37 @@ class RecurrentStack(nn.Module):
 
     def input_weight(self, start: int, end: int) -> Tensor:
         """Columns [start, end) of layer 0's input weights W_i: (gates*hidden, end - start)."""
-        return self.rnn.weight_ih_l0[:, start:end]
+        return self.parameter("weight_ih_l0")[:, start:end]
 
     def input_bias(self) -> Tensor:
-        return self.rnn.bias_ih_l0
+        return self.parameter("bias_ih_l0")
 
     def hidden_weight(self, layer: int = 0) -> Tensor:
-        return getattr(self.rnn, f"weight_hh_l{layer}")
+        return self.parameter(f"weight_hh_l{layer}")
 
     def hidden_bias(self, layer: int = 0) -> Tensor:
-        return getattr(self.rnn, f"bias_hh_l{layer}")
+        return self.parameter(f"bias_hh_l{layer}")
+
+    def parameter(self, name: str) -> Tensor:
+        """The nn.GRU/nn.LSTM parameter `name`, e.g. weight_ih_l1."""
+        return cast(Tensor, getattr(self.rnn, name))
 
     def step(self, gi0: Tensor, hidden: Tensor, cell: Tensor | None,
              gh0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """One step. gi0: (batch, gates*hidden) layer 0's input projection, bias included;
         gh0: layer 0's hidden projection if the caller computed it already.
         hidden, cell: (layers, batch, hidden). Returns the top output (batch, hidden), hidden, cell."""
-        new_hidden, new_cell = [], []
+        new_hidden: list[Tensor] = []
+        new_cell: list[Tensor] = []
         gi = gi0
         for layer in range(self.layers):
             h = hidden[layer]
             if layer > 0:
                 x = dropout(new_hidden[-1], self.dropout, self.training)
-                gi = F.linear(x, getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"bias_ih_l{layer}"))
+                gi = F.linear(x, self.parameter(f"weight_ih_l{layer}"), self.parameter(f"bias_ih_l{layer}"))
             gh = gh0 if layer == 0 and gh0 is not None else F.linear(h, self.hidden_weight(layer),
                                                                      self.hidden_bias(layer))
-            if self.is_lstm:
+            if cell is not None:                                        # LSTM
                 h, c = lstm_gates(gi, gh, h, cell[layer])
                 new_cell.append(c)
             else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -11,7 +13,6 @@ from nmt.model.attention import Memory, build_attention
 from nmt.model.bahdanau import BahdanauDecoder
 from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.encoder import Encoder, EncoderOutput
-from nmt.model.inference import Decoding, Inference, int8_product
 from nmt.model.luong import LuongDecoder
 
 
@@ -38,7 +39,7 @@ class Bridge(nn.Module):
             zeros = final.new_zeros(self.dec_layers, final.size(0), self.dec_hidden)
             return zeros, (zeros.clone() if self.is_lstm else None)
         hidden = self._project(self.hidden, final)
-        cell = self._project(self.cell, encoded.final_cell) if self.is_lstm else None
+        cell = None if self.cell is None or encoded.final_cell is None else self._project(self.cell, encoded.final_cell)
         return hidden, cell
 
 
@@ -58,9 +59,10 @@ class Seq2Seq(nn.Module):
                                         config.attention_dim)
         except ValueError as exc:
             raise ConfigError(f"`model.attention`: {exc}") from None
-        common = dict(vocab_size=tgt_vocab, embedding_dim=config.embedding_dim, hidden=config.decoder_hidden,
-                      layers=config.decoder_layers, rnn_type=config.rnn_type, attention=attention,
-                      context_size=encoder.output_size, dropout=config.dropout)
+        common: dict[str, Any] = dict(
+            vocab_size=tgt_vocab, embedding_dim=config.embedding_dim, hidden=config.decoder_hidden,
+            layers=config.decoder_layers, rnn_type=config.rnn_type, attention=attention,
+            context_size=encoder.output_size, dropout=config.dropout)
         if config.attention == "bahdanau":
             decoder: Decoder = BahdanauDecoder(**common)
         else:
@@ -82,23 +84,16 @@ class Seq2Seq(nn.Module):
             decoder.zero_feed_weights()
         return model
 
-    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True,
-               ctx: Inference | None = None) -> tuple[Memory, DecoderState]:
-        """Run the encoder once and precompute the attention keys for every decoder step
-        (`fold_context`: see `Decoder.memory`; `ctx`: the inference context, see nmt.model.inference)."""
-        encoded = self.encoder(src, src_lengths, int8_product("encoder_rnn", ctx))
-        memory = self.decoder.memory(encoded.outputs, src != PAD, fold_context, ctx)
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
+        """Run the encoder once and prepare what every decoder step attends over (`Decoder.memory`)."""
+        encoded = self.encoder(src, src_lengths)
+        memory = self.decoder.memory(encoded.outputs, src != PAD)
         hidden, cell = self.bridge(encoded)
         return memory, self.decoder.initial_state(hidden, cell)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, teacher_forcing: float = 1.0,
-                features_only: bool = False, ctx: Inference | None = None) -> tuple[Tensor, Tensor]:
+                features_only: bool = False) -> tuple[Tensor, Tensor]:
         """returns logits (batch, tgt_len, tgt_vocab), or with `features_only` the output layer's input
         (batch, tgt_len, dec_hidden), and attention weights (batch, tgt_len, src_len)."""
-        memory, state = self.encode(src, src_lengths, ctx=ctx)
-        return self.decoder(tgt_in, state, memory, teacher_forcing, features_only, ctx)
-
-    def decoding(self, ctx: Inference | None = None) -> Decoding:
-        """This model as the searches take it: with `ctx`, else an open `frozen_weights` block's context, else
-        a new one (whose derived weights then last as long as the returned object)."""
-        return Decoding(self, ctx or self.decoder._block or Inference())
+        memory, state = self.encode(src, src_lengths)
+        return self.decoder(tgt_in, state, memory, teacher_forcing, features_only)

@@ -1,27 +1,17 @@
-"""Gradients of the tensors every step of a recurrence reads, formed once after the loop.
+"""Gradients of the tensors every step of a recurrence reads, formed once after the loop: exact algebra
+that pays in training on the CPU (BahdanauDecoder.teacher_forced; on an H100 it showed no gain).
 
-A teacher-forced Bahdanau decoder reads, at every step i, the same weight W = [W_h; W_a]
-(y_i = W s_{i-1}) and the same per-batch values V = W_ctx h_j (x_i = Σ_j α_ij V_j). Autograd
-forms their gradients step by step and adds each into an accumulator:
+A teacher-forced Bahdanau step i reads the same W = [W_h; W_a] (y_i = W s_{i-1}) and the same per-batch
+V = W_ctx h_j (x_i = Σ_j α_ij V_j). Autograd adds each step's dW += g_iᵀ s_{i-1} (a product with only
+`batch` rows) and dV += α_iᵀ g_i (an outer product over (batch, src_len, d)) into an accumulator;
+`SharedGrads` records the steps' (input, gradient) pairs and forms both sums once, dW = Gᵀ S and
+dV = Aᵀ G: the same up to float rounding.
 
-    dW += g_iᵀ s_{i-1}        a product with only `batch` rows, at a fraction of the GEMM speed
-    dV += α_iᵀ g_i            an outer product over (batch, src_len, d), written and re-read
-
-`SharedGrads` records the (input, gradient) pairs of the steps instead and forms both sums
-once, as two large products over all steps: dW = Gᵀ S and dV = Aᵀ G. The sums are the same up
-to float rounding.
-
-How the sums find their place in the backward pass: `attach` passes the loop's initial state
-through a node that also takes W and V. The state's gradient reaches that node only after the
-backward pass of step 0, which comes after every later step's (each step's state derives from the
-attached one; nothing in the loop detaches it), so by then every step has recorded its pair; the
-node returns dW and dV as its inputs' gradients. Records carry the id of the backward pass that
-made them, and the node sums only its own pass's: a pass that never reached it (`autograd.grad`
-for other inputs, an exception) leaves nothing behind that a later pass would count. The records
-hold every step's gradient until the node runs: (steps*rows) x (out + d) floats per batch.
-
-Used on the CPU only (BahdanauDecoder.teacher_forced): on a GPU, where steps are bound by kernel
-launches, an H100 showed no gain within its run-to-run spread.
+`attach` passes the loop's initial state through a node that also takes W and V: its gradient arrives
+after every step's backward pass (each step's state derives from it), so the node then returns the sums
+as W's and V's gradients. Records carry the id of the backward pass that made them and the node sums
+only its own pass's, so a pass that never reached it (`autograd.grad` for other inputs, an exception)
+leaves nothing a later pass would count.
 """
 
 from __future__ import annotations

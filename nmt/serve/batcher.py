@@ -23,7 +23,7 @@ from nmt.serve.settings import ServeSettings
 if TYPE_CHECKING:                    # or nmt.runtime's, which serves an ONNX folder without torch
     from nmt.decode.translator import Translator
 
-log = logging.getLogger("nmt.serve.server")
+log = logging.getLogger("nmt.serve")
 
 
 class RequestError(Exception):

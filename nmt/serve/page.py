@@ -53,7 +53,7 @@ def model_card(model: str | Path) -> dict[str, Any]:
 
 def add_page(app: FastAPI, card: dict[str, Any], beam_size: int, settings: ServeSettings) -> None:
     """The page's routes on `app`; `beam_size` is what a request without one gets."""
-    pages = {route: (resources.files("nmt.serve.server").joinpath("static").joinpath(name).read_bytes(), media_type)
+    pages = {route: (resources.files("nmt.serve").joinpath("static").joinpath(name).read_bytes(), media_type)
              for route, (name, media_type) in STATIC.items()}        # read once: a missing file fails at start
     server = {"beam_size": beam_size, "max_beam": settings.max_beam, "max_sentences": settings.max_sentences,
               "max_body_bytes": settings.max_body_bytes}

@@ -61,7 +61,7 @@ if TYPE_CHECKING:                    # or nmt.runtime's: an ONNX folder is serve
 
 __all__ = ["Batcher", "Job", "RequestError", "ServeSettings", "create_app", "format_response", "run_server"]
 
-log = logging.getLogger("nmt.serve.server")
+log = logging.getLogger("nmt.serve")
 
 
 # ---------------------------------------------------------------------------------------------

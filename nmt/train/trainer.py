@@ -299,7 +299,7 @@ class Trainer:
             return {}
         t, p = self.config.training, self.progress
         vocabs = (self.src_vocab, self.tgt_vocab)
-        with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+        with torch.random.fork_rng(devices=[]):
             self.signals.evaluating = True
             try:
                 metrics = evaluate_dev(self.model, self.dev_ids, self.data, vocabs, self.config, self.device,
@@ -341,7 +341,7 @@ class Trainer:
         """What decoding the dev set will take, from a few of its sentences (for max_minutes)."""
         if self.dev_ids is None or not self.is_main:
             return 0.0
-        with torch.random.fork_rng(devices=[]), self.model.decoder.frozen_weights():
+        with torch.random.fork_rng(devices=[]):
             return estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
 
     def _save(self, name: str) -> None:

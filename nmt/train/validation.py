@@ -3,7 +3,8 @@
 Dev scores are what early stopping, the plateau schedule and best.pt go by, so they are computed
 the way `nmt evaluate` scores a test set: hypotheses detokenised by SentencePiece, against the raw
 reference lines, with sacreBLEU's default BLEU and chrF. Decoding is greedy (a cheap, monotone
-proxy for beam search) and the loss uses the fused output-layer cross-entropy in chunks.
+proxy for beam search) and the loss uses the fused output-layer cross-entropy in chunks. Both run on the
+inference step (nmt.decode.steps.Decoding), built anew for each validation from the current parameters.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from nmt.data.corpus import DataError
 from nmt.data.folder import DataFolder
 from nmt.data.tokenizer import Vocab
 from nmt.decode.search import Hypothesis, SearchSettings, greedy_search
+from nmt.decode.steps import Decoding
 from nmt.device import autocast
 from nmt.evaluate import bleu_metric
 from nmt.fs.text import printable, read_lines
@@ -51,6 +53,7 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
     t = config.training
     src_vocab, tgt_vocab = vocabs
     model.eval()
+    decoding = Decoding(model)
     rows, batches = _dev_batches(dev, config)
     loss_sum, tokens = 0.0, 0
     hyps: dict[int, list[int]] = {}
@@ -58,7 +61,7 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
         if stopping():
             raise ValidationAbandoned
         batch = dev.collate(rows[batch_rows]).to(device)
-        batch_loss, results = _dev_batch(model, batch, config, device, amp_dtype)
+        batch_loss, results = _dev_batch(decoding, batch, config, device, amp_dtype)
         loss_sum += batch_loss
         tokens += batch.n_tgt_tokens
         for index, hyp in zip(batch.indices.tolist(), results, strict=True):
@@ -74,7 +77,7 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
     loss = loss_sum / max(tokens, 1)
     examples = []
     if t.log_examples:
-        sources = src_vocab.decode([dev.src[i] for i in range(min(t.log_examples, len(rows)))])
+        sources = src_vocab.decode([dev.src[i].tolist() for i in range(min(t.log_examples, len(rows)))])
         examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
     return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "chrf": chrf.score,
             "bleu_signature": metric.get_signature().format(), "examples": examples}
@@ -88,14 +91,14 @@ def _dev_batches(dev: ParallelIds, config: Config) -> tuple[np.ndarray, list[np.
     return rows, sampler.batches(0)
 
 
-def _dev_batch(model: Seq2Seq, batch: Batch, config: Config, device: torch.device,
+def _dev_batch(decoding: Decoding, batch: Batch, config: Config, device: torch.device,
                amp_dtype: torch.dtype | None) -> tuple[float, list[Hypothesis]]:
     """One dev batch's summed loss and greedy hypotheses."""
     with autocast(device, amp_dtype):
-        features, _ = model(batch.src, batch.src_lengths, batch.tgt_in, features_only=True)
-        output = model.decoder.output                   # in 1024-token chunks: no tokens x vocab peak
+        features = decoding.forced_features(batch.src, batch.src_lengths, batch.tgt_in)
+        output = decoding.model.decoder.output          # in 1024-token chunks: no tokens x vocab peak
         loss = float(output_cross_entropy(features, output.weight, output.bias, batch.tgt_out, chunk_rows=1024))
-        return loss, greedy_search(model, batch.src, batch.src_lengths,
+        return loss, greedy_search(decoding, batch.src, batch.src_lengths,
                                    SearchSettings(max_len_ratio=config.decoding.max_len_ratio,
                                                   min_len=config.decoding.min_len))
 
@@ -104,16 +107,14 @@ def _dev_batch(model: Seq2Seq, batch: Batch, config: Config, device: torch.devic
 def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds, config: Config, device: torch.device,
                          amp_dtype: torch.dtype | None) -> float:
     """Seconds `evaluate_dev` would take now: its longest `PROBE_SENTENCES` sentences timed, scaled by the
-    share of the dev tokens they hold. A budget (`training.max_minutes`) keeps this much time for the last
-    validation before one is measured. An early model's greedy outputs run long, and a few rows cost more
-    per sentence than a full batch: the estimate errs high (the trainer estimates again before it stops on
-    an old estimate)."""
+    share of the dev tokens they hold, for a budget (`training.max_minutes`) to keep for the last
+    validation. It errs high: an early model's outputs run long, and a few rows cost more per sentence."""
     model.eval()
     rows, batches = _dev_batches(dev, config)
     lengths = dev.src_lengths[rows] + dev.tgt_lengths[rows]
     probe = batches[0][:PROBE_SENTENCES]
     start = time.perf_counter()
-    _dev_batch(model, dev.collate(rows[probe]).to(device), config, device, amp_dtype)
+    _dev_batch(Decoding(model), dev.collate(rows[probe]).to(device), config, device, amp_dtype)
     seconds = time.perf_counter() - start
     return seconds * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
 
@@ -128,10 +129,11 @@ def first_sentence_attention(model: Seq2Seq, dev: ParallelIds, vocabs: tuple[Voc
     model.eval()
     batch = dev.collate(np.arange(1)).to(device)
     with autocast(device, amp_dtype):
-        hyp = greedy_search(model, batch.src, batch.src_lengths,
+        hyp = greedy_search(Decoding(model), batch.src, batch.src_lengths,
                             SearchSettings(max_len_ratio=max_len_ratio, return_attention=True))[0]
-    src_pieces = [*src_vocab.to_pieces(dev.src[0]), "</s>"]
+    src_pieces = [*src_vocab.to_pieces(dev.src[0].tolist()), "</s>"]
     tgt_pieces = [*tgt_vocab.to_pieces(hyp.tokens), "</s>"]
+    assert hyp.attention is not None                          # asked for: return_attention
     return src_pieces, tgt_pieces, hyp.attention.float()      # (len(tgt_pieces), len(src_pieces))
 
 
