@@ -250,7 +250,7 @@ def test_manifest_records_the_shortlist_settings(prepared):
 def test_the_cpu_decodes_with_the_embedded_shortlist_by_default(trained_run, sources, tmp_path):
     """The fast path needs no flag: a model that embeds a shortlist uses it on the CPU; --no-shortlist, a model
     without one, sampling and a GPU keep the full vocabulary."""
-    from nmt.decode.shortlist import shortlist_by_default
+    from nmt.decode.translator import shortlist_by_default
     from nmt.modelfile.file import load_model
 
     default = Translator.load(trained_run / "best.pt", "cpu", beam_size=3)

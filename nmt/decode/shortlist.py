@@ -1,4 +1,5 @@
-"""Vocabulary shortlist in decoding: per batch, the target pieces the output layer scores.
+"""Vocabulary shortlist in decoding: per batch, the target pieces the output layer scores. It takes the
+arrays a data folder or a model file holds; which ones a model decodes with is `Translator.load`'s choice.
 
 A batch keeps the union of its source pieces' shortlists (nmt.data.shortlist), the most frequent
 target pieces, the special ids and any forced prefix pieces: a sorted index `keep` into the target
@@ -10,18 +11,16 @@ they keep their numbers and the searches run unchanged on subset positions (see
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import ConfigError
-from nmt.data.shortlist import load_shortlist, vocab_fingerprint
+from nmt.data.shortlist import vocab_fingerprint
 from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
-from nmt.modelfile.file import LoadedModel, ModelFileError
+from nmt.modelfile.file import ModelFileError
 
 SPECIALS = EOS + 1                      # ids 0 .. EOS: always kept, so they keep their numbers
 
@@ -67,40 +66,6 @@ class Shortlist:
         if extra is not None:
             kept[extra.reshape(-1).cpu()] = True
         return kept.nonzero().squeeze(1)                                # (subset,)
-
-
-def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[str, Any]) -> bool:
-    """The CPU's fast path: a model that embeds a shortlist decodes with it on the CPU (greedy and beam
-    search) unless `shortlist` is given, either way. Its BLEU stayed within 0.1 of the full vocabulary's
-    (docs/benchmarks.md, "Vocabulary shortlist"); on a GPU the full output layer costs less than leaving
-    the captured search graphs, so there it stays off."""
-    return given.get("shortlist") is None and device.type == "cpu" and loaded.shortlist_on_cpu
-
-
-def shortlist_for(loaded: LoadedModel, shortlist_file: str | Path | None = None) -> Shortlist | None:
-    """The shortlist a loaded model decodes with: None unless its `decoding.shortlist` is on; then the
-    one in `shortlist_file` if given, else the one the model embeds. Raises `ShortlistError`, or
-    `ConfigError` for sampling, with a one-line message."""
-    decoding = loaded.config.decoding
-    if not decoding.shortlist:
-        return None
-    if decoding.sampling:
-        raise ConfigError("--shortlist does not apply to --sampling: samples must come from the full "
-                          "distribution; drop one of them")
-    if shortlist_file is not None:
-        try:
-            arrays = load_shortlist(Path(shortlist_file))
-        except (OSError, ValueError, KeyError) as exc:
-            raise ShortlistError(f"--shortlist-file {shortlist_file}: not a readable shortlist "
-                                 f"({' '.join(str(exc).split())[:200]})") from None
-        return Shortlist.from_arrays(arrays, loaded.src_vocab, loaded.tgt_vocab, str(shortlist_file),
-                                     decoding.shortlist_k)
-    if loaded.shortlist is None:
-        raise ShortlistError(f"{loaded.path} holds no vocabulary shortlist (its data folder was preprocessed "
-                             "without one: by an older nmt, or with data.shortlist_k 0); rerun `nmt preprocess` "
-                             "with the same settings and pass its shortlist.npz with --shortlist-file")
-    return Shortlist.from_arrays(loaded.shortlist, loaded.src_vocab, loaded.tgt_vocab, str(loaded.path),
-                                 decoding.shortlist_k)
 
 
 def subset_positions(keep: Tensor, ids: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig
 from nmt.data.batching import cut_by_budget, pad_rows
+from nmt.data.shortlist import load_shortlist
 from nmt.data.special import EOS, UNK
 from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
@@ -30,13 +31,13 @@ from nmt.decode.graphs import SearchGraphs
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
-from nmt.decode.shortlist import Shortlist, shortlist_by_default, shortlist_for, subset_positions
+from nmt.decode.shortlist import Shortlist, ShortlistError, subset_positions
 from nmt.decode.steps import Decoding
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.fs.text import as_lines as _as_lines
 from nmt.model.seq2seq import Seq2Seq
-from nmt.modelfile.file import ModelFileError, load_model
+from nmt.modelfile.file import LoadedModel, ModelFileError, load_model
 from nmt.process import configure_process
 
 __all__ = ["Translation", "Translator"]
@@ -349,3 +350,37 @@ def _pad_prefixes(prefix_ids: list[np.ndarray], rows: np.ndarray) -> Tensor | No
     if flat.size == 0:
         return None
     return pad_rows(flat, offsets, np.arange(len(rows)), None, None)
+
+
+def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[str, Any]) -> bool:
+    """The CPU's fast path: a model that embeds a shortlist decodes with it on the CPU (greedy and beam
+    search) unless `shortlist` is given, either way. Its BLEU stayed within 0.1 of the full vocabulary's
+    (docs/benchmarks.md, "Vocabulary shortlist"); on a GPU the full output layer costs less than leaving
+    the captured search graphs, so there it stays off."""
+    return given.get("shortlist") is None and device.type == "cpu" and loaded.shortlist_on_cpu
+
+
+def shortlist_for(loaded: LoadedModel, shortlist_file: str | Path | None = None) -> Shortlist | None:
+    """The shortlist a loaded model decodes with: None unless its `decoding.shortlist` is on; then the
+    one in `shortlist_file` if given, else the one the model embeds. Raises `ShortlistError`, or
+    `ConfigError` for sampling, with a one-line message."""
+    decoding = loaded.config.decoding
+    if not decoding.shortlist:
+        return None
+    if decoding.sampling:
+        raise ConfigError("--shortlist does not apply to --sampling: samples must come from the full "
+                          "distribution; drop one of them")
+    if shortlist_file is not None:
+        try:
+            arrays = load_shortlist(Path(shortlist_file))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ShortlistError(f"--shortlist-file {shortlist_file}: not a readable shortlist "
+                                 f"({' '.join(str(exc).split())[:200]})") from None
+        return Shortlist.from_arrays(arrays, loaded.src_vocab, loaded.tgt_vocab, str(shortlist_file),
+                                     decoding.shortlist_k)
+    if loaded.shortlist is None:
+        raise ShortlistError(f"{loaded.path} holds no vocabulary shortlist (its data folder was preprocessed "
+                             "without one: by an older nmt, or with data.shortlist_k 0); rerun `nmt preprocess` "
+                             "with the same settings and pass its shortlist.npz with --shortlist-file")
+    return Shortlist.from_arrays(loaded.shortlist, loaded.src_vocab, loaded.tgt_vocab, str(loaded.path),
+                                 decoding.shortlist_k)
