@@ -555,3 +555,14 @@ def test_help_at_80_columns_names_every_option_in_full():
         for option in (o for param in command.params for o in param.opts + param.secondary_opts):
             if option.startswith("-"):
                 assert option in result.stdout, f"nmt {name} --help lacks {option}"
+
+
+@pytest.mark.parametrize("target", ["nmt.cli.entry", "nmt.entry"])
+def test_both_console_script_targets_give_one_error_line(target, tmp_path):
+    """`nmt.entry:main` was the console script's target before the cli package: an install made then and not
+    redone after an update still runs it, and a missing file is one `error:` line, exit 2, no traceback."""
+    missing = tmp_path / "missing.yaml"
+    code = f"import sys; sys.argv = ['nmt', 'train', '-c', {str(missing)!r}]; from {target} import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: config file {missing} does not exist"]
