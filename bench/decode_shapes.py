@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.data.batching import cut_by_budget
 from nmt.data.corpus import read_lines
+from nmt.data.rows import cut_by_budget
 from nmt.data.tokenizer import Vocab
 from nmt.decode.graphs import static_shape
 

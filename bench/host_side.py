@@ -28,8 +28,8 @@ HOST = {("nmt/data/tokenizer.py", "encode"): "SentencePiece in, side ids",
         ("nmt/decode/rule.py", "collect_beams"): "beam: the n best Hypotheses per line",
         ("nmt/decode/graphs.py", "_backtrack"): "beam: tokens from the recorded parents",
         ("nmt/decode/translator.py", "_truncate"): "over-long lines cut",
-        ("nmt/data/batching.py", "cut_by_budget"): "batches cut",
-        ("nmt/data/batching.py", "pad_rows"): "batches padded"}
+        ("nmt/data/rows.py", "cut_by_budget"): "batches cut",
+        ("nmt/data/rows.py", "padded_ids"): "batches padded"}
 
 
 def profile_translate(model: Path, lines: list[str], beam: int, batch_tokens: int) -> dict:

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from nmt.config import load_config
-from nmt.data.batching import BucketBatchSampler, ParallelIds, cut_by_budget, pad_rows
+from nmt.data.batching import BucketBatchSampler, ParallelIds, pad_rows
 from nmt.data.folder import DataFolder
+from nmt.data.rows import cut_by_budget
 from nmt.data.special import BOS, EOS, PAD
 
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from nmt.decode.outputs import unk_replaced
 from nmt.decode.search import Hypothesis
 from nmt.decode.translator import Translator
 
@@ -120,7 +121,7 @@ def test_replace_unk_copies_the_attended_source_text(trained_run):
     target = [translator.tgt_vocab.sp.piece_to_id("▁a"), 1, 1]           # a <unk> <unk>
     attention = torch_eye_rows(len(target) + 1, len(src_pieces) + 1,
                                [0, src_pieces.index("Ω"), src_pieces.index("北京"), len(src_pieces)])
-    text = translator._replace_unk(line, Hypothesis(target, 0.0, attention))
+    text = unk_replaced(translator.src_vocab, translator.tgt_vocab, line, Hypothesis(target, 0.0, attention))
     assert "Ω" in text and "北京" in text and "⁇" not in text
 
 

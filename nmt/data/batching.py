@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.corpus import IdFile
+from nmt.data.rows import padded_ids
 from nmt.data.special import BOS, EOS, PAD
 
 
@@ -65,19 +66,8 @@ def bucket_size(n: int, step: int) -> int:
 
 
 def pad_rows(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray, prefix: int | None, suffix: int | None) -> Tensor:
-    """Sentences `rows` of a flat id array as a padded (len(rows), max_len) tensor, with `prefix`/`suffix`."""
-    starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
-    extra = (prefix is not None) + (suffix is not None)
-    width = int(lengths.max(initial=0)) + extra
-    cols = np.arange(width)[None, :] - (prefix is not None)                       # (batch, width)
-    inside = (cols >= 0) & (cols < lengths[:, None])
-    gathered = ids[np.clip(starts[:, None] + cols, 0, max(len(ids) - 1, 0))] if len(ids) else np.zeros_like(cols)
-    out = np.where(inside, gathered, PAD).astype(np.int64)
-    if prefix is not None:
-        out[:, 0] = prefix
-    if suffix is not None:
-        out[np.arange(len(rows)), lengths + (prefix is not None)] = suffix
-    return torch.from_numpy(out)
+    """Sentences `rows` of a flat id array as a padded (len(rows), max_len) tensor (`padded_ids`)."""
+    return torch.from_numpy(padded_ids(ids, offsets, rows, prefix, suffix))
 
 
 class ParallelIds:
@@ -109,26 +99,9 @@ class ParallelIds:
                      torch.from_numpy(rows.astype(np.int64)))
 
 
-def cut_by_budget(order: np.ndarray, lengths: np.ndarray, batch_tokens: int, batch_size: int) -> list[np.ndarray]:
-    """Cut `order` into consecutive batches of padded size (n * max length) <= batch_tokens, or n <= batch_size
-    when batch_tokens is 0; a single over-long sentence forms its own batch."""
-    batches, start, longest = [], 0, 0
-    for pos, length in enumerate(lengths[order].tolist()):
-        n = pos - start + 1
-        grown = max(longest, length)
-        full = n * grown > batch_tokens if batch_tokens else n > batch_size
-        if full and n > 1:
-            batches.append(order[start:pos])
-            start, grown = pos, length
-        longest = grown
-    if start < len(order):
-        batches.append(order[start:])
-    return batches
-
-
 def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.ndarray, batch_tokens: int,
                  batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`cut_by_budget` over pools [start, end) of `lengths`, each sorted by non-decreasing length, for all
+    """`nmt.data.rows.cut_by_budget` over pools [start, end) of `lengths`, each sorted by non-decreasing length, for all
     pools at once (a vectorised binary search per batch); returns (starts, ends) in position order."""
     live = pool_starts < pool_ends
     start, end = pool_starts[live].astype(np.int64), pool_ends[live].astype(np.int64)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 import numpy as np
 
 from nmt.config import ConfigError
+from nmt.data.special import UNK
 from nmt.data.tokenizer import Vocab
 from nmt.fs.folders import FolderError, PendingFile
 from nmt.fs.outputs import DeviceFile, check_outputs, open_output, output_target
@@ -66,6 +67,39 @@ class Translation:
     def attention(self) -> Tensor | None:
         """The best hypothesis's attention, (target pieces + EOS, source pieces + EOS), if asked for."""
         return self.hypotheses[0].attention if self.hypotheses else None
+
+
+def translations(lines: list[str], results: list[list[Hypothesis]], encoded: list[np.ndarray], truncated: list[bool],
+                 n_best: int, vocabs: tuple[Vocab, Vocab], replace_unk: bool) -> list[Translation]:
+    """One Translation per line from its hypotheses (best first; none for an empty line), the texts decoded in
+    one call for the best and one for the n-best; with `replace_unk`, each <unk> of a best text becomes the
+    source text it attends to most (`unk_replaced`)."""
+    src_vocab, tgt_vocab = vocabs
+    texts = tgt_vocab.decode([h[0].tokens if h else [] for h in results])
+    if replace_unk:
+        texts = [unk_replaced(src_vocab, tgt_vocab, line, h[0]) if h and UNK in h[0].tokens else text
+                 for line, text, h in zip(lines, texts, results, strict=True)]
+    done = [Translation(text if line.strip() else "", hyps, ids, bool(cut), n_best=n_best)
+            for line, text, hyps, ids, cut in zip(lines, texts, results, encoded, truncated, strict=True)]
+    if n_best > 1:
+        flat_texts = iter(tgt_vocab.decode([h.tokens for hyps in results for h in hyps]))
+        for translation in done:
+            translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
+    return done
+
+
+def unk_replaced(src_vocab: Vocab, tgt_vocab: Vocab, line: str, hyp: Hypothesis) -> str:
+    """The hypothesis' text with each <unk> replaced by the source text of its most attended source piece."""
+    offsets = src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]        # (start, end) in `line` per piece
+    surfaces = [line[start:end].strip() for start, end in offsets]
+    assert hyp.attention is not None                                     # asked for with replace_unk
+    attention = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))]   # (tokens, src pieces), EOS column off
+    best = attention.argmax(-1).tolist()
+    pieces = tgt_vocab.to_pieces(hyp.tokens)
+    for t, token in enumerate(hyp.tokens):
+        if token == UNK and surfaces:
+            pieces[t] = surfaces[best[t]]
+    return tgt_vocab.sp.decode_pieces(pieces)
 
 
 def nbest_lines(result: Translation, number: int) -> str:

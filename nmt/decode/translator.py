@@ -11,8 +11,7 @@ batches by a token budget; results come back in input order. A line may come wit
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -22,13 +21,13 @@ import torch
 from torch import Tensor
 
 from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig
-from nmt.data.batching import cut_by_budget, pad_rows
+from nmt.data.rows import cut_by_budget, flatten, longest_first, padded_ids, padded_prefixes, truncated
 from nmt.data.shortlist import load_shortlist
-from nmt.data.special import EOS, UNK
+from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.graphs import SearchGraphs
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
+from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, ShortlistError, subset_positions
@@ -155,34 +154,22 @@ class Translator:
         self.check_n_best(n_best, decoding)
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
         limit = self.decoding.max_input_len
-        encoded, truncated = _truncate(self.src_vocab.encode(lines), limit, lambda i, n: (
+        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
             f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
         results: list[list[Hypothesis]] = [[] for _ in lines]
-        nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
-        if nonempty.size:
-            offsets, flat = _flatten(encoded)                                # the chunk as one flat id array
-            lengths = np.diff(offsets) + 1                                   # with EOS
-            order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]  # longest first
-            rows_per_line = n_best if decoding.sampling else decoding.beam_size
-            budget = max(1, self.batch_tokens() // max(1, rows_per_line))
-            wants_attention = return_attention or decoding.replace_unk
-            for rows in cut_by_budget(order, lengths, budget, 0):
-                src = pad_rows(flat, offsets, rows, None, EOS)
-                prefix = _pad_prefixes(prefix_ids, rows) if prefix_ids is not None else None
-                found = self._search(src, n_best, wants_attention, decoding, prefix)
-                for row, hyps in zip(rows.tolist(), found, strict=True):
-                    results[row] = hyps
-        texts = self.tgt_vocab.decode([h[0].tokens if h else [] for h in results])
-        if decoding.replace_unk:
-            texts = [self._replace_unk(line, h[0]) if h and UNK in h[0].tokens else text
-                     for line, text, h in zip(lines, texts, results, strict=True)]
-        translations = [Translation(text if line.strip() else "", hyps, ids, bool(cut), n_best=n_best)
-                        for line, text, hyps, ids, cut in zip(lines, texts, results, encoded, truncated, strict=True)]
-        if n_best > 1:                                                       # all hypotheses in one decode call
-            flat_texts = iter(self.tgt_vocab.decode([h.tokens for hyps in results for h in hyps]))
-            for translation in translations:
-                translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
-        return translations
+        offsets, flat = flatten(encoded)                                     # the chunk as one flat id array
+        rows_per_line = n_best if decoding.sampling else decoding.beam_size
+        wants_attention = return_attention or decoding.replace_unk
+        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
+                                  self.batch_tokens() // max(1, rows_per_line)):
+            src = torch.from_numpy(padded_ids(flat, offsets, rows, None, EOS))
+            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None
+            found = self._search(src, n_best, wants_attention, decoding,
+                                 None if prefix is None else torch.from_numpy(prefix))
+            for row, hyps in zip(rows.tolist(), found, strict=True):
+                results[row] = hyps
+        return translations(lines, results, encoded, cut.tolist(), n_best, (self.src_vocab, self.tgt_vocab),
+                            decoding.replace_unk)
 
     def batch_tokens(self, scoring: bool = False) -> int:
         """decoding.batch_tokens, or (0) the device's; scoring keeps the CPU's: it holds (target x vocabulary)."""
@@ -207,20 +194,20 @@ class Translator:
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.decoding.max_input_len
         tgt_limit = int(self.decoding.max_len_ratio * limit) + 10
-        src_ids, _ = _truncate(self.src_vocab.encode(sources), limit, lambda i, n: (
+        src_ids, _ = truncated(self.src_vocab.encode(sources), limit, lambda i, n: (
             f"warning: line {first_line + i}: the source has {n} pieces; scored truncated to {limit}"))
-        tgt_ids, _ = _truncate(self.tgt_vocab.encode(targets), tgt_limit, lambda i, n: (
+        tgt_ids, _ = truncated(self.tgt_vocab.encode(targets), tgt_limit, lambda i, n: (
             f"warning: line {first_line + i}: the target has {n} pieces; scored truncated to {tgt_limit}"))
-        src_offsets, src_flat = _flatten(src_ids)
-        tgt_offsets, tgt_flat = _flatten(tgt_ids)
+        src_offsets, src_flat = flatten(src_ids)
+        tgt_offsets, tgt_flat = flatten(tgt_ids)
         src_lengths = np.diff(src_offsets) + 1
         cost = src_lengths + np.diff(tgt_offsets) + 1
         order = np.argsort(-src_lengths, kind="stable")
         results: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * len(sources)
         with autocast(self.device, self.amp_dtype):
             for rows in cut_by_budget(order, cost, self.batch_tokens(scoring=True), 0):
-                src = pad_rows(src_flat, src_offsets, rows, None, EOS)
-                tgt = pad_rows(tgt_flat, tgt_offsets, rows, None, None)
+                src = torch.from_numpy(padded_ids(src_flat, src_offsets, rows, None, EOS))
+                tgt = torch.from_numpy(padded_ids(tgt_flat, tgt_offsets, rows, None, None))
                 log_probs, out_lengths = force_decode(self.search_model, src.to(self.device), (src != 0).sum(1),
                                                       tgt.to(self.device))
                 normalised = log_probs / length_penalty(out_lengths.float(), self.decoding.length_penalty)
@@ -280,19 +267,6 @@ class Translator:
             self.generator = torch.Generator(device=self.device).manual_seed(d.seed)
         return Sampler(d.temperature, d.top_k, d.top_p, self.generator)
 
-    def _replace_unk(self, line: str, hyp: Hypothesis) -> str:
-        """The hypothesis' text with each <unk> replaced by the source text of its most attended source piece."""
-        offsets = self.src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]   # (start, end) in `line` per piece
-        surfaces = [line[start:end].strip() for start, end in offsets]
-        assert hyp.attention is not None                                     # asked for with replace_unk
-        attention = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))]   # (tokens, src pieces), EOS column off
-        best = attention.argmax(-1).tolist()
-        pieces = self.tgt_vocab.to_pieces(hyp.tokens)
-        for t, token in enumerate(hyp.tokens):
-            if token == UNK and surfaces:
-                pieces[t] = surfaces[best[t]]
-        return self.tgt_vocab.sp.decode_pieces(pieces)
-
 
 SEARCH_ONLY = ("beam_size", "length_penalty", "coverage_penalty", "early_stop")   # what sampling has not
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
@@ -321,35 +295,6 @@ def _checked(device: str, shortlist_file: str | Path | None, given: dict[str, An
     if given.get("shortlist_k") is not None and given.get("shortlist") is None:
         given["shortlist"] = True
     return given
-
-
-def _truncate(encoded: list[np.ndarray], limit: int,
-              warning: Callable[[int, int], str]) -> tuple[list[np.ndarray], np.ndarray]:
-    """Each id sequence cut to `limit` pieces, and which were cut (bool, one per sequence); each cut one
-    gets a line on stderr, `warning(index, pieces)`."""
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    cut = lengths > limit
-    kept = list(encoded)
-    for i in np.flatnonzero(cut).tolist():             # the over-long lines only
-        print(warning(i, int(lengths[i])), file=sys.stderr, flush=True)
-        kept[i] = encoded[i][:limit]
-    return kept, cut
-
-
-def _flatten(sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Id arrays -> (offsets (n+1,), one flat id array), the layout `pad_rows` reads."""
-    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum([len(ids) for ids in sequences], out=offsets[1:])
-    flat = np.concatenate(sequences) if sequences else np.zeros(0, dtype=np.int64)
-    return offsets, flat
-
-
-def _pad_prefixes(prefix_ids: list[np.ndarray], rows: np.ndarray) -> Tensor | None:
-    """The prefixes of `rows` as a PAD-padded (len(rows), longest) tensor; None when all are empty."""
-    offsets, flat = _flatten([prefix_ids[row] for row in rows.tolist()])
-    if flat.size == 0:
-        return None
-    return pad_rows(flat, offsets, np.arange(len(rows)), None, None)
 
 
 def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[str, Any]) -> bool:

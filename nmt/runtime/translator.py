@@ -12,7 +12,6 @@ need the PyTorch model.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,9 +27,10 @@ from nmt.config import (
     check_decoding_overrides,
 )
 from nmt.config_check import build
-from nmt.data.special import EOS, PAD, UNK
+from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
+from nmt.data.special import EOS, PAD
 from nmt.data.tokenizer import Vocab
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score
+from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.runtime.beam import beam_search
 from nmt.runtime.folder import Manifest, OnnxFolderError, read_manifest
@@ -103,34 +103,19 @@ class Translator:
         self.check_n_best(n_best, decoding)
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
         limit = decoding.max_input_len
-        encoded = self.src_vocab.encode(lines)
-        truncated = [len(ids) > limit for ids in encoded]
-        for i in np.flatnonzero(truncated).tolist():
-            print(f"warning: input line {first_line + i} has {len(encoded[i])} pieces; truncated to {limit}",
-                  file=sys.stderr, flush=True)
-            encoded[i] = encoded[i][:limit]
+        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
+            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
         results: list[list[Hypothesis]] = [[] for _ in lines]
-        nonempty = np.array([i for i, line in enumerate(lines) if line.strip()], dtype=np.int64)
-        lengths = np.array([len(ids) + 1 for ids in encoded], dtype=np.int64)      # with EOS
-        order = nonempty[np.argsort(-lengths[nonempty], kind="stable")]           # longest first
-        budget = max(1, self.batch_tokens() // decoding.beam_size)
-        for rows in _cut_by_budget(order, lengths, budget):
-            src = _padded([encoded[r] for r in rows.tolist()], EOS)
-            prefix = _padded([prefix_ids[r] for r in rows.tolist()], None) if prefix_ids is not None else None
+        offsets, flat = flatten(encoded)
+        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
+                                  self.batch_tokens() // decoding.beam_size):
+            src = padded_ids(flat, offsets, rows, None, EOS)
+            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None
             found = self._search(src, n_best, return_attention or decoding.replace_unk, decoding, prefix)
             for row, hyps in zip(rows.tolist(), found, strict=True):
                 results[row] = hyps
-        texts = self.tgt_vocab.decode([h[0].tokens if h else [] for h in results])
-        if decoding.replace_unk:
-            texts = [self._replace_unk(line, h[0]) if h and UNK in h[0].tokens else text
-                     for line, text, h in zip(lines, texts, results, strict=True)]
-        translations = [Translation(text if line.strip() else "", hyps, ids, cut, n_best=n_best)  # type: ignore[arg-type]
-                        for line, text, hyps, ids, cut in zip(lines, texts, results, encoded, truncated, strict=True)]
-        if n_best > 1:
-            flat_texts = iter(self.tgt_vocab.decode([h.tokens for hyps in results for h in hyps]))
-            for translation in translations:
-                translation.nbest_texts = [next(flat_texts) for _ in translation.hypotheses]
-        return translations
+        return translations(lines, results, encoded, cut.tolist(), n_best,  # type: ignore[arg-type]
+                            (self.src_vocab, self.tgt_vocab), decoding.replace_unk)
 
     def _search(self, src: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
                 prefix: np.ndarray | None) -> list[list[Hypothesis]]:
@@ -183,18 +168,6 @@ class Translator:
                                          progress=progress)
         ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
 
-    def _replace_unk(self, line: str, hyp: Hypothesis) -> str:
-        """The text with each <unk> replaced by the source text of its most attended source piece."""
-        offsets = self.src_vocab.sp.EncodeAsOffsetMapping(line)["offsets"]
-        surfaces = [line[start:end].strip() for start, end in offsets]
-        assert hyp.attention is not None
-        best = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))].argmax(-1).tolist()
-        pieces = self.tgt_vocab.to_pieces(hyp.tokens)
-        for t, token in enumerate(hyp.tokens):
-            if token == UNK and surfaces:
-                pieces[t] = surfaces[best[t]]
-        return self.tgt_vocab.sp.decode_pieces(pieces)
-
 
 def folder_inputs(folder: str | Path, option: str = "--model") -> list[tuple[str, Path]]:
     """The files of an exported folder as inputs, for the output checks (no output may overwrite one)."""
@@ -213,29 +186,3 @@ def _vocabs(manifest: Manifest) -> tuple[Vocab, Vocab]:
         raise OnnxFolderError(f"{manifest.folder}: {manifest.tgt_spm} has {len(tgt)} pieces, the graphs "
                               f"{manifest.vocab_size}; export the model again")
     return src, tgt
-
-
-def _cut_by_budget(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.ndarray]:
-    """Consecutive batches of `order` whose padded size (n x longest) stays within `budget`
-    (nmt.data.batching.cut_by_budget's rule); one over-long line is a batch of its own."""
-    batches, start, longest = [], 0, 0
-    for pos, length in enumerate(lengths[order].tolist()):
-        grown = max(longest, length)
-        if (pos - start + 1) * grown > budget and pos > start:
-            batches.append(order[start:pos])
-            start, grown = pos, length
-        longest = grown
-    return [*batches, order[start:]] if start < len(order) else batches
-
-
-def _padded(sequences: list[np.ndarray], suffix: int | None) -> Any:
-    """Id sequences as a PAD-padded (n, longest [+ 1]) int64 array, `suffix` after each; None if all empty."""
-    lengths = np.fromiter(map(len, sequences), np.int64, len(sequences))
-    width = int(lengths.max(initial=0)) + (suffix is not None)
-    if width == 0:
-        return None
-    out = np.full((len(sequences), width), PAD, np.int64)
-    out[np.arange(width) < lengths[:, None]] = np.concatenate(sequences) if lengths.sum() else []
-    if suffix is not None:
-        out[np.arange(len(sequences)), lengths] = suffix
-    return out
