@@ -1,12 +1,15 @@
-"""`nmt.Translator`: the translator a model's format needs, the PyTorch one (nmt.decode.translator) for a
-model file or checkpoint, the onnxruntime one (nmt.runtime.translator, no torch) for an exported folder."""
+"""`nmt.Translator` and `load_translator`: the translator a model's format needs, the PyTorch one
+(nmt.decode.translator) for a model file or checkpoint, the onnxruntime one (nmt.runtime.translator, no
+torch) for an exported folder."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nmt.config import ConfigError
 from nmt.runtime.folder import is_onnx_folder
 
 
@@ -39,3 +42,25 @@ class Translator:
             _torch_translator().load_ensemble(paths, *args, **kwargs)
 
     from_checkpoints = load_ensemble
+
+
+def load_translator(model: str | Path | Sequence[str | Path], device: str = "auto",
+                    shortlist_file: str | Path | None = None, threads: int = 0, **decoding_overrides: Any) -> Any:
+    """The translator `nmt translate` and `nmt serve` run, set up as a process of their own: onnxruntime's
+    for an exported folder (torch is never imported), else PyTorch's with `threads` CPU threads (0: torch's
+    default) and freed memory kept for reuse (nmt.device.reuse_freed_memory). Several paths: an ensemble."""
+    paths = [model] if isinstance(model, (str, Path)) else list(model)
+    if any(map(is_onnx_folder, paths)):
+        if len(paths) > 1:
+            raise ConfigError(f"--model {paths[0]}: an ONNX model folder decodes alone, not in an ensemble")
+        from nmt.runtime.translator import Translator as OnnxTranslator
+
+        return OnnxTranslator.load(paths[0], device, shortlist_file, threads, **decoding_overrides)
+    import torch
+
+    from nmt.device import reuse_freed_memory
+
+    if threads:
+        torch.set_num_threads(threads)
+    reuse_freed_memory()
+    return _torch_translator().load(model, device, shortlist_file=shortlist_file, **decoding_overrides)

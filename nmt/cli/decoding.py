@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from nmt.api import load_translator
 from nmt.cli.common import MODEL_HELP, app, as_options, fail, is_user_error, model_inputs, set_threads, user_errors
 from nmt.cli.options import decoding_options, given
 from nmt.config import MAX_BEAM
@@ -67,21 +68,13 @@ def translate(
                              prefix_column)
         inputs = [("--input", input), ("--prefix-file", prefix_file), ("--shortlist-file", shortlist_file)]
         if any(map(is_onnx_folder, checkpoint)):                 # onnxruntime, no torch: nmt.runtime
-            from nmt.runtime.translator import Translator as OnnxTranslator
             from nmt.runtime.translator import folder_inputs
 
-            if len(checkpoint) > 1:
-                fail(f"--model {checkpoint[0]}: an ONNX model folder decodes alone, not in an ensemble")
-            outputs.check([*inputs, *folder_inputs(checkpoint[0])], stdin=input is None)
-            translator: Any = OnnxTranslator.load(checkpoint[0], device, shortlist_file, threads, **given(decoding))
+            model_files = folder_inputs(checkpoint[0]) if len(checkpoint) == 1 else []   # an ensemble: refused below
         else:
-            from nmt.decode.translator import Translator
-            from nmt.device import reuse_freed_memory
-
-            outputs.check([*inputs, *model_inputs(checkpoint)], stdin=input is None)
-            set_threads(threads)
-            reuse_freed_memory()
-            translator = Translator.load(checkpoint, device, shortlist_file=shortlist_file, **given(decoding))
+            model_files = model_inputs(checkpoint)
+        outputs.check([*inputs, *model_files], stdin=input is None)
+        translator = load_translator(checkpoint, device, shortlist_file, threads, **given(decoding))
         translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
         files = outputs.open(stack, sys.stdout)
         with progress_bar("translate", "sent", disable=quiet) as bar:      # log lines when stderr is a file

@@ -176,24 +176,11 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     The listening address is logged as "nmt serve: listening on http://HOST:PORT" (the real port
     when `port` is 0). Raises ModelFileError/ConfigError for a model that cannot be loaded.
     """
-    from nmt.runtime.folder import is_onnx_folder
+    from nmt.api import load_translator
 
     settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if is_onnx_folder(model):
-        from nmt.runtime.translator import Translator as OnnxTranslator
-
-        translator: Any = OnnxTranslator.load(model, device, threads=threads, precision=precision, quantize=quantize)
-    else:
-        import torch
-
-        from nmt.decode.translator import Translator
-        from nmt.device import reuse_freed_memory
-
-        if threads:
-            torch.set_num_threads(threads)
-        reuse_freed_memory()
-        translator = Translator.load(model, device, precision=precision, quantize=quantize)
+    translator = load_translator(model, device, threads=threads, precision=precision, quantize=quantize)
     app = create_app(translator, settings, translator.languages, model_card(model))
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
