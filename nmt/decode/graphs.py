@@ -1,28 +1,19 @@
-"""Greedy and beam search on a GPU, `STEPS_PER_GRAPH` decoder steps captured as one CUDA graph per shape.
-
-A step of the reference model is a few dozen kernels of microseconds each: launched one by one from Python,
-the GPU mostly waits. A replay is one launch and one host sync (has every sentence ended?) per chunk.
-
-A graph needs static shapes and no host sync inside, so these searches follow nmt.decode.rule with other
-books than nmt.decode.search's: the batch is padded to a row and a source-length bucket (padded rows start
-ended); no row is dropped (greedy rows are cut after their first EOS afterwards; a done beam sentence decodes
-on unmasked, as nothing it finishes later can enter its n best, except with early_stop); a step only records
-(tokens, parent rows, finishing scores) and the hypotheses are put together after the last step; beam's
-first step runs every beam with all but the first at -inf. Outputs equal the eager searches'
-(tests/test_graphed.py; captured: tests/test_cuda.py), up to last bits another batch shape may change.
-"""
+"""Greedy and beam search on a GPU, `STEPS_PER_GRAPH` decoder steps captured as one CUDA graph per shape: one
+launch and one host sync per chunk, not dozens of tiny kernels launched from Python per step. The rule of
+nmt.decode.rule with static books: the batch padded to a bucket (padded rows start ended), no row dropped (a done
+beam sentence decodes on unmasked, its n best final but with early_stop), a step only records tokens, parent rows
+and finishing scores, the hypotheses put together after the last step."""
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,9 +29,9 @@ from nmt.decode.rule import (
     beam_step,
     collect,
     collect_beams,
-    constrain,
     length_penalty,
     sentence_done,
+    step_logp,
 )
 from nmt.decode.search import SearchModel
 from nmt.decode.steps import Decoding
@@ -76,15 +67,17 @@ class _Static:
         return DecoderState(self.hidden, self.cell, self.feed)
 
     def nbytes(self) -> int:
-        """What the static tensors hold (most of it the padded memory)."""
         tensors = [getattr(self, f.name) for f in fields(self) if f.name != "memory"]
         tensors += [getattr(self.memory, f.name) for f in fields(Memory)]
         return sum(t.nbytes for t in tensors if t is not None)
 
     def store_state(self, state: DecoderState) -> None:
+        """A batch's state into the first rows, the others zeroed; a chunk's into all."""
         for target, value in ((self.hidden, state.hidden), (self.cell, state.cell), (self.feed, state.feed)):
             if target is not None and value is not None:
-                target.copy_(value)
+                if value.size(-2) < target.size(-2):
+                    target.zero_()
+                target[..., : value.size(-2), :] = value
 
     @staticmethod
     def zeros(memory: Memory, state: DecoderState, sentences: int, src_len: int, rows: int,
@@ -111,12 +104,8 @@ class _Static:
                 target.fill_(NEG_INF if f.name == "pad_bias" else 0)
                 target[: value.size(0), : value.size(1)] = value
         self.memory.mask[batch:, 0] = True          # a padded sentence attends to one zero position: a finite softmax
-        if self.memory.pad_bias is not None:
-            self.memory.pad_bias[batch:, 0] = 0.0
-        for target, value in ((self.hidden, state.hidden), (self.cell, state.cell), (self.feed, state.feed)):
-            if target is not None and value is not None:
-                target.zero_()
-                target[..., : value.size(-2), :] = value
+        self.memory.pad_bias[batch:, 0] = 0.0
+        self.store_state(state)
         self.prev.fill_(BOS)
         self.step.zero_()
         self.limits.fill_(1)
@@ -141,7 +130,9 @@ class _BeamStatic(_Static):
 
     def load(self, memory: Memory, state: DecoderState, limits: Tensor) -> None:
         super().load(memory, state, limits)
-        self.scores.zero_()
+        alive = self.scores.view(self.limits.size(0), -1)                   # (sentences, k)
+        alive.fill_(NEG_INF)
+        alive[: limits.size(0), 0] = 0.0                                    # one live beam per real sentence
         self.top_ended.zero_()
         self.kept.fill_(NEG_INF)
 
@@ -151,36 +142,24 @@ class _ChunkConstants:
     """What every step of a chunk reads and none changes, made inside the graph (a tensor from outside would
     have to outlive it) once per chunk: each operation out of the step loop is STEPS_PER_GRAPH fewer kernels."""
 
-    positions: Tensor       # (STEPS_PER_GRAPH,) the output position of each step
-    at_limit: Tensor        # (rows, STEPS_PER_GRAPH) step j is the row's last allowed position (or past it)
-    eos_banned: Tensor      # (rows, STEPS_PER_GRAPH) no EOS at step j: before min_len, unless at the limit
+    positions: Tensor           # (STEPS_PER_GRAPH,) the output position of each step
+    at_limit: Tensor            # (rows, STEPS_PER_GRAPH) step j is the row's last allowed position (or past it)
+    eos_banned: Tensor | None   # (rows, STEPS_PER_GRAPH) no EOS at step j: before min_len, unless at the limit
     bans: Bans
-    neg_inf: Tensor         # () what `torch.where` fills in (a Python number: a new tensor, a kernel, per call)
+    neg_inf: Tensor             # () what `torch.where` fills in (a Python number: a new tensor, a kernel, per call)
 
     @classmethod
     def make(cls, s: _Static, row_limits: Tensor, vocab: int, min_len: int) -> _ChunkConstants:
         device = row_limits.device
-        bans = Bans.make(vocab, device)
         positions = s.step + torch.arange(STEPS_PER_GRAPH, device=device)
         at_limit = (row_limits - 1).unsqueeze(1) <= positions
-        return cls(positions, at_limit, (positions < min_len) & ~at_limit, bans,
-                   torch.full((), NEG_INF, dtype=torch.float32, device=device))
+        return cls(positions, at_limit, (positions < min_len) & ~at_limit if min_len else None,
+                   Bans.make(vocab, device), torch.full((), NEG_INF, dtype=torch.float32, device=device))
 
-    def constrain(self, logp: Tensor, j: int, min_len: int) -> None:
-        """The rule's `constrain` for the chunk's step j, whose position is on the device."""
-        constrain(logp, self.bans, self.eos_banned[:, j] if min_len else None, self.at_limit[:, j], masked=True)
-
-
-Search = TypeVar("Search", bound=Callable[..., Any])
-
-
-def _on_model_device(search: Search) -> Search:
-    """A search with the model's GPU current: cuda:N's warm-ups, captures and replays happen on N."""
-    @functools.wraps(search)
-    def run(self: SearchGraphs, *args: Any, **kwargs: Any) -> Any:
-        with torch.cuda.device(self.model.device) if self.capture else nullcontext():
-            return search(self, *args, **kwargs)
-    return run  # type: ignore[return-value]
+    def logp(self, logits: Tensor, j: int) -> Tensor:
+        """The rule's `step_logp` for the chunk's step j, whose position is on the device."""
+        eos_banned = self.eos_banned[:, j] if self.eos_banned is not None else None
+        return step_logp(logits, self.bans, eos_banned, self.at_limit[:, j], masked=True)
 
 
 class SearchGraphs:
@@ -257,14 +236,12 @@ class SearchGraphs:
 
     @property
     def kept_bytes(self) -> int:
-        """What the kept shapes' static tensors hold, counted against `max_bytes`."""
         return sum(static.nbytes() for _, static in self.graphs.values())
 
-    def close(self) -> None:
-        """Drop the graphs."""
-        self.graphs.clear()
+    def _on_model_device(self) -> AbstractContextManager[Any]:
+        """cuda:N's warm-ups, captures and replays happen on N."""
+        return torch.cuda.device(self.model.device) if self.capture else nullcontext()
 
-    @_on_model_device
     @torch.no_grad()
     def greedy(self, src: Tensor, src_lengths: Tensor, settings: SearchSettings = SearchSettings()
                ) -> list[Hypothesis]:
@@ -274,12 +251,12 @@ class SearchGraphs:
         rows, padded_len = static_shape(batch, src_len)
         limits = settings.limits(src_lengths, src.device)
         steps = int(limits.max())
-        replay, s = self._graph(
-            ("greedy", rows, padded_len, settings.min_len),
-            lambda device: _greedy_static(memory, state, rows, padded_len, device),
-            _greedy_chunk(self.model, settings.min_len))
-        s.load(memory, state, limits)
-        tokens, logp = _replay(replay, s, steps, s.out_tokens[:batch], s.out_logp[:batch])   # (batch, steps) each
+        with self._on_model_device():
+            replay, s = self._graph(("greedy", rows, padded_len, settings.min_len),
+                                    lambda device: _greedy_static(memory, state, rows, padded_len, device),
+                                    _greedy_chunk(self.model, settings.min_len))
+            s.load(memory, state, limits)
+            tokens, logp = _replay(replay, s, steps, s.out_tokens[:batch], s.out_logp[:batch])   # (batch, steps)
         # a row's output ends at its first EOS, which every row reaches by its limit (at most `steps`)
         ends = tokens == EOS
         lengths = torch.where(ends.any(1), ends.int().argmax(1) + 1, tokens.size(1))     # (batch,) EOS included
@@ -289,7 +266,6 @@ class SearchGraphs:
         scores = torch.from_numpy(summed[:, -1])
         return collect(tokens.masked_fill(after, PAD), lengths, scores, None, src_lengths)
 
-    @_on_model_device
     @torch.no_grad()
     def beam(self, src: Tensor, src_lengths: Tensor, settings: SearchSettings = SearchSettings()
              ) -> list[list[Hypothesis]]:
@@ -302,15 +278,13 @@ class SearchGraphs:
         steps = int(limits.max())
         state = state.index_select(torch.arange(batch * k, device=src.device) // k)    # k rows per sentence
         key = ("beam", sentences, padded_len, k, settings.alpha, settings.min_len, n_best, settings.early_stop)
-        replay, s = self._graph(key, lambda device: _beam_static(memory, state, sentences, padded_len, k, n_best,
-                                                                 device),
-                                _beam_chunk(self.model, settings, sentences, src.device))
-        s.load(memory, state, limits)
-        alive = s.scores.view(sentences, k)
-        alive[:, 1:] = NEG_INF                                               # one live beam per sentence
-        alive[batch:] = NEG_INF                                              # none for the padded ones
-        tokens, parents, fin, fin_rows = _replay(replay, s, steps, s.out_tokens, s.out_parents, s.out_fin[:batch],
-                                                 s.out_fin_rows[:batch, :, :k])
+        with self._on_model_device():
+            replay, s = self._graph(key, lambda device: _beam_static(memory, state, sentences, padded_len, k,
+                                                                     n_best, device),
+                                    _beam_chunk(self.model, settings, sentences, src.device))
+            s.load(memory, state, limits)
+            tokens, parents, fin, fin_rows = _replay(replay, s, steps, s.out_tokens, s.out_parents,
+                                                     s.out_fin[:batch], s.out_fin_rows[:batch, :, :k])
         # the best k finished over all steps, as eager search's pool keeps them (none finishes past `steps`);
         # of equal scores, the one that finished first
         ranked, order = fin.reshape(batch, -1).sort(dim=1, descending=True, stable=True)
@@ -319,8 +293,7 @@ class SearchGraphs:
         fin_row = fin_rows.reshape(batch, -1).gather(1, pick)
         found = _backtrack(tokens, parents, fin_step, fin_row, steps)
         fin_lengths = (fin_step + 1).masked_fill(fin_scores == NEG_INF, 0)
-        fin_logp = fin_scores * length_penalty(fin_lengths.float(), settings.alpha)
-        return collect_beams(found, fin_lengths, fin_scores, fin_logp, None, src_lengths, n_best)
+        return collect_beams(found, fin_lengths, fin_scores, None, settings.alpha, None, src_lengths, n_best)
 
 
 def _replay(replay: Callable[[], None], s: _Static, steps: int, *records: Tensor) -> list[Tensor]:
@@ -341,8 +314,7 @@ def _greedy_chunk(model: Decoding, min_len: int) -> Callable[[_GreedyStatic], No
         constants = _ChunkConstants.make(s, s.limits, model.vocab_size, min_len)
         for j in range(STEPS_PER_GRAPH):
             logits, state, _ = model.step(prev, state, s.memory)
-            logp = logits.log_softmax(-1, dtype=torch.float32)           # (rows, vocab)
-            constants.constrain(logp, j, min_len)
+            logp = constants.logp(logits, j)                              # (rows, vocab)
             # every row records its best token and log p; an ended row's are cut afterwards. (On CUDA a
             # reduction's two outputs must have the same strides: both records are (rows, steps).)
             _, prev = torch.max(logp, -1, out=(s.out_logp[:, j], s.out_tokens[:, j]))   # (rows,)
@@ -372,8 +344,7 @@ def _beam_static(memory: Memory, state: DecoderState, sentences: int, src_len: i
 
 def _beam_chunk(model: Decoding, settings: SearchSettings, sentences: int,
                 device: torch.device) -> Callable[[_BeamStatic], None]:
-    k, n_best, alpha, min_len = settings.beam_size, min(settings.n_best, settings.beam_size), settings.alpha, \
-        settings.min_len
+    k, n_best, alpha = settings.beam_size, min(settings.n_best, settings.beam_size), settings.alpha
 
     def chunk(s: _BeamStatic) -> None:
         state, prev, alive = s.state(), s.prev, s.scores
@@ -381,12 +352,11 @@ def _beam_chunk(model: Decoding, settings: SearchSettings, sentences: int,
         base = (torch.arange(sentences, device=device) * k).unsqueeze(1)  # (sentences, 1)
         row_limits = s.limits.unsqueeze(1).expand(-1, k).reshape(-1)     # (rows,)
         lp_limit = length_penalty(s.limits.float(), alpha)               # (sentences,)
-        constants = _ChunkConstants.make(s, row_limits, model.vocab_size, min_len)
+        constants = _ChunkConstants.make(s, row_limits, model.vocab_size, settings.min_len)
         penalties = length_penalty(constants.positions.float() + 1, alpha)   # (STEPS_PER_GRAPH,)
         for j in range(STEPS_PER_GRAPH):
             logits, state, _ = model.step(prev, state, s.memory)
-            logp = logits.log_softmax(-1, dtype=torch.float32)            # (rows, vocab)
-            constants.constrain(logp, j, min_len)
+            logp = constants.logp(logits, j)                               # (rows, vocab)
             step = beam_step(logp, alive, base, k, penalties[j], constants.neg_inf,
                              out_rows=s.out_fin_rows[:, j], out_finished=s.out_fin[:, j])
             # the continuing beams' tokens and parent rows, gathered straight into this step's records

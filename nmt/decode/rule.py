@@ -1,12 +1,9 @@
-"""The rule every search follows, eager (nmt.decode.search) or captured (nmt.decode.graphs): the settings
-as one object, the constraints, the beam step, the stop test, the penalties, the hypotheses.
+"""The rule every search follows, eager (nmt.decode.search) or captured (nmt.decode.graphs).
 
-An EOS candidate among a sentence's best `beam` finishes a hypothesis; the best `beam` others continue.
-Hypotheses rank by log p(y) / lp(y), lp = ((5 + |y|) / 6)^α (GNMT, |y| counting EOS), plus the coverage
-penalty cp = β Σ_j log min(Σ_i α_ij, 1). A sentence stops once its n_best-th finished score is at least what
-its best alive beam could still reach, s / lp(max_len) (log p only falls, lp only grows): its n-best list is
-then final. `early_stop` (OpenNMT-py: stop when the top beam ends) decodes ~14% fewer rows but can miss a
-longer hypothesis that α > 0 ranks first.
+Hypotheses rank by log p(y) / lp(y), lp = ((5 + |y|) / 6)^α (GNMT, |y| counting EOS), plus the coverage penalty
+cp = β Σ_j log min(Σ_i α_ij, 1). A sentence stops once its n_best-th finished score is at least what its best alive
+beam could still reach, s / lp(max_len) (log p only falls, lp only grows). `early_stop` (OpenNMT-py: stop when the
+top beam ends) decodes ~14% fewer rows but can miss a longer hypothesis that α > 0 ranks first.
 """
 
 from __future__ import annotations
@@ -70,8 +67,6 @@ def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """One search's settings, one object from the translator to whichever search runs them."""
-
     beam_size: int = DecodingConfig.beam_size
     alpha: float = DecodingConfig.length_penalty
     max_len_ratio: float = DecodingConfig.max_len_ratio
@@ -91,8 +86,7 @@ class SearchSettings:
                    d.no_repeat_ngram, d.coverage_penalty, d.early_stop, return_attention, sampler)
 
     @property
-    def greedy(self) -> bool:
-        """Whether the greedy loop runs these settings (sampling, or one beam, one hypothesis, no coverage)."""
+    def greedy(self) -> bool:                    # sampling, or one beam, one hypothesis, no coverage
         return self.sampler is not None or (self.beam_size == 1 and self.n_best == 1 and not self.coverage)
 
     def limits(self, src_lengths: Tensor, device: torch.device, prefix: Tensor | None = None) -> Tensor:
@@ -103,7 +97,7 @@ class SearchSettings:
 
 @dataclass
 class Bans:
-    """The constants of `constrain`, made once per search (in a graph, once per chunk)."""
+    """The constants of `step_logp`, made once per search (in a graph, once per chunk)."""
 
     banned: Tensor      # (2,) PAD and BOS, never produced
     not_eos: Tensor     # (vocab,) True but at EOS
@@ -115,10 +109,11 @@ class Bans:
         return cls(banned, torch.arange(vocab, device=device) != EOS)
 
 
-def constrain(logp: Tensor, bans: Bans, eos_banned: Tensor | None, at_limit: Tensor, masked: bool) -> None:
-    """In place: never PAD or BOS; no EOS where `eos_banned` (before min_len tokens); only EOS on a row's last
-    allowed step, which wins over min_len. logp: (rows, vocab); eos_banned, at_limit: (rows,) bool;
-    `masked`: mask every row (static shapes) rather than index the few at their limit."""
+def step_logp(logits: Tensor, bans: Bans, eos_banned: Tensor | None, at_limit: Tensor, masked: bool) -> Tensor:
+    """log p (rows, vocab) in float32, also under autocast: never PAD or BOS; no EOS where `eos_banned` (before
+    min_len tokens); only EOS on a row's last allowed step, which wins over min_len. eos_banned, at_limit: (rows,)
+    bool; `masked`: mask every row (static shapes) rather than index the few at their limit."""
+    logp = logits.log_softmax(-1, dtype=torch.float32)
     logp.index_fill_(1, bans.banned, NEG_INF)
     if eos_banned is not None:
         logp[:, EOS].masked_fill_(eos_banned, NEG_INF)
@@ -126,6 +121,7 @@ def constrain(logp: Tensor, bans: Bans, eos_banned: Tensor | None, at_limit: Ten
         logp.masked_fill_(at_limit.unsqueeze(1) & bans.not_eos, NEG_INF)
     else:
         logp[at_limit] = logp[at_limit].masked_fill(bans.not_eos, NEG_INF)
+    return logp
 
 
 @dataclass
@@ -148,12 +144,17 @@ class BeamStep:
 def beam_step(logp: Tensor, alive: Tensor, base: Tensor, k: int, penalty: Tensor | float, fill: Any,
               bonus: Tensor | None = None, out_rows: Tensor | None = None,
               out_finished: Tensor | None = None) -> BeamStep:
-    """The rule for one position. logp: (sentences*width, vocab), constrained, made candidates in place;
-    alive: (sentences*width,) log p so far; base: (sentences, 1) first rows; penalty: lp(t + 1); fill: -inf
-    (a tensor in a graph); bonus: coverage penalty per alive row; out_*: a graph's records."""
+    """An EOS candidate among a sentence's best k finishes a hypothesis; the best k others continue.
+    logp: (sentences*width, vocab), made candidates in place; alive: (sentences*width,) log p so far; base:
+    (sentences, 1) first rows; penalty: lp(t + 1); fill: -inf (a tensor in a graph); bonus: coverage penalty per
+    alive row; out_*: a graph's records."""
     vocab = logp.size(1)
     candidates = logp.add_(alive.unsqueeze(1)).view(base.size(0), -1)   # (sentences, width*vocab)
-    scores, ids = _top_candidates(candidates, 2 * k)                      # (sentences, 2k), best first
+    scores, ids = candidates.topk(min(2 * k, candidates.size(1)), dim=1)  # (sentences, 2k), best first
+    if scores.size(1) < 2 * k:                                           # a tiny vocabulary: -inf pads
+        missing = 2 * k - scores.size(1)
+        scores = torch.cat([scores, scores.new_full((scores.size(0), missing), NEG_INF)], dim=1)
+        ids = torch.cat([ids, ids.new_zeros(ids.size(0), missing)], dim=1)
     beams, tokens = ids // vocab, ids % vocab
     ends = tokens == EOS
     rows = torch.add(base, beams, out=out_rows) if out_rows is not None else base + beams
@@ -167,20 +168,10 @@ def beam_step(logp: Tensor, alive: Tensor, base: Tensor, k: int, penalty: Tensor
 
 
 def sentence_done(last_kept: Tensor, best_alive: Tensor, lp_limit: Tensor, top_ended: Tensor | None) -> Tensor:
-    """(sentences,) the stop test: the n_best-th finished score is at least what the best alive beam can
-    reach (none alive: done); with early_stop (top_ended given), also once a best candidate ended."""
+    """(sentences,) the stop test (none alive: done); with early_stop (top_ended given), also once a best
+    candidate ended."""
     done = last_kept >= best_alive / lp_limit
     return done if top_ended is None else done | (top_ended & (last_kept > NEG_INF))
-
-
-def _top_candidates(candidates: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """The best `n` of each row, best first; padded with -inf when a row has fewer (a tiny vocabulary)."""
-    scores, ids = candidates.topk(min(n, candidates.size(1)), dim=1)
-    if scores.size(1) < n:
-        missing = n - scores.size(1)
-        scores = torch.cat([scores, scores.new_full((scores.size(0), missing), NEG_INF)], dim=1)
-        ids = torch.cat([ids, ids.new_zeros(ids.size(0), missing)], dim=1)
-    return scores, ids
 
 
 def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
@@ -190,30 +181,26 @@ def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
 
 
 def collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
-             src_lengths: Tensor) -> list[Hypothesis]:
+            src_lengths: Tensor) -> list[Hypothesis]:
     """Tensors -> one Hypothesis per row (EOS stripped from tokens, kept in the attention)."""
-    tokens_list, lengths_list, scores_list = tokens.tolist(), lengths.tolist(), scores.tolist()
     out = []
-    for i, (row, n, score) in enumerate(zip(tokens_list, lengths_list, scores_list, strict=True)):
+    for i, (row, n, score) in enumerate(zip(tokens.tolist(), lengths.tolist(), scores.tolist(), strict=True)):
         ended = n > 0 and row[n - 1] == EOS
         weights = attention[i, :n, : int(src_lengths[i])].cpu() if attention is not None else None
         out.append(Hypothesis(row[: n - 1] if ended else row[:n], score, weights, score))
     return out
 
 
-def collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, log_probs: Tensor, attention: Tensor | None,
-                   src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
-    """(batch, k, ...) tensors -> each sentence's first n_best hypotheses, the empty slots (-inf) left out."""
+def collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, log_probs: Tensor | None, alpha: float,
+                  attention: Tensor | None, src_lengths: Tensor, n_best: int) -> list[list[Hypothesis]]:
+    """(batch, k, ...) tensors -> each sentence's first n_best hypotheses, the empty slots (-inf) left out;
+    log p, unless given (coverage), is the score times lp(length)."""
+    if log_probs is None:
+        log_probs = scores * length_penalty(lengths.float(), alpha)
     tokens_l, lengths_l = tokens[:, :n_best].tolist(), lengths[:, :n_best].tolist()
     scores_l, log_probs_l = scores[:, :n_best].tolist(), log_probs[:, :n_best].tolist()
-    out = []
-    for i in range(len(tokens_l)):
-        hyps = []
-        for j in range(n_best):
-            n = lengths_l[i][j]
-            if scores_l[i][j] == NEG_INF:
-                continue
-            weights = attention[i, j, :n, : int(src_lengths[i])].cpu() if attention is not None else None
-            hyps.append(Hypothesis(tokens_l[i][j][: n - 1], scores_l[i][j], weights, log_probs_l[i][j]))
-        out.append(hyps)
-    return out
+    return [[Hypothesis(tokens_l[i][j][: n - 1], scores_l[i][j],
+                        attention[i, j, :n, : int(src_lengths[i])].cpu() if attention is not None else None,
+                        log_probs_l[i][j])
+             for j, n in enumerate(lengths_l[i]) if scores_l[i][j] != NEG_INF]
+            for i in range(len(tokens_l))]

@@ -1,17 +1,15 @@
-"""Greedy, beam and sampling search over whole batches as tensors, eager: they follow nmt.decode.rule, as the
-captured search (nmt.decode.graphs) does, and differ from it only in their bookkeeping.
-
-All sentences and their beams are one (batch×beam, …) tensor; the only Python loop is over output positions.
-Here, sentences whose search is over are dropped from the active tensors. With an output subset (a
-shortlist) the searches run on subset positions (a prefix too) and return vocabulary ids.
+"""Greedy, beam and sampling search over whole batches as tensors, eager, by the rule of nmt.decode.rule: all
+sentences and beams are one (batch×beam, …) tensor, the only Python loop is over output positions, and sentences
+whose search is over are dropped. With a shortlist they run on subset positions (a prefix too), return vocab ids.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.data.special import BOS, EOS, PAD
@@ -25,11 +23,11 @@ from nmt.decode.rule import (
     beam_step,
     collect,
     collect_beams,
-    constrain,
     coverage_penalty,
     length_penalty,
     max_output_lengths,
     sentence_done,
+    step_logp,
 )
 from nmt.decode.steps import Decoding
 from nmt.model.seq2seq import Seq2Seq
@@ -38,23 +36,18 @@ __all__ = ["Hypothesis", "Sampler", "SearchModel", "SearchSettings", "beam_searc
            "force_decode", "greedy_search", "length_penalty", "max_output_lengths", "search"]
 
 
-class Rows(Protocol):
-    """A memory or decoder state: per-row tensors that searches reorder and shrink."""
-    def index_select(self, index: Tensor) -> Any: ...
-
-
 class SearchModel(Protocol):
     """What the searches need of a model or an ensemble (nmt.decode.steps.Decoding, EnsembleDecoding)."""
 
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Any, Any]: ...
 
-    def step(self, prev_tokens: Tensor, state: Any, memory: Any) -> tuple[Tensor, Any, Tensor]:
-        """prev_tokens: (rows,) -> logits (rows, vocab), state, attention (rows, src_len)."""
+    # prev_tokens: (rows,) -> logits (rows, vocab), state, attention (rows, src_len)
+    def step(self, prev_tokens: Tensor, state: Any, memory: Any) -> tuple[Tensor, Any, Tensor]: ...
 
     def vocab_ids(self, tokens: Tensor) -> Tensor: ...          # subset positions -> vocabulary ids
 
-    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
-        """Teacher-forced log p (batch, tgt_len) of each tgt_out token after the tgt_in tokens."""
+    # teacher-forced log p (batch, tgt_len) of each tgt_out token after the tgt_in tokens
+    def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor: ...
 
 
 def search_model(model: SearchModel | nn.Module) -> SearchModel:
@@ -82,8 +75,7 @@ def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
 def _next_logp(logits: Tensor, t: int, s: SearchSettings, bans: Bans, at_limit: Tensor, history: Tensor | None,
                forced: Tensor | None) -> Tensor:
     """Eager log p of position t (rows, vocab): constrained, n-grams blocked, a prefix's token forced."""
-    logp = logits.log_softmax(-1, dtype=torch.float32)
-    constrain(logp, bans, ~at_limit if t < s.min_len else None, at_limit, masked=False)
+    logp = step_logp(logits, bans, ~at_limit if t < s.min_len else None, at_limit, masked=False)
     if history is not None:
         _block_repeated_ngrams(logp, history, s.no_repeat_ngram)
     if forced is not None:
@@ -165,7 +157,7 @@ class _Beams:
     prev: Tensor                # (rows,) the last token
     scores: Tensor              # (rows,) log p so far
     tokens: Tensor              # (rows, t)
-    state: Rows
+    state: Any                  # per-row tensors with index_select
     attn: Tensor | None         # (rows, t, src_len), return_attention
     cov: Tensor | None          # (rows, src_len) Σ_i α_ij, coverage
 
@@ -182,40 +174,31 @@ class _Pool:
     scores: Tensor              # (batch, k) normalised, -inf in empty slots
     tokens: Tensor              # (batch, k, steps)
     lengths: Tensor             # (batch, k) EOS included
-    logp: Tensor | None         # (batch, k) log p, coverage (else derived from the scores)
+    logp: Tensor | None         # (batch, k) log p, coverage (else derived from the scores by collect_beams)
     attn: Tensor | None         # (batch, k, steps, src_len)
 
-    def merge(self, active: Tensor, step: BeamStep, beams: _Beams, weights: Tensor, t: int) -> None:
-        """The step's finishing hypotheses into the pool: the best k of old and new (old first among equals)."""
-        n, k, steps = active.numel(), self.scores.size(1), self.tokens.size(2)
+    def merge(self, active: Tensor, step: BeamStep, beams: _Beams, t: int) -> None:
+        """The step's finishing hypotheses into the pool: the best k of old and new (old first among equals).
+        beams.attn already holds this (EOS) step's weights."""
+        k, steps = self.scores.size(1), self.tokens.size(2)
         new = torch.cat([step.finished, torch.full_like(step.finished, NEG_INF)], dim=1)     # (active, 2k)
         best, pick = torch.cat([self.scores[active], new], dim=1).topk(k, dim=1)          # (active, k)
         from_new, old = pick >= k, pick.clamp(max=k - 1)
         new_idx = (pick - k).clamp(min=0)
-        if self.logp is not None:
-            self.logp[active] = torch.where(from_new, step.scores.gather(1, new_idx), self.logp[active].gather(1, old))
         new_rows = step.rows.gather(1, new_idx)                                 # (active, k) alive rows
-        ended = torch.cat([beams.tokens, beams.tokens.new_full((beams.tokens.size(0), 1), EOS)], 1)
-        fresh = ended.new_full((n, k, steps), PAD)
-        fresh[:, :, : t + 1] = ended[new_rows]
-        old_tokens = self.tokens[active].gather(1, old.unsqueeze(2).expand(-1, -1, steps))
-        self.tokens[active] = torch.where(from_new.unsqueeze(2), fresh, old_tokens)
-        old_len = self.lengths[active].gather(1, old)
-        self.lengths[active] = torch.where(from_new, torch.full_like(old_len, t + 1), old_len)
-        if self.attn is not None and beams.attn is not None:
-            src_len = self.attn.size(3)
-            with_eos = torch.cat([beams.attn, weights.float().unsqueeze(1)], 1)      # (active*width, t+1, src_len)
-            old_attn = self.attn[active].gather(1, old.view(n, k, 1, 1).expand(-1, -1, steps, src_len))
-            fresh_attn = old_attn.new_zeros(n, k, steps, src_len)
-            fresh_attn[:, :, : t + 1] = with_eos[new_rows]
-            self.attn[active] = torch.where(from_new.view(n, k, 1, 1), fresh_attn, old_attn)
+        ended = torch.cat([beams.tokens, beams.tokens.new_full((beams.tokens.size(0), 1), EOS)], 1)   # (rows, t+1)
+        updates = [(self.tokens, ended[new_rows]), (self.lengths, torch.full_like(new_rows, t + 1)),
+                   (self.logp, step.scores.gather(1, new_idx)),
+                   (self.attn, beams.attn[new_rows] if beams.attn is not None else None)]
+        for kept, fresh in updates:     # (batch, k, ...) each; histories padded (PAD = 0, no attention) to `steps`
+            if kept is None or fresh is None:
+                continue
+            shape = (*old.shape, *[1] * (kept.dim() - 2))
+            old_kept = kept[active].gather(1, old.view(shape).expand(-1, -1, *kept.shape[2:]))
+            if kept.dim() > 2:
+                fresh = F.pad(fresh, (0, 0) * (kept.dim() - 3) + (0, steps - t - 1))
+            kept[active] = torch.where(from_new.view(shape), fresh, old_kept)
         self.scores[active] = best
-
-    def hypotheses(self, model: SearchModel, alpha: float, src_lengths: Tensor, n_best: int
-                   ) -> list[list[Hypothesis]]:
-        logp = self.logp if self.logp is not None else self.scores * length_penalty(self.lengths.float(), alpha)
-        return collect_beams(model.vocab_ids(self.tokens), self.lengths, self.scores, logp, self.attn,
-                              src_lengths, n_best)
 
 
 @torch.no_grad()
@@ -253,8 +236,13 @@ def beam_search(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tensor
             bonus = coverage_penalty(beams.cov, row_mask, s.coverage)
         base = (torch.arange(n_active, device=device) * width).unsqueeze(1)    # (active, 1)
         step = beam_step(logp, beams.scores, base, k, length_penalty(float(t + 1), s.alpha), NEG_INF, bonus)
-        pool.merge(active, step, beams, weights, t)
-        beams = _continue(beams, step, weights)
+        if beams.attn is not None:
+            beams.attn = torch.cat([beams.attn, weights.float().unsqueeze(1)], 1)      # (rows, t+1, src_len)
+        pool.merge(active, step, beams, t)
+        rows = step.rows.gather(1, step.pick).view(-1)                             # (active*k,) they continue
+        prev = step.tokens.gather(1, step.pick).view(-1)
+        beams = replace(beams.select(rows), prev=prev, scores=step.alive.view(-1))
+        beams.tokens = torch.cat([beams.tokens, prev.unsqueeze(1)], dim=1)
         if s.early_stop:
             top_ended[active] |= step.top_ended()
         done = sentence_done(pool.scores[active, min(s.n_best, k) - 1], step.alive[:, 0],
@@ -266,21 +254,11 @@ def beam_search(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tensor
                 break
             active, memory = active[keep], memory.index_select(keep)
             beams = beams.select((keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1))
-    return pool.hypotheses(model, s.alpha, src_lengths, min(s.n_best, k))
+    return collect_beams(model.vocab_ids(pool.tokens), pool.lengths, pool.scores, pool.logp, s.alpha, pool.attn,
+                         src_lengths, min(s.n_best, k))
 
 
-def _continue(beams: _Beams, step: BeamStep, weights: Tensor) -> _Beams:
-    """The best k candidates that do not end, as the new alive beams."""
-    rows = step.rows.gather(1, step.pick).view(-1)                           # (active*k,)
-    prev = step.tokens.gather(1, step.pick).view(-1)
-    attn = torch.cat([beams.attn, weights.float().unsqueeze(1)], 1)[rows] if beams.attn is not None else None
-    return _Beams(prev, step.alive.view(-1), torch.cat([beams.tokens[rows], prev.unsqueeze(1)], dim=1),
-                  beams.state.index_select(rows), attn, beams.cov[rows] if beams.cov is not None else None)
-
-
-class Captured(Protocol):
-    """Searches replayed as captured graphs (nmt.decode.graphs.SearchGraphs)."""
-
+class Captured(Protocol):                       # nmt.decode.graphs.SearchGraphs
     def runs(self, model: SearchModel, settings: SearchSettings, prefix: Tensor | None) -> bool: ...
 
     def search(self, src: Tensor, src_lengths: Tensor, settings: SearchSettings) -> list[list[Hypothesis]]: ...
