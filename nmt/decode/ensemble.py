@@ -1,44 +1,31 @@
-"""Several models decoding as one: at every step, the average of their log-probabilities.
-
-`EnsembleDecoding` is the searches' model (nmt.decode.search.SearchModel) for several `Decoding`s, so
-every search and `force_decode` run an ensemble unchanged. The members share the vocabularies and may
-differ in everything else: each keeps its own memory and state, and a step runs each on the same rows.
+"""Several models decoding as one: every search and `force_decode` run an ensemble unchanged. The members share
+the vocabularies, keep their own memory and state, and step on the same rows; attention is their average.
 
     log p_ens(y_i | y_<i, x) = log softmax( (1/M) Σ_m log p_m(y_i | y_<i, x) )
 
-The average is renormalised (the search's log-softmax), so an ensemble's scores stay
-log-probabilities of a distribution (a normalised geometric mean of the members'); its argmax is
-the argmax of the plain average. Attention weights are the members' average.
+renormalised by the search's log-softmax: a normalised geometric mean, its argmax the plain average's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from nmt.decode.steps import Decoding, picked_log_probs
-from nmt.model.attention import Memory
-from nmt.model.decoder import DecoderState
 from nmt.model.seq2seq import Seq2Seq
 
 
 @dataclass
-class EnsembleMemory:
-    members: list[Memory]
+class Members:
+    """The members' memories or decoder states, reordered together."""
 
-    def index_select(self, index: Tensor) -> EnsembleMemory:
-        return EnsembleMemory([memory.index_select(index) for memory in self.members])
+    members: list[Any]          # Memory or DecoderState each
 
-
-@dataclass
-class EnsembleState:
-    members: list[DecoderState]
-
-    def index_select(self, index: Tensor) -> EnsembleState:
-        return EnsembleState([state.index_select(index) for state in self.members])
+    def index_select(self, index: Tensor) -> Members:
+        return Members([member.index_select(index) for member in self.members])
 
 
 @dataclass
@@ -47,28 +34,22 @@ class EnsembleDecoding:
 
     members: list[Decoding]
 
-    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[EnsembleMemory,
-                                                                                           EnsembleState]:
+    def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Members, Members]:
         encoded = [member.encode(src, src_lengths, fold_context) for member in self.members]
-        return EnsembleMemory([m for m, _ in encoded]), EnsembleState([s for _, s in encoded])
+        return Members([m for m, _ in encoded]), Members([s for _, s in encoded])
 
-    def step(self, prev_tokens: Tensor, state: EnsembleState,
-             memory: EnsembleMemory) -> tuple[Tensor, EnsembleState, Tensor]:
+    def step(self, prev_tokens: Tensor, state: Members, memory: Members) -> tuple[Tensor, Members, Tensor]:
         """prev_tokens: (rows,) -> mean log-probabilities (rows, vocab), new state, mean attention (rows, src_len)."""
-        logps, states, weights = [], [], []
-        for member, member_state, member_memory in zip(self.members, state.members, memory.members, strict=True):
-            logits, new_state, alpha = member.step(prev_tokens, member_state, member_memory)
-            logps.append(logits.log_softmax(-1, dtype=torch.float32))
-            states.append(new_state)
-            weights.append(alpha.float())
-        return torch.stack(logps).mean(0), EnsembleState(states), torch.stack(weights).mean(0)
+        steps = [member.step(prev_tokens, member_state, member_memory) for member, member_state, member_memory
+                 in zip(self.members, state.members, memory.members, strict=True)]
+        logp = torch.stack([logits.log_softmax(-1, dtype=torch.float32) for logits, _, _ in steps]).mean(0)
+        return logp, Members([s for _, s, _ in steps]), torch.stack([alpha.float() for _, _, alpha in steps]).mean(0)
 
     def vocab_ids(self, tokens: Tensor) -> Tensor:
         return self.members[0].vocab_ids(tokens)
 
     def forced(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
-        """Teacher-forced log p (batch, tgt_len) of each next token tgt_out under the renormalised mean of
-        the members' log-probabilities."""
+        """Teacher-forced log p (batch, tgt_len) of each tgt_out token under the renormalised mean."""
         logits = [member.forced_logits(src, src_lengths, tgt_in) for member in self.members]
 
         def log_probs(rows: slice) -> Tensor:

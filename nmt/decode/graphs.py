@@ -79,22 +79,6 @@ class _Static:
                     target.zero_()
                 target[..., : value.size(-2), :] = value
 
-    @staticmethod
-    def zeros(memory: Memory, state: DecoderState, sentences: int, src_len: int, rows: int,
-              device: torch.device | None) -> dict[str, Any]:
-        """The common fields, zeros, on `device` (default the memory's; "meta" sizes them without allocating)."""
-        device = device or memory.mask.device
-        padded: dict[str, Any] = {f.name: None if (t := getattr(memory, f.name)) is None
-                                  else t.new_zeros(sentences, src_len, *t.shape[2:], device=device)
-                                  for f in fields(Memory)}
-        layers, _, hidden = state.hidden.shape
-        like = lambda t, *shape: None if t is None else t.new_zeros(shape, device=device)  # noqa: E731
-        whole = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
-        return dict(memory=Memory(**padded), hidden=state.hidden.new_zeros((layers, rows, hidden), device=device),
-                    cell=like(state.cell, layers, rows, hidden), feed=like(state.feed, rows, hidden),
-                    prev=whole(rows), limits=whole(sentences), step=whole(), out_tokens=whole(rows, STEPS_PER_GRAPH),
-                    going=whole(sentences, dtype=torch.bool))
-
     def load(self, memory: Memory, state: DecoderState, limits: Tensor) -> None:
         """A batch in (the padding zeroed, the padded sentences ended before they start), the counters reset."""
         batch = limits.size(0)
@@ -163,20 +147,18 @@ class _ChunkConstants:
 
 
 class SearchGraphs:
-    """Captured greedy and beam search chunks for one model, by shape and settings. The graphs read the
-    model's derived weights as they were at capture: neither may change while this lives. One search at a
-    time: the graphs share one memory pool, and a search copies its results out before the next runs."""
+    """Captured greedy and beam search chunks for one model, by shape and settings, read the model's derived
+    weights as they were at capture: neither may change meanwhile. One search at a time: the graphs share one
+    memory pool. `capture=False` runs the same chunks eagerly (the CPU, tests). `max_bytes`: what the kept shapes'
+    static tensors may hold (default GRAPH_MEMORY_SHARE of the GPU's); a new shape drops the least recent ones."""
 
     def __init__(self, model: Decoding, capture: bool = True, max_bytes: float | None = None) -> None:
-        """`capture=False` runs the same chunks eagerly (the CPU, tests). `max_bytes`: what the kept shapes' static
-        tensors may hold (default GRAPH_MEMORY_SHARE of the GPU's); a new shape drops the least recent ones."""
         self.model, self.capture = model, capture
         self.pool: Any = None                # the graphs' memory pool, made for the first shape kept
         self.stream: Any = torch.cuda.Stream(device=model.device) if capture else None     # captures go here
-        if max_bytes is None:
-            max_bytes = (GRAPH_MEMORY_SHARE * torch.cuda.get_device_properties(model.device).total_memory
-                         if capture else math.inf)
-        self.max_bytes = max_bytes
+        if max_bytes is None and capture:
+            max_bytes = GRAPH_MEMORY_SHARE * torch.cuda.get_device_properties(model.device).total_memory
+        self.max_bytes = math.inf if max_bytes is None else max_bytes
         self.graphs: OrderedDict[tuple, tuple[Callable[[], None], Any]] = OrderedDict()   # oldest use first
         self.lock = threading.Lock()
         # what capturing has cost so far (a new shape's warm-up run, then its capture and instantiation)
@@ -325,21 +307,35 @@ def _greedy_chunk(model: Decoding, min_len: int) -> Callable[[_GreedyStatic], No
     return chunk
 
 
+def _allocate(cls: Any, memory: Memory, state: DecoderState, sentences: int, src_len: int, rows: int,
+              device: torch.device | None, **extra: tuple[tuple[int, ...], torch.dtype]) -> Any:
+    """`cls`'s tensors, zeros on `device` (default the memory's; "meta" sizes them without allocating): the
+    memory padded to (sentences, src_len), the state to `rows`, `extra` given as (shape, dtype)."""
+    device = device or memory.mask.device
+    padded: dict[str, Any] = {f.name: None if (t := getattr(memory, f.name)) is None
+                              else t.new_zeros(sentences, src_len, *t.shape[2:], device=device) for f in fields(Memory)}
+    layers, _, hidden = state.hidden.shape
+    like = lambda t, *shape: None if t is None else t.new_zeros(shape, device=device)  # noqa: E731
+    shapes = dict(prev=((rows,), torch.long), limits=((sentences,), torch.long), step=((), torch.long),
+                  out_tokens=((rows, STEPS_PER_GRAPH), torch.long), going=((sentences,), torch.bool), **extra)
+    return cls(memory=Memory(**padded), hidden=like(state.hidden, layers, rows, hidden),
+               cell=like(state.cell, layers, rows, hidden), feed=like(state.feed, rows, hidden),
+               **{name: torch.zeros(shape, dtype=dtype, device=device) for name, (shape, dtype) in shapes.items()})
+
+
 def _greedy_static(memory: Memory, state: DecoderState, rows: int, src_len: int,
                    device: torch.device | None) -> _GreedyStatic:
-    common = _Static.zeros(memory, state, rows, src_len, rows, device)
-    return _GreedyStatic(**common, out_logp=torch.zeros(rows, STEPS_PER_GRAPH, device=common["prev"].device))
+    return _allocate(_GreedyStatic, memory, state, rows, src_len, rows, device,
+                     out_logp=((rows, STEPS_PER_GRAPH), torch.float32))
 
 
 def _beam_static(memory: Memory, state: DecoderState, sentences: int, src_len: int, k: int, n_best: int,
                  device: torch.device | None) -> _BeamStatic:
-    common = _Static.zeros(memory, state, sentences, src_len, sentences * k, device)
-    whole = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=common["prev"].device)  # noqa: E731
-    return _BeamStatic(**common, scores=whole(sentences * k, dtype=torch.float32),
-                       out_parents=whole(sentences * k, STEPS_PER_GRAPH),
-                       out_fin=whole(sentences, STEPS_PER_GRAPH, k, dtype=torch.float32),
-                       out_fin_rows=whole(sentences, STEPS_PER_GRAPH, 2 * k),
-                       kept=whole(sentences, n_best, dtype=torch.float32), top_ended=whole(sentences, dtype=torch.bool))
+    rows, steps, f32 = sentences * k, STEPS_PER_GRAPH, torch.float32
+    return _allocate(_BeamStatic, memory, state, sentences, src_len, rows, device, scores=((rows,), f32),
+                     out_parents=((rows, steps), torch.long), out_fin=((sentences, steps, k), f32),
+                     out_fin_rows=((sentences, steps, 2 * k), torch.long), kept=((sentences, n_best), f32),
+                     top_ended=((sentences,), torch.bool))
 
 
 def _beam_chunk(model: Decoding, settings: SearchSettings, sentences: int,
@@ -363,9 +359,8 @@ def _beam_chunk(model: Decoding, settings: SearchSettings, sentences: int,
             prev = torch.gather(step.tokens, 1, step.pick, out=s.out_tokens[:, j].view(sentences, k)).view(-1)
             parents = torch.gather(step.rows, 1, step.pick, out=s.out_parents[:, j].view(sentences, k)).view(-1)
             state = state.index_select(parents)
-            # A done sentence's beams decode on unmasked (nothing they finish later ranks above its n_best-th),
-            # and the stop test runs once per chunk, for the host to stop; early_stop ends sentences that
-            # could still gain: every step, masked.
+            # A done sentence's beams decode on unmasked, the stop test once per chunk; early_stop ends
+            # sentences that could still gain: every step, masked.
             if settings.early_stop:
                 _keep_best(s.kept, step.finished)
                 s.top_ended.logical_or_(step.top_ended())

@@ -1,10 +1,8 @@
 """What a translation gives back, in one format for the command line, the Python API and the server.
 
-The n-best rule, everywhere (`--n-best K`, `Translation.nbest`, the HTTP `n_best` lists, `--scores`): exactly K
-entries, the hypotheses found, best first, then padding entries of empty text, scored 0 for an empty input
-line (its empty output is exact) and -inf (JSON: null) when the search found fewer. So line i*K + r of
-`--n-best` output is always input line i's. A hypothesis's `score` is what the search ranked it by; `--scores`
-and `nmt score` write log p and the GNMT length-normalised log p / lp(|y|), |y| counting EOS.
+The n-best rule everywhere: exactly K entries, the hypotheses found, best first, then empty texts scored 0 for an
+empty input line (its empty output is exact), -inf (JSON: null) when the search found fewer: line i*K + r of
+`--n-best` is input line i's. `--scores` and `nmt score` write log p and log p / lp(|y|), |y| counting EOS.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ import math
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
@@ -33,8 +32,8 @@ if TYPE_CHECKING:                      # no torch at run time: the ONNX runtime 
 
 @dataclass
 class Translation:
-    """The result for one input line: `text`, and `nbest`, exactly `n_best` (text, score) pairs (the module's
-    rule); hypotheses carry attention (target pieces + EOS, source pieces + EOS) when asked for."""
+    """The result for one input line; hypotheses carry attention (target pieces + EOS, source pieces + EOS)
+    when asked for."""
 
     text: str                              # the best hypothesis, detokenised ("" for an empty line)
     hypotheses: list[Hypothesis]           # n-best, best first; empty for an empty line
@@ -48,32 +47,29 @@ class Translation:
 
     @property
     def score(self) -> float | None:
-        """The best hypothesis's score (see the module's docstring); None for an empty line."""
+        """The best hypothesis's score (what the search ranked it by); None for an empty line."""
         return self.hypotheses[0].score if self.hypotheses else None
 
     @property
     def padding_score(self) -> float:
-        """The score of a padding entry: 0 for an empty input line, -inf for a search that found fewer."""
         return 0.0 if not self.hypotheses else float("-inf")
 
     @property
     def nbest(self) -> list[tuple[str, float]]:
-        """Exactly `n_best` (text, score) pairs, best first, padded by the module's rule."""
+        """Exactly `n_best` (text, score) pairs by the module's rule."""
         texts = self.nbest_texts or [self.text]
         found = [(text, hyp.score) for text, hyp in zip(texts, self.hypotheses[: self.n_best], strict=False)]
         return found + [("", self.padding_score)] * (self.n_best - len(found))
 
     @property
     def attention(self) -> Tensor | None:
-        """The best hypothesis's attention, (target pieces + EOS, source pieces + EOS), if asked for."""
         return self.hypotheses[0].attention if self.hypotheses else None
 
 
 def translations(lines: list[str], results: list[list[Hypothesis]], encoded: list[np.ndarray], truncated: list[bool],
                  n_best: int, vocabs: tuple[Vocab, Vocab], replace_unk: bool) -> list[Translation]:
-    """One Translation per line from its hypotheses (best first; none for an empty line), the texts decoded in
-    one call for the best and one for the n-best; with `replace_unk`, each <unk> of a best text becomes the
-    source text it attends to most (`unk_replaced`)."""
+    """One Translation per line from its hypotheses (none for an empty line), the texts decoded in one call for
+    the best and one for the n-best; with `replace_unk`, each <unk> of a best text is replaced (`unk_replaced`)."""
     src_vocab, tgt_vocab = vocabs
     texts = tgt_vocab.decode([h[0].tokens if h else [] for h in results])
     if replace_unk:
@@ -124,42 +120,26 @@ def score_line(number: int, log_prob: float, normalised: float, length: int, as_
     (0-based), the rank in the n-best list (translate only), log_prob, score and length (EOS counted)."""
     if not as_json:
         return f"{log_prob:.6f}\t{normalised:.6f}\n"
-    record: dict[str, Any] = {"line": number}
-    if rank is not None:
-        record["rank"] = rank
-    record.update(log_prob=round(log_prob, 6), score=round(normalised, 6), length=length)
-    return json.dumps(record) + "\n"
+    ranked = {"rank": rank} if rank is not None else {}
+    return json.dumps({"line": number, **ranked, "log_prob": round(log_prob, 6), "score": round(normalised, 6),
+                       "length": length}) + "\n"
 
 
 def score_lines(result: Translation, number: int, alpha: float, as_json: bool) -> str:
     """`--scores` for one input line: one line per n-best entry; padding entries get its padding score."""
-    hyps: list[Hypothesis | None] = [*result.hypotheses[: result.n_best]]
-    hyps += [None] * (result.n_best - len(hyps))
+    lines = [score_line(number, hyp.log_prob, normalised_score(hyp.log_prob, len(hyp.tokens) + 1, alpha),
+                        len(hyp.tokens) + 1, as_json, rank)
+             for rank, hyp in enumerate(result.hypotheses[: result.n_best])]
     missing = result.padding_score
-    lines = []
-    for rank, hyp in enumerate(hyps):
-        if hyp is None:
-            lines.append(score_line(number, missing, missing, 0, as_json, rank))
-        else:
-            length = len(hyp.tokens) + 1
-            lines.append(score_line(number, hyp.log_prob, normalised_score(hyp.log_prob, length, alpha), length,
-                                    as_json, rank))
+    lines += [score_line(number, missing, missing, 0, as_json, rank) for rank in range(len(lines), result.n_best)]
     return "".join(lines)
 
 
 def word_alignments(src_pieces: list[str], tgt_pieces: list[str], attention: Tensor) -> str:
-    """Hard alignments in Pharaoh format ("i-j" = source word i, target word j, 0-based).
-
-    attention: (tgt_pieces [+ EOS], src_pieces [+ EOS]). Each target piece is aligned to its
-    most attended source piece; pieces map to whitespace words by their "▁" word starts.
-    """
-    def word_index(pieces: list[str]) -> list[int]:
-        index, words = [], -1
-        for i, piece in enumerate(pieces):
-            if piece.startswith("▁") or i == 0:
-                words += 1
-            index.append(max(words, 0))
-        return index
+    """Pharaoh alignments "i-j" (source word i, target word j, 0-based): each target piece to its most attended
+    source piece, pieces to words by their "▁" starts. attention: (tgt_pieces [+ EOS], src_pieces [+ EOS])."""
+    def word_index(pieces: list[str]) -> list[int]:                # the word of each piece
+        return list(accumulate((int(i == 0 or p.startswith("▁")) for i, p in enumerate(pieces)), initial=-1))[1:]
 
     if not tgt_pieces or not src_pieces:
         return ""
@@ -204,8 +184,7 @@ class OutputFiles:
 
 @dataclass
 class ResultWriter:
-    """Writes translations into `files`: the vocabularies turn ids into pieces for alignments and
-    attention, `alpha` (decoding.length_penalty) normalises `--scores`."""
+    """Writes translations into `files`; `alpha` (decoding.length_penalty) normalises `--scores`."""
 
     files: OutputFiles
     src_vocab: Vocab
@@ -213,8 +192,7 @@ class ResultWriter:
     alpha: float
 
     def write(self, batches: Iterable[list[Translation]]) -> None:
-        """One line per input line, or exactly n_best lines 'i ||| text ||| score' (i 0-based); every batch
-        flushed as soon as it is written, so that a slow pipe sees each one's translations at once."""
+        """One line per input line, or n_best lines; every batch flushed at once, so a slow pipe sees it."""
         number = 0
         for batch in batches:
             for result in batch:
@@ -244,9 +222,8 @@ class ResultWriter:
 
 @dataclass
 class OutputPaths:
-    """The files `nmt translate` writes, by option. `check` runs before the model loads; `open` makes each
-    a temporary file beside its target, renamed over it by `commit` and deleted on any failure (`stack`)
-    (a device such as /dev/null is written directly)."""
+    """The files `nmt translate` writes, checked before the model loads; each a temporary file beside its target
+    (a device such as /dev/null: written directly), renamed over it by `commit`, deleted on any failure."""
 
     text: Path | None = None            # --output; None: stdout
     alignments: Path | None = None      # --alignments
@@ -260,8 +237,8 @@ class OutputPaths:
                                          "attention": "--attention-out", "scores": "--scores"}
 
     def check(self, inputs: Iterable[tuple[str, Path | None]], stdin: bool) -> None:
-        """Raise ConfigError or FolderError (one line naming the option) for outputs that cannot be written
-        or would overwrite an input, another output or a file of an nmt folder."""
+        """ConfigError or FolderError, naming the option, for outputs that cannot be written or would overwrite
+        an input, another output or a file of an nmt folder."""
         if self.scores_json and self.scores is None:
             raise ConfigError("--scores-json needs --scores FILE, the file the scores go to")
         paths = {option: getattr(self, name) for name, option in self.OPTIONS.items()}
@@ -282,16 +259,13 @@ class OutputPaths:
             from nmt.plot import AttentionPlotter
 
             plotter = AttentionPlotter(self.plot_folder)
-        handles: dict[str, Any] = {}
+        handles: dict[str, Any] = dict.fromkeys(self.OPTIONS)
         for name in self.OPTIONS:
-            path = getattr(self, name)
-            if path is None:
-                handles[name] = None
-                continue
-            pending = open_output(output_target(path))   # checked by `check`; a link changed since is refused
-            stack.callback(pending.discard)
-            self._pending.append(pending)
-            handles[name] = pending.handle
+            if (path := getattr(self, name)) is not None:
+                pending = open_output(output_target(path))   # checked by `check`; a link changed since is refused
+                stack.callback(pending.discard)
+                self._pending.append(pending)
+                handles[name] = pending.handle
         return OutputFiles(handles["text"] or stdout, handles["alignments"], handles["attention"], plotter,
                            handles["scores"], self.scores_json)
 

@@ -183,12 +183,10 @@ def coverage_penalty(coverage: Tensor, src_mask: Tensor, beta: float) -> Tensor:
 def collect(tokens: Tensor, lengths: Tensor, scores: Tensor, attention: Tensor | None,
             src_lengths: Tensor) -> list[Hypothesis]:
     """Tensors -> one Hypothesis per row (EOS stripped from tokens, kept in the attention)."""
-    out = []
-    for i, (row, n, score) in enumerate(zip(tokens.tolist(), lengths.tolist(), scores.tolist(), strict=True)):
-        ended = n > 0 and row[n - 1] == EOS
-        weights = attention[i, :n, : int(src_lengths[i])].cpu() if attention is not None else None
-        out.append(Hypothesis(row[: n - 1] if ended else row[:n], score, weights, score))
-    return out
+    rows = zip(tokens.tolist(), lengths.tolist(), scores.tolist(), strict=True)
+    return [Hypothesis(row[: n - 1] if n > 0 and row[n - 1] == EOS else row[:n], score,
+                       attention[i, :n, : int(src_lengths[i])].cpu() if attention is not None else None, score)
+            for i, (row, n, score) in enumerate(rows)]
 
 
 def collect_beams(tokens: Tensor, lengths: Tensor, scores: Tensor, log_probs: Tensor | None, alpha: float,

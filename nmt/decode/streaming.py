@@ -1,9 +1,6 @@
-"""Input stream -> micro-batches -> translations in input order, one result per input line.
-
-A reader thread fills micro-batches: a batch closes at `chunk_lines` lines, or `max_wait` seconds after its
-first line while no further line waits. A file goes through in large chunks, a slow pipe gets each line's
-translation soon after the line; memory stays bounded. An item may be a `(source, target prefix)` pair.
-When most non-empty lines translate to nothing, one warning says so: a BLEU of 0.00 reads as a broken tool.
+"""Input stream -> micro-batches -> translations in input order, one result per input line: a file goes through
+in large chunks, a slow pipe gets each line's translation soon after the line, memory stays bounded. When most
+non-empty lines translate to nothing, one warning says so: a BLEU of 0.00 reads as a broken tool.
 """
 
 from __future__ import annotations
@@ -25,9 +22,7 @@ from nmt.fs.text import TextInputError, as_lines, iter_lines, open_text
 Line = str | tuple[str, str]          # a source line, or a (source, target prefix) pair
 
 
-class Translates(Protocol):
-    """What streaming needs of a translator (nmt.decode.translator.Translator, which imports this module)."""
-
+class Translates(Protocol):                     # nmt.decode.translator.Translator, which imports this module
     decoding: DecodingConfig
 
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
@@ -38,17 +33,13 @@ class Translates(Protocol):
 
 
 def without_line_ending(line: str) -> str:
-    """"text\n" or "text\r\n" -> "text"; a line without an ending is kept as it is."""
-    if line.endswith("\n"):
-        line = line[:-2] if line.endswith("\r\n") else line[:-1]
-    return line
+    return line[:-2] if line.endswith("\r\n") else line.removesuffix("\n")
 
 
 def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Iterator[list[Line]]:
-    """Batches of a (possibly slow) stream, read on a thread: at `max_lines` lines, at the end, or `max_wait`
-    seconds after a batch's first line. Line endings go. An exception from `lines` is raised after the
-    batches of every earlier line. The reader wakes the consumer only for a batch's first line or a full
-    buffer (of at most `max_lines`): a fast file costs no thread hand-off per line."""
+    """Batches of a stream read on a thread, line endings gone: at `max_lines` lines, at the end, or `max_wait`
+    seconds after a batch's first line; an error of `lines` after every earlier line's batch. The reader wakes
+    the consumer only for a batch's first line or a full buffer: a fast file costs no hand-off per line."""
     buffer: deque[Line] = deque()
     cond = threading.Condition()
     shared: dict[str, Any] = {"first_at": 0.0, "done": False, "error": None, "stop": False}
@@ -105,8 +96,7 @@ def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Ite
 
 def checked_call(lines: object, prefixes: object, n_best: object,
                  beam_size: object) -> tuple[list[str], list[str] | None]:
-    """A translate call's lines and prefixes as lists of strings, one prefix per line; n_best and beam_size
-    (None: the model's) whole numbers from 1 to MAX_BEAM. Anything else is a TypeError or ValueError."""
+    """A translate call's lines and prefixes (one per line) as lists of strings, or a TypeError or ValueError."""
     def whole(number: object) -> bool:
         return isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= MAX_BEAM
 
@@ -165,8 +155,8 @@ def paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,
 
 def open_source(stack: ExitStack, path: Path | None, stdin: BinaryIO | None, prefix_file: Path | None = None,
                 prefix_column: bool = False) -> Iterator[Line]:
-    """The lines to translate from `path`, else `stdin`; (source, prefix) pairs with `prefix_file` or
-    `prefix_column` ('source<TAB>prefix'). Opened now (TextInputError names the file), closed with `stack`."""
+    """The lines of `path`, else `stdin`; (source, prefix) pairs with `prefix_file` or `prefix_column`
+    ('source<TAB>prefix'). Opened now (TextInputError names the file), closed with `stack`."""
     if prefix_file is not None and prefix_column:
         raise TextInputError("--prefix-file and --prefix-column exclude each other")
     handles = [open_text(p) if p is not None else None for p in (path, prefix_file)]
