@@ -62,9 +62,6 @@ def _block_repeated_ngrams(logp: Tensor, history: Tensor, n: int) -> None:
     t = history.size(1)
     if n < 1 or t < n:                                                  # no complete n-gram yet
         return
-    if n == 1:
-        logp.scatter_(1, history, NEG_INF)
-        return
     ngrams = history.unfold(1, n, 1)                                    # (rows, t-n+1, n)
     current = history[:, t - n + 1 :]                                   # (rows, n-1) the last n-1 tokens
     matches = (ngrams[:, :, :-1] == current.unsqueeze(1)).all(-1)      # (rows, t-n+1)

@@ -159,10 +159,7 @@ def open_source(stack: ExitStack, path: Path | None, stdin: BinaryIO | None, pre
     ('source<TAB>prefix'). Opened now (TextInputError names the file), closed with `stack`."""
     if prefix_file is not None and prefix_column:
         raise TextInputError("--prefix-file and --prefix-column exclude each other")
-    handles = [open_text(p) if p is not None else None for p in (path, prefix_file)]
-    for handle in handles:
-        if handle is not None:
-            stack.enter_context(handle)
+    handles = [stack.enter_context(open_text(p)) if p is not None else None for p in (path, prefix_file)]
     stream = handles[0] if handles[0] is not None else stdin
     if stream is None:
         raise TextInputError("stdin is closed; give the source text on stdin or with --input")
@@ -170,9 +167,7 @@ def open_source(stack: ExitStack, path: Path | None, stdin: BinaryIO | None, pre
     source = iter_lines(stream, name)
     if handles[1] is not None:
         return paired_lines(source, iter_lines(handles[1], str(prefix_file)), name, str(prefix_file))
-    if prefix_column:
-        return map(_split_prefix, source)
-    return source
+    return map(_split_prefix, source) if prefix_column else source
 
 
 def _split_prefix(line: str) -> Line:
