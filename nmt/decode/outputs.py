@@ -91,10 +91,8 @@ def unk_replaced(src_vocab: Vocab, tgt_vocab: Vocab, line: str, hyp: Hypothesis)
     assert hyp.attention is not None                                     # asked for with replace_unk
     attention = hyp.attention[: len(hyp.tokens), : max(1, len(surfaces))]   # (tokens, src pieces), EOS column off
     best = attention.argmax(-1).tolist()
-    pieces = tgt_vocab.to_pieces(hyp.tokens)
-    for t, token in enumerate(hyp.tokens):
-        if token == UNK and surfaces:
-            pieces[t] = surfaces[best[t]]
+    pieces = [surfaces[best[t]] if token == UNK and surfaces else piece
+              for t, (token, piece) in enumerate(zip(hyp.tokens, tgt_vocab.to_pieces(hyp.tokens), strict=True))]
     return tgt_vocab.sp.decode_pieces(pieces)
 
 
