@@ -128,10 +128,8 @@ def translate_batches(translator: Translates, lines: Iterable[Line], chunk_lines
     for chunk in micro_batches(lines, chunk_lines, max_wait):
         sources, prefixes = split_prefixes(chunk)
         results = translator.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
-        for source, result in zip(sources, results, strict=True):
-            if source.strip():
-                inputs += 1
-                empty += not result.text.strip()
+        found = [bool(result.text.strip()) for source, result in zip(sources, results, strict=True) if source.strip()]
+        inputs, empty = inputs + len(found), empty + found.count(False)
         yield results
         first += len(chunk)
         if progress is not None:
