@@ -52,7 +52,7 @@ class Int8Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic(inputs, self.packed, reduce_range=True)
 
     def add(self, terms: Tensor, inputs: Tensor) -> Tensor:
-        """terms + x Wᵀ (+ b), as nmt.decode.steps.Linear."""
+        """terms + x Wᵀ (+ b), as FloatLinear.add."""
         return self(inputs) + terms
 
     def rows(self, index: Tensor) -> Int8Linear:
