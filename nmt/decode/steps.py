@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.special import PAD
-from nmt.decode.quantize import Int8Linear, Int8Products
+from nmt.decode.quantize import Int8Linear, Int8Products, step_products
 from nmt.device import active_autocast_dtype
 from nmt.model.attention import AdditiveAttention, Memory
 from nmt.model.bahdanau import BahdanauDecoder
@@ -60,16 +60,13 @@ class FloatLinear:
 Linear = FloatLinear | Int8Linear     # a product a step makes
 
 
-def _linear(int8: Linear | None, weight: Callable[[], Tensor], bias: Callable[[], Tensor] | None = None) -> Linear:
-    """The int8 product when there is one, else the float one (built only then)."""
-    if int8 is not None:
-        return int8
-    return FloatLinear(autocast_once(weight()), None if bias is None else autocast_once(bias()))
+def _float(weight: Tensor, bias: Tensor | None = None) -> FloatLinear:
+    return FloatLinear(autocast_once(weight), None if bias is None else autocast_once(bias))
 
 
 def padded_output(weight: Tensor, bias: Tensor | None) -> FloatLinear:
     """W_s (or a shortlist's rows) padded to 16s rows (nmt.model.output_rows); callers cut the logits back."""
-    return FloatLinear(autocast_once(padded_rows(weight)), None if bias is None else autocast_once(padded_rows(bias)))
+    return _float(padded_rows(weight), None if bias is None else padded_rows(bias))
 
 
 @dataclass
@@ -79,14 +76,18 @@ class _Step:
     keys: Product | None       # h_j -> attention keys; None where the annotations are the keys (Luong dot)
 
     @staticmethod
-    def common(decoder: Decoder, int8: Int8Products | None) -> dict[str, Any]:
+    def products(decoder: Decoder, int8: Int8Products | None) -> dict[str, Any]:
+        """The token table, output, keys and the products `step_products` names: int8 where there are, else
+        float from the same weights."""
         attention, layer = decoder.attention, decoder.output
         keys: Product | None = int8.keys if int8 is not None else None
         if keys is None and isinstance(attention, AdditiveAttention):   # float32 keys: see AdditiveAttention
             keys = lambda h: attention.project_keys(h).float()  # noqa: E731
+        products = {name: getattr(int8, name) if int8 is not None else _float(weight, bias)
+                    for name, (weight, bias) in step_products(decoder).items()}
         return {"token_table": autocast_once(F.linear(decoder.embed.weight, *decoder.token_projection())),
                 "output": int8.output if int8 is not None else padded_output(layer.weight, layer.bias),
-                "keys": keys or (attention.project_keys if attention.projects_keys else None)}
+                "keys": keys or (attention.project_keys if attention.projects_keys else None), **products}
 
     def memory(self, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
         """The annotations (batch, src_len, enc_out), cast once under autocast, and their keys."""
@@ -100,20 +101,13 @@ class _Step:
 @dataclass
 class BahdanauStep(_Step):
     decoder: BahdanauDecoder
-    context: Linear                    # [W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out)
-    hidden_and_query: Linear | None    # [W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden) with [b_h; 0]; one layer
-    pre_output_state: Linear           # W_cs (dec_hidden, dec_hidden)
+    context: Linear                        # [W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out)
+    pre_output_state: Linear               # W_cs (dec_hidden, dec_hidden)
+    hidden_and_query: Linear | None = None  # [W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden), [b_h; 0]; 1 layer
 
     @classmethod
     def build(cls, decoder: BahdanauDecoder, int8: Int8Products | None) -> BahdanauStep:
-        fused = None
-        if decoder.rnn.layers == 1:
-            fused = _linear(int8.hidden_and_query if int8 else None, decoder.hidden_and_query,
-                            decoder.hidden_and_query_bias)
-        return cls(**cls.common(decoder, int8), decoder=decoder, hidden_and_query=fused,
-                   context=_linear(int8.context if int8 else None, decoder.context_weight),
-                   pre_output_state=_linear(int8.pre_output_state if int8 else None,
-                                            lambda: decoder.pre_output_weight("state")))
+        return cls(**cls.products(decoder, int8), decoder=decoder)
 
     def memory(self, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
         """Folded: keys 2·U_a h_j and [W_ctx; W_cc] h_j for every position. Unfolded (greedy: one row per
@@ -169,16 +163,14 @@ class BahdanauStep(_Step):
 @dataclass
 class LuongStep(_Step):
     decoder: LuongDecoder
+    hidden: Linear                 # layer 0's W_h, b_h (gates*dec_hidden, dec_hidden), float, cast once
     combine: Linear                # W_c (dec_hidden, enc_out + dec_hidden)
-    feed: Linear | None            # W_f (gates*dec_hidden, dec_hidden), with input feeding
-    hidden: Linear                 # layer 0's W_h, b_h (gates*dec_hidden, dec_hidden), cast once under autocast
+    feed_input: Linear | None = None    # W_f (gates*dec_hidden, dec_hidden), with input feeding
 
     @classmethod
     def build(cls, decoder: LuongDecoder, int8: Int8Products | None) -> LuongStep:
-        feed = _linear(int8.feed_input if int8 else None, decoder.feed_weight) if decoder.input_feeding else None
-        return cls(**cls.common(decoder, int8), decoder=decoder, feed=feed,
-                   combine=_linear(int8.combine if int8 else None, lambda: decoder.combine.weight),
-                   hidden=_linear(None, decoder.rnn.hidden_weight, decoder.rnn.hidden_bias))
+        return cls(**cls.products(decoder, int8), decoder=decoder,
+                   hidden=_float(decoder.rnn.hidden_weight(), decoder.rnn.hidden_bias()))
 
     def _attentional(self, s: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
         """h̃ = tanh(W_c [c; s]) and α for states s: (batch, [tgt_len,] dec_hidden)."""
@@ -187,18 +179,18 @@ class LuongStep(_Step):
 
     def features_from(self, gi0: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         """From gi0 = W_e E y + b_i (rows, gates*dec_hidden): h̃_i (fed back with input feeding), state, α_i."""
-        if state.feed is not None and self.feed is not None:            # + W_f h̃_{i-1}
-            gi0 = gi0 + self.feed(state.feed)
+        if state.feed is not None and self.feed_input is not None:      # + W_f h̃_{i-1}
+            gi0 = gi0 + self.feed_input(state.feed)
         s, hidden, cell = self.decoder.rnn.step(gi0, state.hidden, state.cell, self.hidden(state.hidden[0]))
         attn_hidden, weights = self._attentional(s, memory)
-        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.feed is not None else None), weights
+        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.feed_input is not None else None), weights
 
     def features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState,
                                                                                            Tensor]:
         return self.features_from(F.embedding(prev_tokens, self.token_table), state, memory)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        if self.feed is None:                                           # the RNN over all steps at once
+        if self.feed_input is None:                                     # the RNN over all steps at once
             embedded = self.decoder.dropout(self.decoder.embed(tgt_in))
             s_all, _, _ = self.decoder.rnn(embedded, state.hidden, state.cell)
             return self._attentional(s_all, memory)
