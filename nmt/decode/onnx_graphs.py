@@ -81,7 +81,8 @@ class Graph(nn.Module):
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         if self.role == "encoder":
-            return tuple(self.layout.flatten(*self.decoding.encode(*inputs, self.fold_context)))
+            src, src_lengths = inputs
+            return tuple(self.layout.flatten(*self.decoding.encode(src, src_lengths, self.fold_context)))
         state, memory = self.layout.unflatten(inputs[1:])
         if self.role == "step_features":            # h̃: what the shortlist's rows of W_s multiply
             out, state, weights = self.decoding.steps().features(inputs[0], state, memory)
