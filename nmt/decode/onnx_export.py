@@ -1,4 +1,4 @@
-"""`nmt export --format onnx DIR`: a trained model as a folder that translates without PyTorch (README: ONNX).
+"""`nmt export --format onnx DIR`: a trained model as a folder that translates without PyTorch (README).
 
 Graphs from nmt.decode.onnx_graphs (int8: onnxruntime's dynamic quantization of them), nmt-onnx.json for the
 runtime. Built under a temporary name beside DIR, checked, marked as nmt's and renamed into place, so DIR is

@@ -26,7 +26,7 @@ from nmt.decode.graphs import SearchGraphs
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
-from nmt.decode.shortlist import Shortlist, ShortlistError, subset_positions
+from nmt.decode.shortlist import Shortlist, ShortlistError
 from nmt.decode.steps import Decoding
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
@@ -237,7 +237,7 @@ class Translator:
             if d.shortlist and self.shortlist is not None and not d.sampling:
                 keep = self.shortlist.select(src, prefix).to(self.device)    # (subset,) target ids
                 model = model.with_output_subset(keep)                       # the search runs on subset positions
-                prefix = subset_positions(keep, prefix) if prefix is not None else None
+                prefix = torch.searchsorted(keep, prefix) if prefix is not None else None   # ids -> positions
             return search(model, src, src_lengths, settings, prefix, self._graphs)
 
 
