@@ -18,7 +18,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra (pip install 'nm
 
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.data.special import BOS, EOS, PAD  # noqa: E402
-from nmt.decode.onnx_graphs import Layout, OnnxExportError, example_batch, export_pair, inference_step  # noqa: E402
+from nmt.decode.onnx_graphs import Layout, OnnxExportError, example_batch, export_pair  # noqa: E402
 from nmt.decode.search import max_output_lengths  # noqa: E402
 from nmt.decode.steps import Decoding  # noqa: E402
 from nmt.decode.translator import Translator  # noqa: E402
@@ -49,7 +49,7 @@ def make_decoding(attention: str, rnn: str, feeding: bool, layers: int, bridge: 
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.mul_(4.0)
-    return inference_step(model.requires_grad_(False))
+    return Decoding(model.requires_grad_(False))
 
 
 def session(path: Path):

@@ -1,22 +1,8 @@
-"""`nmt export --format onnx DIR`: a trained model as a folder that translates without PyTorch.
+"""`nmt export --format onnx DIR`: a trained model as a folder that translates without PyTorch (README).
 
-    nmt-onnx.json       what a search needs besides the graphs: special ids, vocabularies (side id ->
-                        SentencePiece id), decoding defaults, languages, the model card, the names of the
-                        state tensors, and under "graphs" which files serve beam and which greedy search,
-                        each with the names of the memory tensors its encoder returns ("memory" at the top
-                        names the beam's)
-    encoder.onnx        (src, src_lengths) -> the memory tensors, then the initial decoder state
-    step.onnx           (prev_tokens, state..., memory...) -> log_probs (rows, vocab) float32,
-                        next_<state>..., attention (rows, src_len)
-    step_features.onnx  with a shortlist: the same (prev_tokens are vocabulary ids), h̃ (rows, dec_hidden) in
-                        place of log_probs; the runtime scores only the shortlist's rows of output.npz (W_s, b_s)
-    *_greedy.onnx       where greedy search uses another memory than beam search (Bahdanau's unfolded one)
-    source.model, target.model (one sentencepiece.model for a joint vocabulary), shortlist.npz, output.npz
-
-The graphs come from nmt.decode.onnx_graphs; with --quantize int8 they are onnxruntime's dynamic int8
-quantization of the float32 ones. The folder is built under a temporary name beside DIR, checked, marked
-as nmt's and renamed into place: DIR is absent, the old folder or the new one, never half-written. An
-existing DIR is replaced only with --force and only when nmt wrote it (its marker lists every file).
+Graphs from nmt.decode.onnx_graphs (int8: onnxruntime's dynamic quantization of them), nmt-onnx.json for the
+runtime. Built under a temporary name beside DIR, checked, marked as nmt's and renamed into place, so DIR is
+never half-written; an existing DIR is replaced only with --force and only when nmt wrote it.
 """
 
 from __future__ import annotations
@@ -41,10 +27,10 @@ from nmt.decode.onnx_graphs import (
     OnnxExportError,
     check_graphs,
     export_pair,
-    inference_step,
     layout_of,
     quantize_int8,
 )
+from nmt.decode.steps import Decoding
 from nmt.fs.folders import (
     TEMP_SUFFIX,
     fsync_folder,
@@ -80,7 +66,7 @@ def check_folder(folder: Path, force: bool) -> None:
 
 
 def export_onnx(source: str | Path, folder: str | Path, quantize: str = "none", force: bool = False) -> dict[str, Any]:
-    """Export the model of a checkpoint or model file into the folder `folder`; returns nmt-onnx.json's content."""
+    """A checkpoint's or model file's model into `folder`; returns nmt-onnx.json's content."""
     folder = Path(folder)
     if quantize not in PRECISIONS:
         raise OnnxExportError(f"--quantize must be none or int8 for --format onnx, got {quantize!r}")
@@ -118,23 +104,20 @@ def _place(tmp: Path, folder: Path) -> None:
 
 
 def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str | Path) -> dict[str, Any]:
-    """Every file of the export into `folder` (an empty temporary folder)."""
     model = loaded.build().requires_grad_(False)
     shortlist = loaded.shortlist is not None
-    decoding = inference_step(model)
+    decoding = Decoding(model)
     src_vocab = len(loaded.src_vocab)
     graphs: dict[str, dict[str, Any]] = {}
-    checks = []
-    beam = layout_of(decoding, True, src_vocab)
+    checks: list[tuple[bool, dict[str, str], Layout]] = []
     for search, fold_context in (("beam", True), ("greedy", False)):
         layout = layout_of(decoding, fold_context, src_vocab)
-        if search == "greedy" and layout == beam:          # the same memory, the same graphs
+        if checks and layout == checks[0][2]:               # the same memory, the same graphs
             graphs["greedy"] = dict(graphs["beam"])
             break
-        suffix = "" if search == "beam" else "_greedy"
-        files = {"encoder": f"encoder{suffix}.onnx", "step": f"step{suffix}.onnx"}
-        if shortlist:
-            files["step_features"] = f"step_features{suffix}.onnx"
+        suffix = "" if fold_context else "_greedy"
+        roles = ("encoder", "step", "step_features") if shortlist else ("encoder", "step")
+        files = {role: f"{role}{suffix}.onnx" for role in roles}
         export_pair(decoding, folder, fold_context, files, src_vocab)
         checks.append((fold_context, files, layout))
         graphs[search] = {**files, "memory": list(layout.memory)}
@@ -144,8 +127,9 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
             for name in files.values():
                 quantize_int8(folder / name)
             check_graphs(decoding, folder, fold_context, files, layout, src_vocab, tolerance=ANY_VALUE)
-    info = describe_export(loaded, beam, graphs, quantize, source)
-    _write_tokenizers(loaded, folder, info)
+    info = describe_export(loaded, checks[0][2], graphs, quantize, source)
+    (folder / info["src_spm"]).write_bytes(loaded.src_vocab.sp.serialized_model_proto())
+    (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
     if shortlist:
         _write_shortlist(loaded, model, folder)
     (folder / INFO_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -154,7 +138,6 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
 
 def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[str, Any]], quantize: str,
                     source: str | Path) -> dict[str, Any]:
-    """nmt-onnx.json's content."""
     joint = loaded.src_vocab.sp.serialized_model_proto() == loaded.tgt_vocab.sp.serialized_model_proto()
     card = describe(loaded)
     card["file"] = Path(source).name                        # where it came from, not a path of this machine
@@ -162,18 +145,13 @@ def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[
         card["architecture"]["input_feeding"] = None
     info: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "nmt_version": __version__, "precision": PRECISIONS[quantize],
-        "special": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
-        "vocab_size": len(loaded.tgt_vocab),
+        "special": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS}, "vocab_size": len(loaded.tgt_vocab),
         "src_spm": "sentencepiece.model" if joint else "source.model",
         "tgt_spm": "sentencepiece.model" if joint else "target.model",
         "vocabulary": {"src": loaded.src_vocab.pieces.tolist(), "tgt": loaded.tgt_vocab.pieces.tolist()},
-        "decoding": dataclasses.asdict(loaded.config.decoding),
-        "card": card,
-        "languages": loaded.languages,
-        "memory": list(layout.memory),
-        "state": [{"name": name, "batch_axis": axis} for name, axis in layout.state],
-        "graphs": graphs,
-        "shortlist": None,
+        "decoding": dataclasses.asdict(loaded.config.decoding), "card": card, "languages": loaded.languages,
+        "memory": list(layout.memory), "state": [{"name": name, "batch_axis": axis} for name, axis in layout.state],
+        "graphs": graphs, "shortlist": None,
     }
     if loaded.shortlist is not None:
         stored = int(loaded.shortlist["targets"].shape[1])
@@ -182,11 +160,6 @@ def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[
                              "frequent": len(loaded.shortlist["frequent"]),
                              "default": loaded.shortlist_on_cpu}
     return info
-
-
-def _write_tokenizers(loaded: LoadedModel, folder: Path, info: dict[str, Any]) -> None:
-    (folder / info["src_spm"]).write_bytes(loaded.src_vocab.sp.serialized_model_proto())
-    (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
 
 
 def _write_shortlist(loaded: LoadedModel, model: Seq2Seq, folder: Path) -> None:

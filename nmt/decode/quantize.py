@@ -1,9 +1,6 @@
-"""Dynamic int8 decoding: the matrix products of a decoding step (nmt.decode.steps), the once-per-batch
-keys and [W_ctx; W_cc] h_j, and the encoder's RNN with int8 weights, through PyTorch's own quantized
-kernels (torch.ao dynamic quantization, FBGEMM on x86). The weights are quantized once, per output
-channel; each product quantizes its input on the fly, accumulates in int32 and returns float32, so
-attention, softmax and search run unchanged in float32. With a shortlist the output product is cut to
-the batch's rows of W_s (`Int8Linear.rows`): the same int8 values and scales, repacked once per batch.
+"""Dynamic int8 decoding: the products of a decoding step (nmt.decode.steps) and the encoder's RNN through
+torch.ao's dynamic quantization (FBGEMM on x86): weights quantized once per output channel, inputs on the fly,
+float32 out, so attention, softmax and search run unchanged in float32.
 """
 
 from __future__ import annotations
@@ -22,11 +19,9 @@ from nmt.model.decoder import Decoder
 from nmt.model.luong import LuongDecoder
 from nmt.model.seq2seq import Seq2Seq
 
-QUANTIZE_CHOICES = ("none", "int8")
-
 
 def _dynamic_modules():
-    """torch.ao's dynamic quantized modules and qconfigs; a one-line error on a torch without them."""
+    """torch.ao's dynamic quantized modules and qconfigs, or a one-line error."""
     try:
         from torch.ao.nn.quantized import dynamic
         from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
@@ -37,12 +32,10 @@ def _dynamic_modules():
 
 
 class Int8Linear(nn.Module):
-    """x Wᵀ + b with W in int8, one scale per output row: FBGEMM's dynamic product through the ops that
-    torch.ao's dynamic Linear calls (`quantized.linear_prepack`, `quantized.linear_dynamic` with
-    reduce_range), so that it can be cut to a subset of its rows without building a module each time."""
+    """x Wᵀ + b, W (out, in) in int8 with one scale per output row: the ops torch.ao's dynamic Linear calls,
+    so that a shortlist can cut it to its rows (`rows`) without building a module each time."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
-        """weight: (out, in) qint8, quantized per channel along dim 0; bias: (out,) float or None."""
         super().__init__()
         self.weight, self.bias = weight, bias
         self.packed = torch.ops.quantized.linear_prepack(weight, bias)
@@ -52,12 +45,11 @@ class Int8Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic(inputs, self.packed, reduce_range=True)
 
     def add(self, terms: Tensor, inputs: Tensor) -> Tensor:
-        """terms + x Wᵀ (+ b), as nmt.decode.steps.Linear."""
+        """terms + x Wᵀ (+ b), as FloatLinear.add."""
         return self(inputs) + terms
 
     def rows(self, index: Tensor) -> Int8Linear:
-        """The product for output rows `index` only, (n,) ascending ids: the very int8 values and scales of
-        those rows, packed anew for FBGEMM (about 13 ms for 2,700 rows of 512 here: once per batch)."""
+        """Output rows `index` (n,) only: their very int8 values and scales, repacked (~13 ms per batch)."""
         if self._float_weight is None:
             self._float_weight = self.weight.dequantize()   # exact: requantized with the same scales below
         with warnings.catch_warnings():
@@ -68,22 +60,19 @@ class Int8Linear(nn.Module):
 
 
 def _int8_linear(weight: Tensor, bias: Tensor | None) -> Int8Linear:
-    """A dynamic int8 product computing x Wᵀ + b, W quantized per output channel with torch.ao's
-    per-channel observer, as `torch.ao.nn.quantized.dynamic.Linear.from_float` does."""
+    """W quantized per output channel by torch.ao's observer, as its dynamic `Linear.from_float` does."""
     _, _, per_channel = _dynamic_modules()
     observer = per_channel.weight()
     observer(weight)
     scales, zero_points = observer.calculate_qparams()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                  # torch announces the move of quantized tensors to torchao
-        quantized = torch.quantize_per_channel(weight.float(), scales.double(), zero_points.long(),
-                                               observer.ch_axis, torch.qint8)
+    quantized = torch.quantize_per_channel(weight.float(), scales.double(), zero_points.long(), observer.ch_axis,
+                                           torch.qint8)
     return Int8Linear(quantized, None if bias is None else bias.float())
 
 
 @dataclass
 class Int8Products:
-    """The int8 replacements (float in, float out) of the products a decoding step makes (nmt.decode.steps)."""
+    """The int8 replacements (float in, float out) of a decoding step's products."""
 
     encoder_rnn: nn.Module                         # the encoder's GRU/LSTM
     output: Int8Linear                             # W_s, b_s
@@ -95,14 +84,10 @@ class Int8Products:
     feed_input: Int8Linear | None = None           # Luong with input feeding: W_f
 
 
-def _float_products(decoder: Decoder) -> dict[str, tuple[Tensor, Tensor | None]]:
-    """The weight (out, in) and bias of every product a decoding step makes, by `Int8Products` field."""
-    weights: dict[str, tuple[Tensor, Tensor | None]] = {"output": (decoder.output.weight, decoder.output.bias)}
-    attention = decoder.attention
-    if isinstance(attention, AdditiveAttention):                    # keys 2·U_a h_j (see AdditiveAttention)
-        weights["keys"] = (2 * attention.key_proj.weight, 2 * attention.key_proj.bias)
-    elif isinstance(attention, LuongGeneralAttention):
-        weights["keys"] = (attention.key_proj.weight, None)
+def step_products(decoder: Decoder) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """The weight (out, in) and bias of each product of a step but the keys and the output, by field name
+    (of `Int8Products` and of nmt.decode.steps' steps, which build their float products from them)."""
+    weights: dict[str, tuple[Tensor, Tensor | None]] = {}
     if isinstance(decoder, BahdanauDecoder):
         weights["context"] = (decoder.context_weight(), None)
         weights["pre_output_state"] = (decoder.pre_output_weight("state"), None)
@@ -116,16 +101,21 @@ def _float_products(decoder: Decoder) -> dict[str, tuple[Tensor, Tensor | None]]
 
 
 def quantize_int8(model: Seq2Seq) -> Int8Products:
-    """int8 versions of `model`'s step products and encoder RNN (`model` in eval mode, on the CPU), for a
-    `Decoding` (nmt.decode.steps): the model itself is left as it is, so it still trains, exports and scores
-    in float32; only decoding with these products is int8."""
+    """int8 versions of `model`'s step products and encoder RNN (on the CPU, in eval mode) for a `Decoding`;
+    the model itself stays float32 (it still trains, exports and scores in float32)."""
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError("--quantize int8 runs on the CPU only (--device cpu)")
     dynamic, per_tensor, _ = _dynamic_modules()
+    decoder, attention = model.decoder, model.decoder.attention
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")                  # torch.ao announces its move to torchao on every call
+        weights = {"output": (decoder.output.weight, decoder.output.bias), **step_products(decoder)}
+        if isinstance(attention, AdditiveAttention):                # keys 2·U_a h_j (see AdditiveAttention)
+            weights["keys"] = (2 * attention.key_proj.weight, 2 * attention.key_proj.bias)
+        elif isinstance(attention, LuongGeneralAttention):
+            weights["keys"] = (attention.key_proj.weight, None)
         products = {name: _int8_linear(weight.detach(), None if bias is None else bias.detach())
-                    for name, (weight, bias) in _float_products(model.decoder).items()}
+                    for name, (weight, bias) in weights.items()}
         rnn = copy.copy(model.encoder.rnn)               # a shallow copy carries the qconfig, not the model
         rnn.qconfig = per_tensor                         # the only qconfig torch.ao's quantized RNNs take
         encoder_rnn = (dynamic.LSTM if isinstance(rnn, nn.LSTM) else dynamic.GRU).from_float(rnn)

@@ -1,11 +1,7 @@
-"""Vocabulary shortlist in decoding: per batch, the target pieces the output layer scores. It takes the
-arrays a data folder or a model file holds; which ones a model decodes with is `Translator.load`'s choice.
-
-A batch keeps the union of its source pieces' shortlists (nmt.data.shortlist), the most frequent
-target pieces, the special ids and any forced prefix pieces: a sorted index `keep` into the target
-vocabulary. Its first entries are the special ids 0-3 (PAD, UNK, BOS, EOS), so inside the subset
-they keep their numbers and the searches run unchanged on subset positions (see
-`Decoding.with_output_subset`); chosen positions map back to vocabulary ids as `keep[position]`.
+"""Vocabulary shortlist in decoding: a batch keeps the union of its source pieces' target lists
+(nmt.data.shortlist), the most frequent target pieces, the special ids and any forced prefix, as a sorted
+index `keep` into the target vocabulary. The specials come first, so they keep their numbers and the searches
+run unchanged on subset positions (`Decoding.with_output_subset`).
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ SPECIALS = EOS + 1                      # ids 0 .. EOS: always kept, so they kee
 
 
 class ShortlistError(ModelFileError):
-    """A shortlist that is missing or does not fit the model's vocabularies; the message says what to do."""
+    """A shortlist that is missing or does not fit the model's vocabularies."""
 
 
 @dataclass
@@ -38,8 +34,8 @@ class Shortlist:
     @classmethod
     def from_arrays(cls, arrays: dict[str, Any], src_vocab: Vocab, tgt_vocab: Vocab, where: str,
                     k: int = 0) -> Shortlist:
-        """The shortlist a data folder wrote (`load_shortlist`) or a model file embeds, checked against
-        the vocabularies; `k` > 0 keeps the first k target ids of each source id."""
+        """A data folder's or a model file's shortlist arrays, checked against the vocabularies; `k` > 0 keeps
+        the first k target ids of each source id."""
         expected = vocab_fingerprint(src_vocab.sp.serialized_model_proto(), tgt_vocab.sp.serialized_model_proto(),
                                      tgt_vocab.pieces)
         if arrays.get("vocab_sha256") != expected:
@@ -56,9 +52,7 @@ class Shortlist:
         return cls(targets.contiguous(), always, len(tgt_vocab))
 
     def select(self, src: Tensor, extra: Tensor | None = None) -> Tensor:
-        """src: (batch, src_len) source ids, PAD-padded; extra: target ids to keep too (a prefix), PAD allowed.
-
-        returns keep (subset,): ascending target ids, starting with the specials 0 .. EOS."""
+        """src: (batch, src_len) source ids; extra: target ids to keep too (a prefix) -> keep (subset,)."""
         kept = torch.zeros(self.tgt_size, dtype=torch.bool)
         kept[self.always] = True
         candidates = self.targets[src.reshape(-1).cpu()]                 # (batch*src_len, k)
@@ -66,8 +60,3 @@ class Shortlist:
         if extra is not None:
             kept[extra.reshape(-1).cpu()] = True
         return kept.nonzero().squeeze(1)                                # (subset,)
-
-
-def subset_positions(keep: Tensor, ids: Tensor) -> Tensor:
-    """Target ids (all in `keep`) -> their positions in the subset; ids and keep on one device."""
-    return torch.searchsorted(keep, ids)

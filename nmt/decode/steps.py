@@ -1,35 +1,21 @@
-"""The inference step a trained decoder builds once from its parameters, beside the model's equations.
-
-Training must rebuild every weight it derives, since its parameters change at each update. A trained
-model's step reuses, for as long as it decodes (per autocast dtype, built at first use under it):
-  * the token table: the step's terms of the input token (W E y + b) for every target id, a lookup
-    instead of a product per step;
-  * Bahdanau: [W_h; W_a] with b_h inside the product (W_h s_{i-1} + b_h and W_a s_{i-1} at once), the
-    folded context terms [W_ctx; W_cc] h_j once per batch (or [W_ctx; W_cc] c_i per step over an unfolded
-    memory, greedy search's), W_cs;  Luong: W_c, W_f and layer 0's W_h, b_h, cast once under autocast;
-  * W_s padded to 16s rows (nmt.model.output_rows), its logits cut back to the vocabulary;
-  * int8 products (nmt.decode.quantize) in place of any of these;
-  * a shortlist view (`Decoding.with_output_subset`): the rows of W_s one batch keeps.
-The per-batch projections of the memory skip the padded positions (`at_real_positions`).
-
-`Decoding` is a model with its step: what the searches take (nmt.decode.search.SearchModel). The model's
-parameters must not change while it lives (validation builds one per validation: fused optimizers update
-in place without bumping versions). Threads may share one: its weights are each set once, to the same
-value whoever builds them first.
+"""The inference step a trained decoder builds once from its parameters, beside the model's equations:
+the token table W E y + b, Bahdanau's fused [W_h; W_a] and folded [W_ctx; W_cc] h_j, W_s padded to 16s
+rows, int8 products (nmt.decode.quantize) and shortlist views. Training rebuilds them at every update; a
+`Decoding` builds them once per autocast dtype, so its model's parameters must not change while it lives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.special import PAD
-from nmt.decode.quantize import Int8Products
+from nmt.decode.quantize import Int8Linear, Int8Products, step_products
 from nmt.device import active_autocast_dtype
 from nmt.model.attention import AdditiveAttention, Memory
 from nmt.model.bahdanau import BahdanauDecoder
@@ -44,10 +30,8 @@ FORCED_CHUNK_ELEMENTS = 2**24     # scoring: float32 log-probabilities made at o
 
 
 def at_real_positions(values: Tensor, mask: Tensor, *projections: Product) -> list[Tensor]:
-    """Each projection over the real source positions only, zeros at the padded ones (which attention
-    masks): (batch, src_len, d) -> (batch, src_len, d'). Decoding sorts its input by length and cuts it by
-    a token budget, so a greedy batch is about a quarter padding (test_2016_flickr). A trace (the ONNX
-    export) takes the full projections: the same results where attention looks."""
+    """(batch, src_len, d) -> (batch, src_len, d') with zeros at the padding, which attention masks: a greedy
+    batch is about a quarter padding. A trace (ONNX) projects everything: the same where attention looks."""
     if torch.is_grad_enabled() or torch.jit.is_tracing() or bool(mask.all()):
         return [project(values) for project in projections]
     real = values[mask]                                                  # (real positions, d)
@@ -60,57 +44,50 @@ def at_real_positions(values: Tensor, mask: Tensor, *projections: Product) -> li
     return outputs
 
 
-class Linear(Protocol):
-    """A product a step makes: x Wᵀ + b in float (`FloatLinear`) or int8 (nmt.decode.quantize.Int8Linear)."""
-
-    def __call__(self, x: Tensor) -> Tensor: ...
-
-    def add(self, terms: Tensor, x: Tensor) -> Tensor:
-        """terms + x Wᵀ for 2-D x (the float product adds them in the same kernel)."""
-        ...
-
-
 @dataclass
 class FloatLinear:
-    weight: Tensor              # (out, in), built from the parameters once, cast once under autocast
+    weight: Tensor              # (out, in), cast once under autocast
     bias: Tensor | None = None  # (out,)
 
     def __call__(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
     def add(self, terms: Tensor, x: Tensor) -> Tensor:
+        """terms + x Wᵀ for 2-D x, in the same kernel (as Int8Linear.add)."""
         return torch.addmm(terms, x, self.weight.t())
 
 
-def _linear(int8: Linear | None, weight: Callable[[], Tensor], bias: Callable[[], Tensor] | None = None) -> Linear:
-    """The int8 product when there is one, else the float one built from `weight()` and `bias()`."""
-    if int8 is not None:
-        return int8
-    return FloatLinear(autocast_once(weight()), None if bias is None else autocast_once(bias()))
+Linear = FloatLinear | Int8Linear     # a product a step makes
+
+
+def _float(weight: Tensor, bias: Tensor | None = None) -> FloatLinear:
+    return FloatLinear(autocast_once(weight), None if bias is None else autocast_once(bias))
 
 
 def padded_output(weight: Tensor, bias: Tensor | None) -> FloatLinear:
-    """W_s (or its shortlist's rows) padded to 16s rows (nmt.model.output_rows); its logits are cut back."""
-    return FloatLinear(autocast_once(padded_rows(weight)), None if bias is None else autocast_once(padded_rows(bias)))
+    """W_s (or a shortlist's rows) padded to 16s rows (nmt.model.output_rows); callers cut the logits back."""
+    return _float(padded_rows(weight), None if bias is None else padded_rows(bias))
 
 
 @dataclass
 class _Step:
-    """What every decoder's step has: the token table, the output product and the keys' product."""
-
     token_table: Tensor        # (tgt_vocab, terms) the step's terms of each input token, W E y + b
     output: Linear             # h̃ -> logits: W_s padded to 16s rows, or int8
     keys: Product | None       # h_j -> attention keys; None where the annotations are the keys (Luong dot)
 
     @staticmethod
-    def common(decoder: Decoder, int8: Int8Products | None) -> dict[str, Any]:
+    def products(decoder: Decoder, int8: Int8Products | None) -> dict[str, Any]:
+        """The token table, output, keys and the products `step_products` names: int8 where there are, else
+        float from the same weights."""
         attention, layer = decoder.attention, decoder.output
         keys: Product | None = int8.keys if int8 is not None else None
         if keys is None and isinstance(attention, AdditiveAttention):   # float32 keys: see AdditiveAttention
             keys = lambda h: attention.project_keys(h).float()  # noqa: E731
+        products = {name: getattr(int8, name) if int8 is not None else _float(weight, bias)
+                    for name, (weight, bias) in step_products(decoder).items()}
         return {"token_table": autocast_once(F.linear(decoder.embed.weight, *decoder.token_projection())),
                 "output": int8.output if int8 is not None else padded_output(layer.weight, layer.bias),
-                "keys": keys or (attention.project_keys if attention.projects_keys else None)}
+                "keys": keys or (attention.project_keys if attention.projects_keys else None), **products}
 
     def memory(self, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
         """The annotations (batch, src_len, enc_out), cast once under autocast, and their keys."""
@@ -124,25 +101,17 @@ class _Step:
 @dataclass
 class BahdanauStep(_Step):
     decoder: BahdanauDecoder
-    context: Linear                    # [W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out)
-    hidden_and_query: Linear | None    # [W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden) with [b_h; 0]; one layer
-    pre_output_state: Linear           # W_cs (dec_hidden, dec_hidden)
+    context: Linear                        # [W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out)
+    pre_output_state: Linear               # W_cs (dec_hidden, dec_hidden)
+    hidden_and_query: Linear | None = None  # [W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden), [b_h; 0]; 1 layer
 
     @classmethod
     def build(cls, decoder: BahdanauDecoder, int8: Int8Products | None) -> BahdanauStep:
-        fused = None
-        if decoder.rnn.layers == 1:
-            fused = _linear(int8.hidden_and_query if int8 else None, decoder.hidden_and_query,
-                            decoder.hidden_and_query_bias)
-        return cls(**cls.common(decoder, int8), decoder=decoder, hidden_and_query=fused,
-                   context=_linear(int8.context if int8 else None, decoder.context_weight),
-                   pre_output_state=_linear(int8.pre_output_state if int8 else None,
-                                            lambda: decoder.pre_output_weight("state")))
+        return cls(**cls.products(decoder, int8), decoder=decoder)
 
     def memory(self, values: Tensor, mask: Tensor, fold_context: bool) -> Memory:
-        """Folded: keys 2·U_a h_j and [W_ctx; W_cc] h_j (`context_terms`) for every position; unfolded (greedy
-        search: with one row per sentence the folding saves no products and makes every step read 4x more),
-        a step forms c_i and multiplies it by [W_ctx; W_cc] instead."""
+        """Folded: keys 2·U_a h_j and [W_ctx; W_cc] h_j for every position. Unfolded (greedy: one row per
+        sentence, where folding saves no products and makes every step read 4x more): c_i per step."""
         if not fold_context:
             return super().memory(values, mask, fold_context)
         assert self.keys is not None
@@ -150,8 +119,8 @@ class BahdanauStep(_Step):
         return Memory(values, keys, mask, context_terms)
 
     def _attend(self, s_prev: Tensor, memory: Memory) -> tuple[Tensor | None, Tensor]:
-        """α_i from s_{i-1} (rows, dec_hidden): the weights (batch, rows per sentence, src_len) and, with one
-        layer, the RNN's W_h s_{i-1} + b_h (rows, gates*dec_hidden) from the same product (else None)."""
+        """α_i (batch, rows per sentence, src_len) from s_{i-1} (rows, dec_hidden) and, with one layer, the
+        RNN's W_h s_{i-1} + b_h (rows, gates*dec_hidden) from the same product (else None)."""
         attention = self.decoder.attention
         if self.hidden_and_query is None:
             return None, attention.projected_weights(memory.group(attention.query_proj(s_prev)), memory)
@@ -160,7 +129,7 @@ class BahdanauStep(_Step):
         return projected[:, :gates], attention.projected_weights(memory.group(projected[:, gates:]), memory)
 
     def _pre_output(self, s: Tensor, terms: Tensor) -> Tensor:
-        """h̃ = tanh(W_cs s + terms), terms = W_cc c + W_ce E y + b_c already summed; s: (rows, [steps,] dec_hidden)."""
+        """h̃ = tanh(W_cs s + terms), terms = W_cc c + W_ce E y + b_c; s: (rows, [steps,] dec_hidden)."""
         return torch.tanh(self.pre_output_state.add(terms, s) if s.dim() == 2 else self.pre_output_state(s) + terms)
 
     def features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState,
@@ -194,16 +163,14 @@ class BahdanauStep(_Step):
 @dataclass
 class LuongStep(_Step):
     decoder: LuongDecoder
+    hidden: Linear                 # layer 0's W_h, b_h (gates*dec_hidden, dec_hidden), float, cast once
     combine: Linear                # W_c (dec_hidden, enc_out + dec_hidden)
-    feed: Linear | None            # W_f (gates*dec_hidden, dec_hidden), with input feeding
-    hidden: Linear                 # layer 0's W_h, b_h (gates*dec_hidden, dec_hidden), cast once under autocast
+    feed_input: Linear | None = None    # W_f (gates*dec_hidden, dec_hidden), with input feeding
 
     @classmethod
     def build(cls, decoder: LuongDecoder, int8: Int8Products | None) -> LuongStep:
-        feed = _linear(int8.feed_input if int8 else None, decoder.feed_weight) if decoder.input_feeding else None
-        return cls(**cls.common(decoder, int8), decoder=decoder, feed=feed,
-                   combine=_linear(int8.combine if int8 else None, lambda: decoder.combine.weight),
-                   hidden=_linear(None, decoder.rnn.hidden_weight, decoder.rnn.hidden_bias))
+        return cls(**cls.products(decoder, int8), decoder=decoder,
+                   hidden=_float(decoder.rnn.hidden_weight(), decoder.rnn.hidden_bias()))
 
     def _attentional(self, s: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
         """h̃ = tanh(W_c [c; s]) and α for states s: (batch, [tgt_len,] dec_hidden)."""
@@ -211,20 +178,19 @@ class LuongStep(_Step):
         return torch.tanh(self.combine(torch.cat([context, s], dim=-1))), weights
 
     def features_from(self, gi0: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
-        """Step the RNN from gi0 = W_e E y + b_i (rows, gates*dec_hidden), then attend with s_i: h̃_i, the new
-        state (h̃_i in `feed` with input feeding) and α_i."""
-        if state.feed is not None and self.feed is not None:            # + W_f h̃_{i-1}
-            gi0 = gi0 + self.feed(state.feed)
+        """From gi0 = W_e E y + b_i (rows, gates*dec_hidden): h̃_i (fed back with input feeding), state, α_i."""
+        if state.feed is not None and self.feed_input is not None:      # + W_f h̃_{i-1}
+            gi0 = gi0 + self.feed_input(state.feed)
         s, hidden, cell = self.decoder.rnn.step(gi0, state.hidden, state.cell, self.hidden(state.hidden[0]))
         attn_hidden, weights = self._attentional(s, memory)
-        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.feed is not None else None), weights
+        return attn_hidden, DecoderState(hidden, cell, attn_hidden if self.feed_input is not None else None), weights
 
     def features(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState,
                                                                                            Tensor]:
         return self.features_from(F.embedding(prev_tokens, self.token_table), state, memory)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        if self.feed is None:                                           # the RNN over all steps at once
+        if self.feed_input is None:                                     # the RNN over all steps at once
             embedded = self.decoder.dropout(self.decoder.embed(tgt_in))
             s_all, _, _ = self.decoder.rnn(embedded, state.hidden, state.cell)
             return self._attentional(s_all, memory)
@@ -238,15 +204,14 @@ class LuongStep(_Step):
 
 @dataclass
 class OutputSubset:
-    """A shortlist view's output: `step` takes and returns positions in `keep`."""
-
     keep: Tensor          # (subset,) ascending target ids, the special ids first (so they keep their numbers)
     output: Linear        # h̃ (rows, dec_hidden) -> logits through W_s[keep], b_s[keep] (padded, or int8)
 
 
 @dataclass
 class Decoding:
-    """A model (in eval mode) with its inference step: the searches' model (nmt.decode.search.SearchModel)."""
+    """A model (in eval mode) with its inference step: the searches' model (nmt.decode.search.SearchModel).
+    Threads may share one: each weight is set once, to the same value whichever thread builds it first."""
 
     model: Seq2Seq
     int8: Int8Products | None = None       # nmt.decode.quantize.quantize_int8(model), or None for float
@@ -264,46 +229,39 @@ class Decoding:
 
     @property
     def plain(self) -> bool:
-        """One model on its full vocabulary (what nmt.decode.graphed can capture)."""
+        """One model on its full vocabulary (what nmt.decode.graphs can capture)."""
         return self.subset is None
 
     def steps(self) -> BahdanauStep | LuongStep:
         """The step's weights for the autocast dtype active now, built at first use."""
         dtype = active_autocast_dtype(self.device.type)
-        step = self.built.get(dtype)
-        if step is None:
+        if dtype not in self.built:
             decoder = self.model.decoder
             with torch.no_grad():
-                if isinstance(decoder, BahdanauDecoder):
-                    step = BahdanauStep.build(decoder, self.int8)
-                else:
-                    assert isinstance(decoder, LuongDecoder)
-                    step = LuongStep.build(decoder, self.int8)
-            self.built[dtype] = step
-        return step
-
-    def _encoded(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
-        encoder = self.model.encoder
-        if self.int8 is None or encoder.training or torch.is_grad_enabled() or src_lengths.device.type != "cpu":
-            return encoder(src, src_lengths)
-        return encoder.packed(encoder.dropout(encoder.embed(src)), src_lengths, self.int8.encoder_rnn)
+                self.built[dtype] = (BahdanauStep.build(decoder, self.int8) if isinstance(decoder, BahdanauDecoder)
+                                     else LuongStep.build(cast(LuongDecoder, decoder), self.int8))
+        return self.built[dtype]
 
     def encode(self, src: Tensor, src_lengths: Tensor, fold_context: bool = True) -> tuple[Memory, DecoderState]:
         """src: (batch, src_len) -> memory, initial state. `fold_context`: Bahdanau's context terms once per
         batch (beam search, scoring), or c_i multiplied at each step (greedy search; see BahdanauStep.memory)."""
-        encoded = self._encoded(src, src_lengths)
+        encoder = self.model.encoder
+        encoded: EncoderOutput
+        if self.int8 is None or encoder.training or torch.is_grad_enabled() or src_lengths.device.type != "cpu":
+            encoded = encoder(src, src_lengths)
+        else:
+            encoded = encoder.packed(encoder.dropout(encoder.embed(src)), src_lengths, self.int8.encoder_rnn)
         memory = self.steps().memory(encoded.outputs, src != PAD, fold_context)
-        hidden, cell = self.model.bridge(encoded)
-        return memory, self.model.decoder.initial_state(hidden, cell)
+        return memory, self.model.decoder.initial_state(*self.model.bridge(encoded))
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, DecoderState, Tensor]:
         """prev_tokens: (rows,) -> logits (rows, vocab or subset), new state, attention weights (rows, src_len)."""
-        steps, dropout = self.steps(), self.model.decoder.dropout
+        steps = self.steps()
+        output = steps.output if self.subset is None else self.subset.output
         if self.subset is not None:
-            attn_hidden, state, weights = steps.features(self.subset.keep[prev_tokens], state, memory)
-            return self.subset.output(dropout(attn_hidden))[:, : self.subset.keep.numel()], state, weights
+            prev_tokens = self.subset.keep[prev_tokens]
         attn_hidden, state, weights = steps.features(prev_tokens, state, memory)
-        return steps.output(dropout(attn_hidden))[:, : self.vocab_size], state, weights
+        return output(self.model.decoder.dropout(attn_hidden))[:, : self.vocab_size], state, weights
 
     def vocab_ids(self, tokens: Tensor) -> Tensor:
         """Positions `step` chose -> vocabulary ids: keep[tokens] inside a subset, else unchanged."""
@@ -326,21 +284,17 @@ class Decoding:
                                 logits.size(-1))
 
     def with_output_subset(self, keep: Tensor) -> Decoding:
-        """A view for one batch's vocabulary shortlist, sharing the built weights: `step` takes and returns
-        positions in `keep` (subset,), ascending target ids beginning with the special ids, its logits
-        (rows, subset) from the rows W_s[keep], b_s[keep] (int8 ones cut by `Int8Linear.rows`), sliced once here."""
-        if self.int8 is not None:
-            output: Linear = self.int8.output.rows(keep)
-        else:
-            layer = self.model.decoder.output
-            output = padded_output(layer.weight[keep], None if layer.bias is None else layer.bias[keep])
+        """A view for one batch's shortlist `keep` (subset,), sharing the built weights: `step` takes and
+        returns positions in `keep`, its logits from the rows W_s[keep], b_s[keep], sliced once here."""
+        layer = self.model.decoder.output
+        output: Linear = (self.int8.output.rows(keep) if self.int8 is not None else
+                          padded_output(layer.weight[keep], None if layer.bias is None else layer.bias[keep]))
         return replace(self, subset=OutputSubset(keep, output))
 
 
 def picked_log_probs(log_probs: Callable[[slice], Tensor], tokens: Tensor, vocab: int) -> Tensor:
-    """log p of `tokens` (batch, tgt_len), where `log_probs(rows)` gives the float32 log-probabilities
-    (rows, tgt_len, vocab) of a slice of the batch's rows. Made a few rows at a time (a slice of rows of
-    the logits is contiguous: no copy), so scoring never holds the whole batch's in float32 beside them."""
+    """log p of `tokens` (batch, tgt_len), `log_probs(rows)` giving (rows, tgt_len, vocab) in float32 for a
+    slice of rows (contiguous: no copy): scoring never holds the whole batch's in float32 beside the logits."""
     batch, length = tokens.shape
     span = max(1, FORCED_CHUNK_ELEMENTS // max(1, length * vocab))
     picked = [log_probs(slice(start, start + span)).gather(2, tokens[start : start + span, :, None]).squeeze(2)

@@ -1,12 +1,8 @@
 """The Python API: load a model (or an ensemble), translate lists and streams of lines, score translations.
 
-    from nmt import Translator
-    translator = Translator.load("model.nmt")          # a model file, or a training checkpoint
-    translator.translate(["Ein Hund läuft."], beam_size=5)[0].text
+    Translator.load("model.nmt").translate(["Ein Hund läuft."], beam_size=5)[0].text
 
-Every input line gives exactly one result: an empty line an empty translation without running the model, an
-over-long line a truncated one and a warning. Inside a call, sentences are sorted by length and cut into
-batches by a token budget; results come back in input order. A line may come with a target prefix.
+Every input line gives one result (an empty line an empty one, an over-long one a truncated one and a warning).
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from nmt.decode.graphs import SearchGraphs
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
-from nmt.decode.shortlist import Shortlist, ShortlistError, subset_positions
+from nmt.decode.shortlist import Shortlist, ShortlistError
 from nmt.decode.steps import Decoding
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.device import autocast, autocast_dtype, resolve_device
@@ -43,20 +39,15 @@ __all__ = ["Translation", "Translator"]
 
 
 class Translator:
-    """A loaded model with its tokenizers and decoding settings; translates lists and streams of lines.
-
-    It owns its model (moved, in eval mode; do not train it further). Its inference steps (nmt.decode.steps)
-    hold the int8 products and derived weights for its whole life: a one-line call would otherwise spend about
-    half its time rebuilding them. Threads may share it: a shortlist is a per-call view, and only the CUDA
-    graphs are taken in turn (on one CPU, two searches side by side were no faster than one with two threads).
+    """A loaded model with its tokenizers and decoding settings. It owns its model (moved, in eval mode) and
+    keeps its inference steps (nmt.decode.steps) for life: rebuilding them would cost a one-line call half
+    its time. Threads may share it: a shortlist is a per-call view; only the CUDA graphs are taken in turn.
     """
 
     def __init__(self, model: Seq2Seq | Ensemble, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  device: torch.device, shortlist: Shortlist | None = None,
                  contexts: list[Decoding] | None = None, languages: dict[str, str] | None = None) -> None:
-        """`contexts`: the inference steps, one per ensemble member, when they exist already (else made here,
-        with int8 products for decoding.quantize int8). `languages`: the model's {"src", "tgt"} codes, as its
-        file names them."""
+        """`contexts`: the members' inference steps when they exist already; `languages`: {"src", "tgt"} codes."""
         self.model = model.to(device).eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.decoding, self.device = decoding, device
@@ -76,8 +67,7 @@ class Translator:
                        (self.model.members if isinstance(self.model, Ensemble) else [self.model])]
             contexts = [Decoding(member, quantize_int8(member) if decoding.quantize == "int8" else None)
                         for member in members]
-        self.search_model: Any = (self.model.decoding(contexts) if isinstance(self.model, Ensemble)
-                                          else contexts[0])
+        self.search_model: Any = self.model.decoding(contexts) if isinstance(self.model, Ensemble) else contexts[0]
         self.generator: torch.Generator | None = None               # sampling: seeded on first use
         self._graphs = (SearchGraphs.of(self.search_model)          # CUDA: captured search steps
                         if decoding.cuda_graphs and device.type == "cuda" else None)
@@ -85,12 +75,9 @@ class Translator:
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str = "auto",
              shortlist_file: str | Path | None = None, **decoding_overrides: Any) -> Translator:
-        """Load a model file (`nmt export`) or a training checkpoint; several paths decode as an ensemble.
-
-        `decoding_overrides` replace keys of the model's `decoding` config, checked like the YAML file.
-        `shortlist=True` uses the shortlist the model embeds; `shortlist_file` (a data folder's shortlist.npz)
-        and `shortlist_k` imply it unless `shortlist=False`. Raises ModelFileError or ConfigError (one line).
-        """
+        """A model file or a training checkpoint; several paths decode as an ensemble. `decoding_overrides`
+        replace keys of the model's `decoding` config; `shortlist_file` (a data folder's shortlist.npz) and
+        `shortlist_k` imply shortlist=True unless it is False. Raises ModelFileError or ConfigError (one line)."""
         if not isinstance(path, (str, Path)):
             if not isinstance(path, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in path):
                 raise TypeError(f"path must be a model file or checkpoint path (str or Path), or a list of them "
@@ -108,17 +95,15 @@ class Translator:
         target = resolve_device(device)
         if shortlist_by_default(loaded, target, decoding_overrides):
             loaded.config.decoding.shortlist = True
-        shortlist = shortlist_for(loaded, shortlist_file)
         return cls(loaded.build(), loaded.src_vocab, loaded.tgt_vocab, loaded.config.decoding, target,
-                   shortlist, languages=loaded.languages)
+                   shortlist_for(loaded, shortlist_file), languages=loaded.languages)
 
     from_checkpoint = load                            # the name before model files existed
 
     @classmethod
     def load_ensemble(cls, paths: Sequence[str | Path], device: str = "auto", shortlist_file: str | Path | None = None,
                       **decoding_overrides: Any) -> Translator:
-        """Several models decoding as one (their log-probabilities averaged at every step). They must share the
-        vocabularies; the decoding settings and the shortlist come from the first."""
+        """Models averaging their log-probabilities at every step; settings and shortlist from the first."""
         if not paths:
             raise ValueError("an ensemble needs at least one model path")
         if len(paths) == 1:
@@ -141,14 +126,11 @@ class Translator:
 
     from_checkpoints = load_ensemble
 
-    # ------------------------------------------------------------------ public API
-
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False,
                   first_line: int = 1, beam_size: int | None = None,
                   prefixes: list[str] | None = None) -> list[Translation]:
-        """One result per line, in order. n_best: the K best hypotheses (with sampling, K samples) per line;
-        return_attention: keep their attention; beam_size: this call's (default decoding.beam_size);
-        first_line: lines[0]'s number, for warnings; prefixes: one per line ("" for none), forced."""
+        """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
+        `prefixes`: one forced target prefix per line ("" for none)."""
         lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
@@ -186,9 +168,8 @@ class Translator:
                               f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
 
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
-        """Each pair's teacher-forced log p(target + EOS | source) (the searches' for the same output), that
-        length-normalised, and the length with EOS. Over-long sources and targets (longer than any output of
-        such a source) are truncated with a warning naming the line: memory stays bounded."""
+        """Each pair's teacher-forced log p(target + EOS | source), as the searches score it, that normalised,
+        and the length with EOS. Over-long sources and targets are truncated with a warning naming the line."""
         sources, targets = _as_lines("sources", sources), _as_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -223,32 +204,30 @@ class Translator:
     def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
                          ) -> Iterator[Translation]:
-        """Translate a stream of lines in micro-batches (nmt.decode.streaming), yielding results in input
-        order; an item may be a (source, target prefix) pair."""
+        """Results in input order; an item may be a (source, target prefix) pair."""
         for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
             yield from batch
 
     def translate_batches(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
                           return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
                           ) -> Iterator[list[Translation]]:
-        """The results of each micro-batch as soon as it is done (see `nmt.decode.streaming.translate_batches`)."""
+        """Each micro-batch's results as soon as it is done (nmt.decode.streaming)."""
         return translate_batches(self, lines, chunk_lines, n_best, return_attention, progress, max_wait)
 
     def write_translations(self, lines: Iterable[Line], files: OutputFiles, n_best: int = 1,
                            progress: Any = None) -> None:
-        """Translate `lines` into `files`: one line per input line, or exactly `n_best` lines 'i ||| text ||| score'
-        (i 0-based; padded by the n-best rule of nmt.decode.outputs)."""
+        """One line per input line into `files`, or `n_best` lines 'i ||| text ||| score' (nmt.decode.outputs)."""
         batches = self.translate_batches(lines, n_best=n_best, return_attention=files.wants_attention,
                                          progress=progress)
         ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
 
-    # ------------------------------------------------------------------ internals
-
     @torch.no_grad()
-    def _search(self, src: Tensor, n_best: int, return_attention: bool, decoding: DecodingConfig | None = None,
+    def _search(self, src: Tensor, n_best: int, return_attention: bool, d: DecodingConfig,
                 prefix: Tensor | None = None) -> list[list[Hypothesis]]:
-        d = decoding or self.decoding
-        settings = SearchSettings.of(d, n_best, return_attention, self._sampler() if d.sampling else None)
+        if d.sampling and self.generator is None:
+            self.generator = torch.Generator(device=self.device).manual_seed(d.seed)
+        sampler = Sampler(d.temperature, d.top_k, d.top_p, self.generator) if d.sampling else None
+        settings = SearchSettings.of(d, n_best, return_attention, sampler)
         src_lengths = (src != 0).sum(1)
         src = src.to(self.device)
         if prefix is not None:
@@ -258,14 +237,8 @@ class Translator:
             if d.shortlist and self.shortlist is not None and not d.sampling:
                 keep = self.shortlist.select(src, prefix).to(self.device)    # (subset,) target ids
                 model = model.with_output_subset(keep)                       # the search runs on subset positions
-                prefix = subset_positions(keep, prefix) if prefix is not None else None
+                prefix = torch.searchsorted(keep, prefix) if prefix is not None else None   # ids -> positions
             return search(model, src, src_lengths, settings, prefix, self._graphs)
-
-    def _sampler(self) -> Sampler:
-        d = self.decoding
-        if self.generator is None:
-            self.generator = torch.Generator(device=self.device).manual_seed(d.seed)
-        return Sampler(d.temperature, d.top_k, d.top_p, self.generator)
 
 
 SEARCH_ONLY = ("beam_size", "length_penalty", "coverage_penalty", "early_stop")   # what sampling has not
@@ -273,8 +246,8 @@ SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 
 
 def check_applicable(decoding: DecodingConfig, given: dict[str, Any]) -> None:
-    """A decoding setting given for this run that the run would ignore is a ConfigError naming it: search
-    settings when sampling, sampling settings when searching (a model's own defaults are not checked)."""
+    """A setting given for this run that it would ignore (search ones when sampling, sampling ones when
+    searching) is a ConfigError naming it; a model's own defaults are not checked."""
     unused, reason = ((SEARCH_ONLY, "does not apply to sampling (`decoding.sampling`): samples are drawn, "
                                     "not searched; drop one of them") if decoding.sampling else
                       (SAMPLING_ONLY, "applies only to sampling; add `decoding.sampling` (this model does not "
@@ -285,30 +258,22 @@ def check_applicable(decoding: DecodingConfig, given: dict[str, Any]) -> None:
 
 
 def _checked(device: str, shortlist_file: str | Path | None, given: dict[str, Any]) -> dict[str, Any]:
-    """The decoding overrides with what they imply: a shortlist file or `shortlist_k` asks for the shortlist
-    (unless shortlist=False is given). fp16 asked for on the CPU is an error (it would run as bf16)."""
+    """The overrides with what they imply: a shortlist file, or `shortlist_k` without `shortlist`, asks for the
+    shortlist. fp16 on the CPU is an error (it would run as bf16)."""
     if given.get("precision") == "fp16" and resolve_device(device).type != "cuda":
         raise ConfigError("`decoding.precision` fp16 runs on CUDA only; on the CPU use bf16 or fp32")
-    given = dict(given)
-    if shortlist_file is not None:
-        given["shortlist"] = True
-    if given.get("shortlist_k") is not None and given.get("shortlist") is None:
-        given["shortlist"] = True
-    return given
+    implied = shortlist_file is not None or (given.get("shortlist_k") is not None and given.get("shortlist") is None)
+    return {**given, "shortlist": True} if implied else dict(given)
 
 
 def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[str, Any]) -> bool:
-    """The CPU's fast path: a model that embeds a shortlist decodes with it on the CPU (greedy and beam
-    search) unless `shortlist` is given, either way. Its BLEU stayed within 0.1 of the full vocabulary's
-    (docs/benchmarks.md, "Vocabulary shortlist"); on a GPU the full output layer costs less than leaving
-    the captured search graphs, so there it stays off."""
+    """A model that embeds a shortlist uses it on the CPU unless `shortlist` is given: BLEU within 0.1 of the
+    full vocabulary's (docs/benchmarks.md); on a GPU the full output costs less than leaving the CUDA graphs."""
     return given.get("shortlist") is None and device.type == "cpu" and loaded.shortlist_on_cpu
 
 
 def shortlist_for(loaded: LoadedModel, shortlist_file: str | Path | None = None) -> Shortlist | None:
-    """The shortlist a loaded model decodes with: None unless its `decoding.shortlist` is on; then the
-    one in `shortlist_file` if given, else the one the model embeds. Raises `ShortlistError`, or
-    `ConfigError` for sampling, with a one-line message."""
+    """With `decoding.shortlist` on, the one in `shortlist_file` if given, else the one the model embeds."""
     decoding = loaded.config.decoding
     if not decoding.shortlist:
         return None
@@ -321,11 +286,11 @@ def shortlist_for(loaded: LoadedModel, shortlist_file: str | Path | None = None)
         except (OSError, ValueError, KeyError) as exc:
             raise ShortlistError(f"--shortlist-file {shortlist_file}: not a readable shortlist "
                                  f"({' '.join(str(exc).split())[:200]})") from None
-        return Shortlist.from_arrays(arrays, loaded.src_vocab, loaded.tgt_vocab, str(shortlist_file),
-                                     decoding.shortlist_k)
-    if loaded.shortlist is None:
+    elif loaded.shortlist is None:
         raise ShortlistError(f"{loaded.path} holds no vocabulary shortlist (its data folder was preprocessed "
                              "without one: by an older nmt, or with data.shortlist_k 0); rerun `nmt preprocess` "
                              "with the same settings and pass its shortlist.npz with --shortlist-file")
-    return Shortlist.from_arrays(loaded.shortlist, loaded.src_vocab, loaded.tgt_vocab, str(loaded.path),
-                                 decoding.shortlist_k)
+    else:
+        arrays = loaded.shortlist
+    where = str(loaded.path if shortlist_file is None else shortlist_file)
+    return Shortlist.from_arrays(arrays, loaded.src_vocab, loaded.tgt_vocab, where, decoding.shortlist_k)
