@@ -1,8 +1,6 @@
-"""The vocabulary shortlist of an exported folder, in numpy: per batch, the target ids the output layer scores.
-
-The rule of nmt.decode.shortlist: the union of the batch's source pieces' target lists, the most frequent
-target pieces, the specials 0-3 (first, so they keep their numbers) and any forced prefix pieces.
-"""
+"""The vocabulary shortlist in numpy, with the rule of nmt.decode.shortlist: per batch, the union of its source
+pieces' target lists, the most frequent target pieces, the specials 0-3 (first: they keep their numbers) and
+any forced prefix pieces."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ class Shortlist:
         return cls(targets, np.union1d(np.arange(EOS + 1), frequent), v, (weight, bias))
 
     def select(self, src: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-        """src: (batch, src_len) source ids; extra: target ids to keep too (a prefix, PAD allowed).
-        returns keep (subset,): ascending target ids, starting with the specials."""
+        """src: (batch, src_len); extra: a prefix's ids (PAD allowed) -> keep (subset,) ascending target ids."""
         kept = np.zeros(self.tgt_size, bool)
         kept[self.always] = True
         candidates = self.targets[src.reshape(-1)]             # (batch*src_len, k)
