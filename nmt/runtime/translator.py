@@ -20,8 +20,7 @@ from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalise
 from nmt.decode.streaming import Line, checked_call, translate_batches
 from nmt.runtime.folder import OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, beam_search, greedy_search
-from nmt.runtime.session import OnnxModel
-from nmt.runtime.shortlist import Shortlist
+from nmt.runtime.session import OnnxModel, Shortlist
 
 __all__ = ["Translator"]
 NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
@@ -82,8 +81,6 @@ class Translator:
             raise OnnxFolderError(f"{manifest.folder}: {manifest.tgt_spm} has {len(tgt_vocab)} pieces, the graphs "
                                   f"{manifest.vocab_size}; export the model again")
         return cls(OnnxModel(manifest, threads), src_vocab, tgt_vocab, decoding, shortlist, manifest.languages)
-
-    from_checkpoint = load
 
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
                   beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
