@@ -296,6 +296,7 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
             state, memory = state.take(b.keep(keep)), memory.take(keep)
     if not coverage:                                                     # log p = score * lp(|y|)
         b.fin_logp = b.fin_scores * length_penalty(b.fin_lengths.astype(np.float32), alpha)
+
     def first(x: np.ndarray) -> np.ndarray:                            # (batch, k, ...) -> (batch*n_best, ...)
         return x[:, :n_best].reshape(batch * n_best, *x.shape[2:])
 

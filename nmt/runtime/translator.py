@@ -32,8 +32,7 @@ class Translator:
     def __init__(self, model: OnnxModel, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  shortlist: Shortlist | None = None, languages: dict[str, str] | None = None) -> None:
         self.model, self.src_vocab, self.tgt_vocab, self.decoding = model, src_vocab, tgt_vocab, decoding
-        self.shortlist = shortlist
-        self.languages = languages or {}
+        self.shortlist, self.languages = shortlist, languages or {}
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", shortlist_file: str | Path | None = None,
