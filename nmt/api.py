@@ -1,6 +1,5 @@
-"""`nmt.Translator` and `load_translator`: the translator a model's format needs, the PyTorch one
-(nmt.decode.translator) for a model file or checkpoint, the onnxruntime one (nmt.runtime.translator, no
-torch) for an exported folder."""
+"""`nmt.Translator` and `load_translator`: the PyTorch translator (nmt.decode.translator) for a model file or
+checkpoint, the onnxruntime one (nmt.runtime.translator, no torch) for an exported folder."""
 
 from __future__ import annotations
 
@@ -14,14 +13,12 @@ from nmt.runtime.folder import is_onnx_folder
 
 
 def _torch_translator() -> Any:
-    """nmt.decode.translator.Translator, imported by name when first needed: `nmt` is imported by modules
-    of every layer (for __version__), so it imports none of them itself, torch's least of all."""
+    """Imported when first needed: every layer imports `nmt` (for __version__), which must not import torch."""
     return importlib.import_module("nmt.decode.translator").Translator
 
 
 class Translator:
-    """Loads a model as the translator its format needs; constructing one from a model object (the
-    PyTorch constructor's arguments) gives nmt.decode.translator.Translator."""
+    """Loads a model as the translator its format needs; constructed from a model object, the PyTorch one."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return _torch_translator()(*args, **kwargs)
@@ -46,16 +43,13 @@ class Translator:
 
 def load_translator(model: str | Path | Sequence[str | Path], device: str = "auto",
                     shortlist_file: str | Path | None = None, threads: int = 0, **decoding_overrides: Any) -> Any:
-    """The translator `nmt translate` and `nmt serve` run, set up as a process of their own: onnxruntime's
-    for an exported folder (torch is never imported), else PyTorch's with `threads` CPU threads (0: torch's
-    default) and freed memory kept for reuse (nmt.device.reuse_freed_memory). Several paths: an ensemble."""
+    """The translator of `nmt translate` and `nmt serve`, which own their process: onnxruntime's for an exported
+    folder (no torch), else PyTorch's with `threads` (0: torch's default) and freed memory kept for reuse."""
     paths = [model] if isinstance(model, (str, Path)) else list(model)
     if any(map(is_onnx_folder, paths)):
         if len(paths) > 1:
             raise ConfigError(f"--model {paths[0]}: an ONNX model folder decodes alone, not in an ensemble")
-        from nmt.runtime.translator import Translator as OnnxTranslator
-
-        return OnnxTranslator.load(paths[0], device, shortlist_file, threads, **decoding_overrides)
+        return Translator.load(paths[0], device, shortlist_file, threads, **decoding_overrides)
     import torch
 
     from nmt.device import reuse_freed_memory

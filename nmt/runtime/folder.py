@@ -1,9 +1,5 @@
-"""The exported ONNX folder: its manifest (nmt-onnx.json), read and checked before any graph is loaded.
-
-`nmt export --format onnx` writes the folder (nmt.decode.onnx_export); this module is the runtime's side
-of that contract: which graphs exist for greedy and beam search, the names and batch axes of the memory
-and state tensors, the special ids, the tokenizers' files, the model's decoding settings and card.
-"""
+"""The manifest (nmt-onnx.json) of a folder nmt.decode.onnx_export wrote, checked before any graph loads:
+the runtime's side of that contract (graphs, tensor names and batch axes, special ids, tokenizers, settings)."""
 
 from __future__ import annotations
 
@@ -46,17 +42,13 @@ class Manifest:
     pieces: dict[str, list[int] | None]   # "src"/"tgt" ("vocabulary"): side id -> SentencePiece id; None: all
 
     def path(self, name: str) -> Path:
-        """A file of the folder, by a name the manifest gives (no path may leave the folder)."""
+        """A file the manifest names, which may not be a path out of the folder."""
         if not name or Path(name).name != name:
             raise OnnxFolderError(f"{self.folder / MANIFEST}: {name!r} is not a file name in the folder")
         path = self.folder / name
         if not path.is_file():
             raise OnnxFolderError(f"{self.folder} has no {name} (its {MANIFEST} names it); export the model again")
         return path
-
-
-def _ids(value: Any) -> list[int] | None:
-    return None if value is None else [int(v) for v in value]
 
 
 def read_manifest(folder: str | Path) -> Manifest:
@@ -74,8 +66,10 @@ def read_manifest(folder: str | Path) -> Manifest:
                               "export the model again with this nmt")
     try:
         special = raw["special"]
-        if (special["pad"], special["unk"], special["bos"], special["eos"]) != (PAD, UNK, BOS, EOS):
-            raise OnnxFolderError(f"{where}: special ids {special} differ from nmt's (pad 0, unk 1, bos 2, eos 3)")
+        ids = (special["pad"], special["unk"], special["bos"], special["eos"])
+        vocabulary = raw.get("vocabulary") or {}
+        pieces = {side: None if vocabulary.get(side) is None else [int(i) for i in vocabulary[side]]
+                  for side in ("src", "tgt")}
         manifest = Manifest(
             folder, str(raw["precision"]), int(raw["vocab_size"]), str(raw["src_spm"]), str(raw["tgt_spm"]),
             dict(raw.get("decoding") or {}), dict(raw.get("card") or {}), dict(raw.get("languages") or {}),
@@ -83,11 +77,11 @@ def read_manifest(folder: str | Path) -> Manifest:
             [(str(s["name"]), int(s["batch_axis"])) for s in raw["state"]],
             {kind: {role: str(raw["graphs"][kind][role]) for role in ROLES if role in raw["graphs"][kind]}
              for kind in KINDS}, raw.get("shortlist"),
-            {side: _ids((raw.get("vocabulary") or {}).get(side)) for side in ("src", "tgt")})
+            pieces)
     except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, OnnxFolderError):
-            raise
         raise OnnxFolderError(f"{where}: missing or malformed key {exc}; export the model again") from None
+    if ids != (PAD, UNK, BOS, EOS):
+        raise OnnxFolderError(f"{where}: special ids {special} differ from nmt's (pad 0, unk 1, bos 2, eos 3)")
     if manifest.precision not in PRECISIONS:
         raise OnnxFolderError(f"{where}: precision {manifest.precision!r} is not one of {', '.join(PRECISIONS)}")
     for kind, graphs in manifest.graphs.items():

@@ -1,14 +1,6 @@
-"""The Python API over an exported ONNX folder: the PyTorch Translator's translate and serve methods, no torch.
-
-    from nmt import Translator
-    translator = Translator.load("model-onnx")           # a folder `nmt export --format onnx` wrote
-    translator.translate(["Ein Hund läuft."], beam_size=5)[0].text
-
-The same rules as nmt.decode.translator: one result per input line, empty lines untranslated, over-long
-lines truncated with a warning, batches cut by a token budget over length-sorted lines, results in input
-order, n-best lists, attention, target prefixes, the vocabulary shortlist. Sampling, `score` and ensembles
-need the PyTorch model.
-"""
+"""The PyTorch Translator's API (nmt.decode.translator) over an exported ONNX folder, no torch, with the same
+rules: one result per line, empty lines untranslated, long ones truncated with a warning, token-budget batches,
+n-best lists, attention, prefixes, the shortlist. Sampling, `score` and ensembles need the PyTorch model."""
 
 from __future__ import annotations
 
@@ -19,44 +11,33 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import (
-    DECODING_BATCH_TOKENS,
-    ConfigError,
-    DecodingConfig,
-    check_decoding,
-    check_decoding_overrides,
-)
+from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig, check_decoding, check_decoding_overrides
 from nmt.config_check import build
 from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
 from nmt.data.special import EOS, PAD
 from nmt.data.tokenizer import Vocab
 from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
 from nmt.decode.streaming import Line, checked_call, translate_batches
-from nmt.runtime.beam import beam_search
-from nmt.runtime.folder import Manifest, OnnxFolderError, read_manifest
-from nmt.runtime.search import Hypothesis, greedy_search
-from nmt.runtime.session import OnnxModel
-from nmt.runtime.shortlist import Shortlist
+from nmt.runtime.folder import OnnxFolderError, read_manifest
+from nmt.runtime.search import Hypothesis, beam_search, greedy_search
+from nmt.runtime.session import OnnxModel, Shortlist
 
 __all__ = ["Translator"]
 NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
 
 
 class Translator:
-    """An exported model's sessions with its tokenizers and decoding settings; translates lists and streams."""
+    """An exported model's sessions, tokenizers and decoding settings."""
 
     def __init__(self, model: OnnxModel, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  shortlist: Shortlist | None = None, languages: dict[str, str] | None = None) -> None:
         self.model, self.src_vocab, self.tgt_vocab, self.decoding = model, src_vocab, tgt_vocab, decoding
-        self.shortlist = shortlist
-        self.languages = languages or {}
-        self.card = model.manifest.card
+        self.shortlist, self.languages = shortlist, languages or {}
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", shortlist_file: str | Path | None = None,
              threads: int = 0, **decoding_overrides: Any) -> Translator:
-        """An exported folder; `decoding_overrides` replace its decoding settings, checked like the YAML
-        file. The shortlist is on where the PyTorch path on a CPU has it on (`shortlist=False` turns it off).
+        """As the PyTorch Translator.load on a CPU (the shortlist on by default where it embeds one).
         Raises OnnxFolderError or ConfigError with a one-line message."""
         if device not in ("auto", "cpu"):
             raise ConfigError(f"--device {device}: an ONNX model folder runs on the CPU (onnxruntime); "
@@ -90,14 +71,19 @@ class Translator:
                                       "embeds none; drop --shortlist")
             decoding.shortlist = False
         shortlist = Shortlist.load(manifest, decoding.shortlist_k) if decoding.shortlist else None
-        src_vocab, tgt_vocab = _vocabs(manifest)
+        try:                                                  # each side with its pieces (side id -> SentencePiece id)
+            src_vocab = Vocab(manifest.path(manifest.src_spm), manifest.pieces.get("src"))
+            tgt_vocab = Vocab(manifest.path(manifest.tgt_spm), manifest.pieces.get("tgt"))
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise OnnxFolderError(f"{manifest.folder}: a SentencePiece model cannot be read ({exc})") from None
+        if len(tgt_vocab) != manifest.vocab_size:
+            raise OnnxFolderError(f"{manifest.folder}: {manifest.tgt_spm} has {len(tgt_vocab)} pieces, the graphs "
+                                  f"{manifest.vocab_size}; export the model again")
         return cls(OnnxModel(manifest, threads), src_vocab, tgt_vocab, decoding, shortlist, manifest.languages)
-
-    from_checkpoint = load
 
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
                   beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
-        """As nmt.decode.translator.Translator.translate: one Translation per line, in order."""
+        """One Translation per line, in order, as nmt.decode.translator.Translator.translate."""
         lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
@@ -121,7 +107,7 @@ class Translator:
                 prefix: np.ndarray | None) -> list[list[Hypothesis]]:
         src_lengths = (src != PAD).sum(1)
         max_len = d.max_len or None
-        model: Any = self.model
+        model: Any = self.model                              # an OnnxModel: a StepModel over its Tensors
         if d.shortlist and self.shortlist is not None:
             keep = self.shortlist.select(src, prefix)                           # (subset,) target ids
             model = self.model.with_output_subset(keep, *self.shortlist.output)
@@ -174,15 +160,3 @@ def folder_inputs(folder: str | Path, option: str = "--model") -> list[tuple[str
     files = sorted(file for file in Path(folder).iterdir() if file.is_file())
     return [(f"a file of {option} {folder} ({file})", file) for file in files]
 
-
-def _vocabs(manifest: Manifest) -> tuple[Vocab, Vocab]:
-    """The tokenizers, each side with the pieces it uses (side id -> SentencePiece id)."""
-    try:
-        src = Vocab(manifest.path(manifest.src_spm), manifest.pieces.get("src"))
-        tgt = Vocab(manifest.path(manifest.tgt_spm), manifest.pieces.get("tgt"))
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise OnnxFolderError(f"{manifest.folder}: a SentencePiece model cannot be read ({exc})") from None
-    if len(tgt) != manifest.vocab_size:
-        raise OnnxFolderError(f"{manifest.folder}: {manifest.tgt_spm} has {len(tgt)} pieces, the graphs "
-                              f"{manifest.vocab_size}; export the model again")
-    return src, tgt
