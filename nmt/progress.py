@@ -25,11 +25,10 @@ def progress_bar(desc: str, unit: str, total: int | None = None, initial: int = 
                  **tqdm_options: Any) -> Any:
     """A tqdm bar on a terminal, else `LogLines`; `leave=False` leaves no last line; `tqdm_options` go to tqdm."""
     stream = stream if stream is not None else sys.stderr
+    common: dict[str, Any] = {"total": total, "initial": initial, "disable": disable, "leave": leave}
     if is_terminal(stream):
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=disable, leave=leave,
-                    **tqdm_options)
-    return LogLines(desc, unit, total=total, initial=initial, disable=disable, leave=leave, stream=stream,
-                    every_seconds=every_seconds)
+        return tqdm(desc=desc, unit=unit, file=stream, **common, **tqdm_options)
+    return LogLines(desc, unit, stream=stream, every_seconds=every_seconds, **common)
 
 
 class LogLines:
