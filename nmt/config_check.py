@@ -1,6 +1,5 @@
-"""Checking a raw YAML mapping against a dataclass schema: names (with a "did you mean" hint), types,
-ranges and paths; the first problem is a one-line `ConfigError` naming the key. The schema itself,
-and loading files and overrides, are in nmt.config."""
+"""Checking a raw YAML mapping against a dataclass schema (nmt.config): names (with a "did you mean" hint), types,
+ranges and paths; the first problem is a one-line `ConfigError` naming the key."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    """`value` checked against the annotation `tp`; an int (or a string such as 3e-4) where a float is expected."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return build(tp, value, f"{key}.", base_dir)
@@ -60,9 +59,7 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
             raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
         (item_tp,) = typing.get_args(tp)
         return [_coerce(v, item_tp, f"{key}[{i}]", base_dir) for i, v in enumerate(value)]
-    if ((tp is type(None) and value is None) or (tp is bool and isinstance(value, bool))
-            or (tp is int and isinstance(value, int) and not isinstance(value, bool))
-            or (tp is str and isinstance(value, str))):
+    if tp in (type(None), bool, int, str) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     if tp is float:
         try:  # PyYAML reads 3e-4 (no dot) as a string
@@ -90,8 +87,7 @@ STORED_INT_LIMIT = 2**63 - 1    # in stored configs (earlier nmt versions had no
 
 def build(cls: Any, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
     """Build dataclass `cls` from the mapping `raw`, checking every key (see `stored_config` for `stored`)."""
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"`{prefix.rstrip('.') or 'config'}` must be a mapping of keys to values, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -103,11 +99,10 @@ def build(cls: Any, raw: Any, prefix: str, base_dir: Path | None, stored: bool =
             close = difflib.get_close_matches(str(name), list(fields), n=1)
             hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
             raise ConfigError(f"unknown key `{key}`{hint}")
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            values[name] = build(tp, value, f"{key}.", base_dir, stored)
+        if dataclasses.is_dataclass(hints[name]):
+            values[name] = build(hints[name], value, f"{key}.", base_dir, stored)
             continue
-        value = _coerce(value, tp, key, base_dir)
+        value = _coerce(value, hints[name], key, base_dir)
         meta = fields[name].metadata
         if not (stored and meta.get("since_saved")):
             _check_range(value, meta, key)
