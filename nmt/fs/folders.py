@@ -42,14 +42,12 @@ class FolderError(ValueError):
 
 
 def plain_name(name: object) -> bool:
-    """A file name inside a folder (no separator, not `.` or `..`): every name read from a marker, manifest or
-    checkpoint must be one."""
+    """A file name inside a folder (no separator, not `.` or `..`), as every name read from a file must be."""
     return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
 def new_file_mode() -> int:
-    """The mode `open()` would give a new file under the current umask (read from /proc: setting the umask to
-    read it is not thread-safe)."""
+    """The mode `open()` gives a new file under the umask (read from /proc: setting it to read it races threads)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
@@ -92,8 +90,7 @@ class _NamedErrors:
 
 
 class PendingFile:
-    """A file being written under a temporary name beside `path`; `commit` renames it into place.
-    Errors while writing or committing name `path`."""
+    """A file written under a temporary name beside `path` that `commit` renames into place; errors name `path`."""
 
     def __init__(self, path: str | Path, mode: str = "wb") -> None:
         self.path = Path(path)
@@ -199,11 +196,8 @@ def process_alive(pid: int) -> bool:
 
 
 def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]:
-    """Remove temporaries that killed nmt processes left in `folder` (only for `target` if given).
-
-    A temporary is a leftover when its process is gone, or when it carries this process's id
-    (call this before writing anything: under a lock, a container's PID 1 is its own leftover).
-    """
+    """Remove temporaries of dead processes in `folder` (only `target`'s if given), and this process's own: call
+    it before writing anything (a container's PID 1 finds its previous life's)."""
     try:
         entries = list(Path(folder).iterdir())
     except OSError:
@@ -246,8 +240,7 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
 
 
 def own_marker(folder: str | Path) -> dict[str, Any] | None:
-    """The folder's marker, or None also when the marker is not nmt's (a link, names outside the folder):
-    for a user's output written into a folder, which such a marker must not block."""
+    """`read_marker`, but None for a marker that is not nmt's: such a marker must not block a user's output."""
     try:
         return read_marker(folder)
     except FolderError:
@@ -283,8 +276,7 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 
 
 def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str]:
-    """Paths in `folder`, relative to it, that nmt did not write (everything, when the folder has no marker),
-    at every depth: a file of the user's inside RUN/tensorboard is as foreign as one beside it."""
+    """Paths in `folder`, relative to it and at any depth, that nmt did not write (all, when it has no marker)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []

@@ -25,22 +25,19 @@ def iter_lines(stream: BinaryIO, name: str, block_size: int = 1 << 20,
     the line on invalid UTF-8 or a line over `max_line_bytes`. `read1` where the stream has it: a pipe's lines come
     out as soon as they arrive, a file's in large blocks (split and decoded in C, not per line)."""
     read = getattr(stream, "read1", stream.read)
-    number, pending, waiting = 0, [], 0    # pending: the bytes of an unfinished line, `waiting` in all
+    number, waiting = 0, 0
+    pending: list[bytes] = []               # the bytes of an unfinished line, `waiting` in all
     try:
         while block := read(block_size):
             cut = block.rfind(b"\n")
-            if cut < 0:
+            if cut >= 0:                   # the lines this block ends
+                for line in _decode_lines(b"".join([*pending, block[:cut]]), name, number, max_line_bytes):
+                    number += 1
+                    yield line[:-1] if line.endswith("\r") else line
+                pending, waiting, block = [], 0, block[cut + 1 :]
+            if block:
                 pending.append(block)
                 waiting += len(block)
-                if waiting > max_line_bytes:
-                    raise _too_long(name, number + 1, max_line_bytes)
-                continue
-            head = b"".join([*pending, block[:cut]]) if pending else block[:cut]
-            pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
-            waiting = len(block) - cut - 1
-            for line in _decode_lines(head, name, number, max_line_bytes):
-                number += 1
-                yield line[:-1] if line.endswith("\r") else line
             if waiting > max_line_bytes:
                 raise _too_long(name, number + 1, max_line_bytes)
         if pending:
