@@ -111,14 +111,11 @@ def _holders(fd: int) -> str:
     """The processes holding the lock on the file `fd`, as the kernel lists them: "process 123 (nmt train)"."""
     info = os.fstat(fd)
     key = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
-    records = {}
-    for line in os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and fields[0].isdigit():
-            records[int(fields[0])] = " ".join(fields[1:])
-    pids = _kernel_holders(key)
-    if not pids:                  # no /proc/locks (or it names no one): the records of living processes
-        pids = [pid for pid in records if process_alive(pid)]
+    lines = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").splitlines()
+    records = {int(fields[0]): " ".join(fields[1:]) for fields in map(str.split, lines)
+               if len(fields) >= 2 and fields[0].isdigit()}
+    # without /proc/locks (or if it names no one): the records of living processes
+    pids = _kernel_holders(key) or [pid for pid in records if process_alive(pid)]
     if not pids:
         return "another process"
     return " and ".join(f"process {pid} ({records.get(pid) or _command(pid)})" for pid in pids)

@@ -24,13 +24,6 @@ MAX_LINKS = 40          # the kernel's limit on links followed in one path (ELOO
 _STICKY_WORLD_WRITABLE = stat.S_ISVTX | stat.S_IWOTH
 
 
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _may_follow(link: Path, info: os.stat_result, where: str) -> None:
     """The kernel's rule for following `link` (fs.protected_symlinks), and never a link in an nmt folder."""
     folder = link.parent
@@ -43,7 +36,11 @@ def _may_follow(link: Path, info: os.stat_result, where: str) -> None:
         return
     if (home.st_mode & _STICKY_WORLD_WRITABLE == _STICKY_WORLD_WRITABLE
             and info.st_uid not in (os.geteuid(), home.st_uid)):
-        raise FolderError(f"{where} is a symbolic link owned by {_owner(info.st_uid)} in the sticky world-writable "
+        try:
+            owner = f"{pwd.getpwuid(info.st_uid).pw_name} (uid {info.st_uid})"
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        raise FolderError(f"{where} is a symbolic link owned by {owner} in the sticky world-writable "
                           f"folder {folder}; nmt follows such a link only when you or the folder's owner made it "
                           "(the kernel's fs.protected_symlinks rule): remove it or write elsewhere")
 
@@ -57,9 +54,7 @@ def output_target(path: str | Path, option: str | None = None) -> Path:
     here = Path(rest.pop(0)) if given.is_absolute() else Path.cwd()
     links = 0
     while rest:
-        part = rest.pop(0)
-        if part in ("", "."):
-            continue
+        part = rest.pop(0)                # a Path's parts hold no "" or "."
         if part == "..":                 # `here` holds no links, so its parent is the real one
             here = here.parent
             continue
