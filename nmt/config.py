@@ -184,9 +184,8 @@ class DecodingConfig:
     top_k: int = _bounded(0, ge=0, le=MAX_VOCAB, help="Sample from the k most probable pieces; 0 = all.")
     top_p: float = _bounded(1.0, ge=1e-6, le=1.0, help="Sample from the top-p probability mass.")
     seed: int = _bounded(0, ge=0, since_saved=True, help="Sampling seed (same seed and batches, same samples).")
-    quantize: Literal["none", "int8"] = _described(
-        "none", "int8: int8 weights for the decoder's step products and the encoder RNN (CPU; BLEU within "
-                "0.3); none.")
+    quantize: Literal["none", "int8"] = _described("none", "int8: int8 weights for the decoder's step products "
+                                                           "and the encoder RNN (CPU; BLEU within 0.3); none.")
     shortlist: bool = _described(False, "Score only the target pieces likely for each batch's source pieces "
                                          "(the vocabulary shortlist the model embeds; greedy and beam). On by "
                                          "default on the CPU for a model that embeds one.")
