@@ -1,6 +1,5 @@
-"""Typed configuration: one YAML file with sections data, model, training, decoding; every key a dataclass
-field with a default, checked on loading (nmt.config_check). Relative paths resolve against the file's folder.
-"""
+"""Typed configuration: one YAML file with sections data, model, training, decoding; every key a dataclass field
+with a default, checked on loading (nmt.config_check). Relative paths resolve against the file's folder."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from nmt.fs.bounded import MAX_YAML_BYTES, YAML_LOADER, BoundError, file_kind, l
 
 def _bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
              since_saved: bool = False, help: str | None = None) -> Any:
-    """A field with a range check. `since_saved`: newer than files earlier nmt versions saved, so not applied to
-    a config read back from one (`stored_config`). `help`: the key's command-line help (nmt.cli.options)."""
+    """A field with a range check; `since_saved`: not applied to a config read back from a file an earlier nmt
+    saved (`stored_config`); `help`: the key's command-line help (nmt.cli.options)."""
     return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "since_saved": since_saved, "help": help})
 
 
@@ -40,8 +39,8 @@ MAX_DIM = 16_384        # embedding, hidden and attention sizes
 MAX_LAYERS = 64         # RNN layers per side
 MAX_LEN = 10_000        # pieces in one sentence (training filter, decoding input and output)
 MAX_TOKENS = 1_000_000  # tokens or sentences in one batch
-# decoding.batch_tokens 0: the device's. On a CPU 4000 was 5% slower and more gained nothing; on a GPU a step
-# costs about the same whatever its rows (docs/benchmarks.md, "Decoding batches on a GPU")
+# decoding.batch_tokens 0: on a CPU 4000 was 5% slower and more gained nothing; a GPU step costs about the same
+# whatever its rows (docs/benchmarks.md)
 DECODING_BATCH_TOKENS = {"cpu": 8000, "cuda": 32000}
 MAX_PENALTY = 10.0      # GNMT alpha and beta: ((5 + len) / 6) ** alpha stays finite in fp32
 # sacreBLEU's BLEU tokenizers nmt offers (nmt.evaluate): ja-mecab and ko-mecab need nmt[ja] / nmt[ko]
@@ -68,8 +67,7 @@ class CorpusConfig:
 class DataConfig:
     src_lang: str = "de"
     tgt_lang: str = "en"
-    # file prefix: reads {train}.{src_lang}[.gz] and {train}.{tgt_lang}[.gz]; or a list of corpora,
-    # each a prefix or {prefix: ..., weight: ...}
+    # a file prefix ({train}.{src_lang}[.gz], {train}.{tgt_lang}[.gz]), or a list of prefixes / {prefix, weight}
     train: str | list[str | CorpusConfig] | None = _path()  # noqa: RUF009 (a list is never mutated)
     dev: str | None = _path()
     test: str | None = _path()
@@ -78,8 +76,7 @@ class DataConfig:
     vocab_size: int = _bounded(8000, ge=16, le=MAX_VOCAB)
     spm_model_type: Literal["unigram", "bpe"] = "unigram"
     character_coverage: float = _bounded(1.0, ge=0.98, le=1.0, since_saved=True)  # SentencePiece's own range
-    # SentencePiece trains on a seeded uniform sample this big
-    spm_sample_sentences: int = _bounded(500_000, ge=1, le=50_000_000)
+    spm_sample_sentences: int = _bounded(500_000, ge=1, le=50_000_000)   # SentencePiece's seeded uniform sample
     spm_sample_seed: int = _bounded(42, ge=0, since_saved=True)
     src_spm_model: str | None = _path()  # reuse existing SentencePiece models instead of training
     tgt_spm_model: str | None = _path()
@@ -87,8 +84,7 @@ class DataConfig:
     min_len: int = _bounded(1, ge=0, le=MAX_LEN)     # in subword pieces, applied to training pairs only
     max_len: int = _bounded(50, ge=1, le=MAX_LEN)
     max_len_ratio: float = _bounded(3.0, gt=0.0, le=1e6)  # drop pairs whose length ratio exceeds this
-    # vocabulary shortlist for decoding (nmt.data.shortlist): target pieces kept per source piece, 0 = none
-    shortlist_k: int = _bounded(100, ge=0, le=MAX_VOCAB)
+    shortlist_k: int = _bounded(100, ge=0, le=MAX_VOCAB)  # decoding shortlist: target pieces per source piece, 0 = none
     shortlist_frequent: int = _bounded(300, ge=0, le=MAX_VOCAB)  # the most frequent target pieces, always kept
     shortlist_score: Literal["dice", "prob"] = "prob"  # p(t|s) = c(s,t)/c(s), or dice 2c(s,t)/(c(s)+c(t))
     shortlist_pairs: int = _bounded(1_000_000, ge=1)   # co-occurrences are counted on the first N training pairs
@@ -188,9 +184,8 @@ class DecodingConfig:
     top_k: int = _bounded(0, ge=0, le=MAX_VOCAB, help="Sample from the k most probable pieces; 0 = all.")
     top_p: float = _bounded(1.0, ge=1e-6, le=1.0, help="Sample from the top-p probability mass.")
     seed: int = _bounded(0, ge=0, since_saved=True, help="Sampling seed (same seed and batches, same samples).")
-    quantize: Literal["none", "int8"] = _described(
-        "none", "int8: int8 weights for the decoder's step products and the encoder RNN (CPU; BLEU within "
-                "0.3); none.")
+    quantize: Literal["none", "int8"] = _described("none", "int8: int8 weights for the decoder's step products "
+                                                           "and the encoder RNN (CPU; BLEU within 0.3); none.")
     shortlist: bool = _described(False, "Score only the target pieces likely for each batch's source pieces "
                                          "(the vocabulary shortlist the model embeds; greedy and beam). On by "
                                          "default on the CPU for a model that embeds one.")
@@ -215,7 +210,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override `{text}` must look like section.key=value")
     dotted, _, raw_value = text.partition("=")
-    parts = [p for p in dotted.strip().split(".")]
+    parts = dotted.strip().split(".")
     if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override `{text}` must name a section and a key, e.g. training.lr=3e-4")
     try:
@@ -291,8 +286,8 @@ RETIRED_KEYS = {"data": ("spm_train_sentences",)}   # replaced by data.spm_sampl
 
 
 def stored_config(raw: Any) -> Config:
-    """The config saved in a checkpoint or model file, perhaps by an earlier nmt: its retired keys are dropped
-    and rules newer than it (`since_saved`, `_check_together`) not applied, so that what it trained loads."""
+    """The config saved in a checkpoint or model file, perhaps by an earlier nmt: retired keys dropped and newer
+    rules (`since_saved`, `_check_together`) not applied, so that what it trained loads."""
     if isinstance(raw, dict):
         raw = {section: ({k: v for k, v in values.items() if k not in RETIRED_KEYS.get(section, ())}
                          if isinstance(values, dict) else values) for section, values in raw.items()}
@@ -300,8 +295,7 @@ def stored_config(raw: Any) -> Config:
 
 
 class _UniqueKeyLoader(YAML_LOADER):  # type: ignore[misc,valid-type]
-    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (YAML would keep the
-    last: a second `training:` would drop the first). `load_yaml` bounds the text first (nmt.fs.bounded)."""
+    """The safe loader, but a key given twice in one mapping is an error (YAML would silently keep the last)."""
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -324,7 +318,6 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config, apply `--set` overrides, validate, resolve relative paths."""
     path = Path(path)
     try:
         mode = path.stat().st_mode

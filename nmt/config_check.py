@@ -1,6 +1,5 @@
-"""Checking a raw YAML mapping against a dataclass schema: names (with a "did you mean" hint), types,
-ranges and paths; the first problem is a one-line `ConfigError` naming the key. The schema itself,
-and loading files and overrides, are in nmt.config."""
+"""Checking a raw YAML mapping against a dataclass schema (nmt.config): names (with a "did you mean" hint), types,
+ranges and paths; the first problem is a one-line `ConfigError` naming the key."""
 
 from __future__ import annotations
 
@@ -29,11 +28,11 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None, stored: bool) -> Any:
+    """`value` checked against the annotation `tp`; an int (or a string such as 3e-4) where a float is expected."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, f"{key}.", base_dir)
+        return build(tp, value, f"{key}.", base_dir, stored)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         # A mapping can only be a section and a list only a list: let their own errors through.
@@ -42,10 +41,10 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
         elif isinstance(value, list):
             options = tuple(o for o in options if typing.get_origin(o) is list) or options
         if len(options) == 1:
-            return _coerce(value, options[0], key, base_dir)
+            return _coerce(value, options[0], key, base_dir, stored)
         for option in options:
             try:
-                return _coerce(value, option, key, base_dir)
+                return _coerce(value, option, key, base_dir, stored)
             except ConfigError:
                 continue
         raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
@@ -59,10 +58,8 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
         (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, f"{key}[{i}]", base_dir) for i, v in enumerate(value)]
-    if ((tp is type(None) and value is None) or (tp is bool and isinstance(value, bool))
-            or (tp is int and isinstance(value, int) and not isinstance(value, bool))
-            or (tp is str and isinstance(value, str))):
+        return [_coerce(v, item_tp, f"{key}[{i}]", base_dir, stored) for i, v in enumerate(value)]
+    if tp in (type(None), bool, int, str) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     if tp is float:
         try:  # PyYAML reads 3e-4 (no dot) as a string
@@ -76,22 +73,14 @@ def _coerce(value: Any, tp: Any, key: str, base_dir: Path | None = None) -> Any:
     raise ConfigError(f"`{key}` must be {_type_name(tp)}, got {value!r}")
 
 
-def _check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
-    if value is None or isinstance(value, (str, list, bool)):
-        return
-    for bound, fails, words in (("ge", operator.lt, ">="), ("gt", operator.le, ">"), ("le", operator.gt, "<=")):
-        if meta.get(bound) is not None and fails(value, meta[bound]):
-            raise ConfigError(f"`{key}` must be {words} {meta[bound]}, got {value}")
-
-
+_RANGE_CHECKS = (("ge", operator.lt, ">="), ("gt", operator.le, ">"), ("le", operator.gt, "<="))
 INT_LIMIT = 2**31 - 1     # every integer key: counts, sizes and seeds far beyond any real use are typos
 STORED_INT_LIMIT = 2**63 - 1    # in stored configs (earlier nmt versions had no INT_LIMIT): what torch can take
 
 
 def build(cls: Any, raw: Any, prefix: str, base_dir: Path | None, stored: bool = False) -> Any:
     """Build dataclass `cls` from the mapping `raw`, checking every key (see `stored_config` for `stored`)."""
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"`{prefix.rstrip('.') or 'config'}` must be a mapping of keys to values, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -103,14 +92,12 @@ def build(cls: Any, raw: Any, prefix: str, base_dir: Path | None, stored: bool =
             close = difflib.get_close_matches(str(name), list(fields), n=1)
             hint = f"; did you mean `{prefix}{close[0]}`?" if close else ""
             raise ConfigError(f"unknown key `{key}`{hint}")
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            values[name] = build(tp, value, f"{key}.", base_dir, stored)
-            continue
-        value = _coerce(value, tp, key, base_dir)
+        value = _coerce(value, hints[name], key, base_dir, stored)
         meta = fields[name].metadata
-        if not (stored and meta.get("since_saved")):
-            _check_range(value, meta, key)
+        checked = not (stored and meta.get("since_saved"))
+        for bound, fails, words in _RANGE_CHECKS:
+            if checked and meta.get(bound) is not None and fails(value, meta[bound]):
+                raise ConfigError(f"`{key}` must be {words} {meta[bound]}, got {value}")
         limit = STORED_INT_LIMIT if stored else INT_LIMIT
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
             raise ConfigError(f"`{key}` must be at most {limit}, got {value}")

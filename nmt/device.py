@@ -19,8 +19,7 @@ _CAPTURE_LOCK = threading.Lock()          # one CUDA graph capture at a time in 
 @contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream) -> Iterator[None]:
     """Record the block's GPU work into `graph` on `stream`, a side stream of the work's device (torch's shared
-    capture stream belongs to the device that made it first). One capture at a time; other threads' CUDA
-    calls stay allowed meanwhile (thread_local)."""
+    capture stream belongs to the device that made it first); one capture at a time, other threads' CUDA allowed."""
     with (_CAPTURE_LOCK, torch.cuda.device(stream.device),
           torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local")):
         yield
@@ -40,20 +39,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def autocast_dtype(precision: str, device: torch.device, graphed: bool = False) -> torch.dtype | None:
-    """The autocast dtype for `training.precision` / `decoding.precision`, or None for plain float32.
-
-    auto: bfloat16 on CUDA with captured graphs (`graphed`) and on CPUs that compute it natively, else
-    float32: on an H200 bf16 was 1.13x (training) and 1.33x (beam) faster with graphs, and 1.2-1.4x slower
-    without, as autocast only adds casts to many small kernels (docs/benchmarks.md). fp16 is CUDA only.
-    """
+    """The autocast dtype for a `precision` setting, None for float32. auto: bf16 on CUDA with captured graphs and
+    on CPUs that compute it natively. On an H200 bf16 was 1.13x (training) and 1.33x (beam) faster with graphs, but
+    1.2-1.4x slower without, autocast adding casts to many small kernels (docs/benchmarks.md). fp16: CUDA only."""
     if precision == "fp32":
         return None
-    if precision == "auto" and device.type == "cuda":
-        return torch.bfloat16 if graphed and torch.cuda.is_bf16_supported() else None
     if device.type == "cuda":
         if precision == "fp16":
             return torch.float16
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+        return torch.bfloat16 if (graphed or precision != "auto") and torch.cuda.is_bf16_supported() else None
     try:
         native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     except (AttributeError, RuntimeError):
@@ -67,8 +61,8 @@ def active_autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def use_deterministic_algorithms() -> None:
-    """Deterministic kernels, so that a resumed CUDA run repeats the uninterrupted one exactly; process-wide
-    (`nmt train`). cuBLAS's fixed workspace counts only if set before its first use."""
+    """Deterministic kernels (process-wide), so that a resumed CUDA run repeats the uninterrupted one exactly.
+    cuBLAS's fixed workspace counts only if set before its first use."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False

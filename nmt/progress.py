@@ -13,23 +13,19 @@ from tqdm import tqdm
 EVERY_SECONDS = 30.0
 
 
-def is_terminal(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):          # a replaced or closed stream
-        return False
-
-
 def progress_bar(desc: str, unit: str, total: int | None = None, initial: int = 0, disable: bool = False,
                  leave: bool = True, stream: TextIO | None = None, every_seconds: float = EVERY_SECONDS,
                  **tqdm_options: Any) -> Any:
     """A tqdm bar on a terminal, else `LogLines`; `leave=False` leaves no last line; `tqdm_options` go to tqdm."""
     stream = stream if stream is not None else sys.stderr
-    if is_terminal(stream):
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=stream, disable=disable, leave=leave,
-                    **tqdm_options)
-    return LogLines(desc, unit, total=total, initial=initial, disable=disable, leave=leave, stream=stream,
-                    every_seconds=every_seconds)
+    common: dict[str, Any] = {"total": total, "initial": initial, "disable": disable, "leave": leave}
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):          # a replaced or closed stream
+        terminal = False
+    if terminal:
+        return tqdm(desc=desc, unit=unit, file=stream, **common, **tqdm_options)
+    return LogLines(desc, unit, stream=stream, every_seconds=every_seconds, **common)
 
 
 class LogLines:

@@ -1,17 +1,8 @@
 """Reading JSON and YAML that may be hostile: bounded in size, nesting and (YAML) alias expansion.
 
-Every JSON or YAML file nmt reads (configs and `--set` values, folder markers, manifests, metrics,
-a model file's metadata, `export --score` results) may come from someone else. Python's parsers
-accept what no file of nmt's holds and fail badly on it: JSON nested 100,000 deep overflows the
-interpreter's stack (a `RecursionError`, or a crash in C), and YAML aliases expand 9 references
-of 9 references ... into 9^9 nodes (a "billion laughs") that every walk over the config then
-visits. Here each input is held to bounds far above any real file before it is built, and a
-breach is a `BoundError` (a `ValueError`, which every caller already reports as an unreadable
-file) saying which bound.
-
-YAML is first read as a stream of events by libyaml (iterative in C: no recursion, no nodes),
-counting nesting and nodes with every alias expanded; only a stream within the bounds is composed
-and constructed.
+Any file nmt reads may come from someone else: JSON nested 100,000 deep overflows Python's stack, and YAML aliases
+of aliases expand to 9^9 nodes (a "billion laughs"). Each input is held to bounds far above any real file before it
+is built; a breach is a `BoundError` (a ValueError, reported as an unreadable file) naming the bound.
 """
 
 from __future__ import annotations
@@ -20,7 +11,6 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +26,11 @@ YAML_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml wh
 
 
 class BoundError(ValueError):
-    """An input past a bound: too large, nested too deep, or (YAML) expanding to too many nodes.
-    `line`: where in a YAML text the bound was passed, if known (the message says it too)."""
+    """An input past a bound; `line`: where in a YAML text, if known (the message says it too)."""
 
     def __init__(self, problem: str, line: int | None = None) -> None:
         super().__init__(f"line {line}: {problem}" if line is not None else problem)
         self.problem, self.line = problem, line
-
-
-# ---------------------------------------------------------------------------------------------- JSON
 
 
 def loads_json(text: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
@@ -53,35 +39,30 @@ def loads_json(text: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: in
         raise BoundError(f"larger than {_size(max_bytes)}")
     try:
         value = json.loads(text)
+        too_deep = _depth_over(value, max_depth)
     except RecursionError:        # the C decoder stops at the interpreter's recursion limit (~1000 deep)
-        raise BoundError(f"JSON nested deeper than {max_depth} levels") from None
-    if _depth_over(value, max_depth):
+        too_deep = True
+    if too_deep:
         raise BoundError(f"JSON nested deeper than {max_depth} levels")
     return value
 
 
 def _depth_over(value: Any, max_depth: int) -> bool:
     """Whether lists and mappings nest deeper than `max_depth` in `value` (walked without recursion)."""
-    stack = [(value, 0)]
+    stack = [(value, 0)] if isinstance(value, dict | list) else []
     while stack:
         item, depth = stack.pop()
-        children: Iterable[Any]
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
         if depth >= max_depth:
             return True
+        children = item.values() if isinstance(item, dict) else item
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return False
 
 
-def read_bytes(path: str | Path, max_bytes: int) -> bytes:
+def read_bytes(path: str | Path, max_bytes: int, follow: bool = True) -> bytes:
     """The bytes of the regular file `path`, refused past `max_bytes`; a pipe or device is an OSError
-    (reading one would wait forever or never end), as is a missing file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    (reading one would wait forever or never end), as is a missing file, or a link unless `follow`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     with os.fdopen(fd, "rb") as handle:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -93,8 +74,7 @@ def read_bytes(path: str | Path, max_bytes: int) -> bytes:
 
 
 def read_json(path: str | Path, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-    """The JSON document in the file `path`, within the bounds. Raises OSError (missing, unreadable, not
-    a regular file) or ValueError (not UTF-8, not JSON, a `BoundError`), as `json.loads(read_text())` does."""
+    """The JSON in the file `path`, within the bounds; errors as `json.loads(read_text())` raises them."""
     return loads_json(read_bytes(path, max_bytes).decode("utf-8"), max_bytes, max_depth)
 
 
@@ -112,13 +92,10 @@ def _size(count: int) -> str:
     return f"{count >> 20} MB" if count >= 1 << 20 else f"{count >> 10} KB" if count >= 1 << 10 else f"{count} bytes"
 
 
-# ---------------------------------------------------------------------------------------------- YAML
-
-
 def check_yaml(text: str, max_bytes: int = MAX_YAML_BYTES, max_depth: int = MAX_DEPTH,
                max_nodes: int = MAX_YAML_NODES) -> None:
-    """Refuse YAML over `max_bytes`, nested deeper than `max_depth`, or of more than `max_nodes` nodes
-    once its aliases are expanded. Syntax errors are left to the loader that follows (same events)."""
+    """Refuse YAML past the bounds, counting nodes with aliases expanded, from libyaml's event stream (iterative
+    in C: no recursion, no nodes built). Syntax errors are left to the loader that follows."""
     if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
         raise BoundError(f"larger than {_size(max_bytes)}")
     nodes, depth = 0, 0
@@ -159,4 +136,3 @@ def load_yaml(text: str, loader: type | None = None, **bounds: int) -> Any:
     """`yaml.load(text, loader)` (libyaml's safe loader by default) after `check_yaml(text, **bounds)`."""
     check_yaml(text, **bounds)
     return yaml.load(text, Loader=loader or YAML_LOADER)
-

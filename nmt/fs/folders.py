@@ -1,17 +1,9 @@
 """What nmt may delete and when: folder markers, locks, leftovers, path overlaps, atomic writes.
 
-A run folder or data folder carries a marker file, `.nmt-folder.json`, that nmt writes when it creates or adopts the
-folder. Only a marked folder is ever cleared, and only of the files nmt writes there; anything else in it is foreign
-and makes nmt refuse. One process writes in a folder at a time: it holds an exclusive `flock` on the folder's
-`.nmt.lock` (see nmt.fs.locks; the kernel lets go when it dies). Every file is written atomically: to an unpredictable
-temporary name beside it (`.NAME.PID-RANDOM.nmt-tmp`, created with O_EXCL), fsynced, then renamed into place with
-the mode the umask gives a new file; temporaries of dead processes are removed the next time a command opens the
-folder.
-
-Nothing in a folder of nmt's is ever written through a symbolic link, and every name a marker
-lists is a plain file name inside its folder: a link there, a marker that is a link, or a marker
-naming `../x` or `/x` makes the folder foreign. (An output the user names may be a link: see
-nmt.fs.outputs, which decides where such a write lands before it reaches `PendingFile`.)
+nmt clears only a folder carrying its marker (`.nmt-folder.json`), and there only the files nmt writes; anything
+else is foreign and makes nmt refuse, as do a link in the folder, a marker that is a link, or a marker naming
+`../x` or `/x`. Files are written atomically: to an unpredictable temporary name beside them (O_EXCL), fsynced,
+renamed into place with the umask's mode; dead processes' temporaries go the next time a command opens the folder.
 """
 
 from __future__ import annotations
@@ -23,13 +15,12 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from nmt.fs.bounded import loads_json
+from nmt.fs.bounded import loads_json, read_bytes
 
 MARKER = ".nmt-folder.json"
 LOCK = ".nmt.lock"
@@ -37,14 +28,12 @@ TEMP_SUFFIX = ".nmt-tmp"
 MAX_MARKER_BYTES = 1 << 20          # a marker lists file names: a few KB
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
 
-# The files nmt writes into a run folder and an attention-plot folder (a data folder lists its own
-# files in its marker).
+# The files nmt writes into a run folder and an attention-plot folder (a data folder's marker lists its own).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.pt", "spm.model", "src.model",
              "tgt.model", "tgt.pieces", "data_manifest.json")
 NMT_FILES = {"run": RUN_FILES, "attention": ("attention-*.png",)}
-# What nmt writes inside the folders it writes into a folder of its own (`training.tensorboard`'s event
-# files); anything else there is foreign, and a folder nmt's marker names that is not one of these is
-# nmt's only while it is empty.
+# What nmt writes inside its subfolders (tensorboard's event files); a subfolder not listed here is nmt's only
+# while it is empty.
 SUBFOLDER_FILES = {"tensorboard": ("events.out.tfevents.*",)}
 
 
@@ -53,23 +42,12 @@ class FolderError(ValueError):
 
 
 def plain_name(name: object) -> bool:
-    """A file name inside a folder: a non-empty string with no separator that is not `.` or `..`
-    (so no absolute path either). Every name read from a marker, manifest or checkpoint must be one."""
+    """A file name inside a folder (no separator, not `.` or `..`), as every name read from a file must be."""
     return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
-def _is_link(path: Path) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-# ---------------------------------------------------------------------------------------------- files
-
-
 def new_file_mode() -> int:
-    """The mode `open()` would give a new file under the current umask (0o644 under umask 022)."""
+    """The mode `open()` gives a new file under the umask (read from /proc: setting it to read it races threads)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
@@ -95,32 +73,28 @@ class _NamedErrors:
         self.error: OSError | None = None     # the first write error, for callers that lose it (torch.save)
 
     def write(self, data: Any) -> int:
-        try:
-            return self._handle.write(data)
-        except OSError as exc:
-            raise self._named(exc) from None
+        return self._named(self._handle.write, data)
 
     def flush(self) -> None:
-        try:
-            self._handle.flush()
-        except OSError as exc:
-            raise self._named(exc) from None
+        self._named(self._handle.flush)
 
-    def _named(self, exc: OSError) -> OSError:
-        self.error = self.error or _naming(exc, self._path)
-        return self.error
+    def _named(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as exc:
+            self.error = self.error or _naming(exc, self._path)
+            raise self.error from None
 
     def __getattr__(self, name: str) -> Any:          # everything else as the file object has it
         return getattr(self._handle, name)
 
 
 class PendingFile:
-    """A file being written under a temporary name beside `path`; `commit` renames it into place.
-    Errors while writing or committing name `path`."""
+    """A file written under a temporary name beside `path` that `commit` renames into place; errors name `path`."""
 
     def __init__(self, path: str | Path, mode: str = "wb") -> None:
         self.path = Path(path)
-        if _is_link(self.path):      # a user's output is resolved first (nmt.fs.outputs.output_target)
+        if self.path.is_symlink():   # a user's output is resolved first (nmt.fs.outputs.output_target)
             raise FolderError(f"{self.path} is a symbolic link; nmt never writes through a link here "
                               "(remove the link, or name the file it points to)")
         if self.path.exists() and not self.path.is_file() and not self.path.is_dir():   # the rename would replace it
@@ -133,18 +107,12 @@ class PendingFile:
         self.tmp = Path(tmp)
         try:
             os.fchmod(fd, new_file_mode())
-            text: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
-            self._writer = _NamedErrors(os.fdopen(fd, mode, **text), self.path)
+            self._writer = _NamedErrors(os.fdopen(fd, mode, **text_options(mode)), self.path)
             self.handle: IO[Any] = self._writer  # type: ignore[assignment]
         except BaseException:
             os.close(fd)
             self.tmp.unlink(missing_ok=True)
             raise
-
-    @property
-    def write_error(self) -> OSError | None:
-        """The first error writing to `handle`, named: for a writer that reports it its own way."""
-        return self._writer.error
 
     def commit(self) -> None:
         try:
@@ -152,11 +120,10 @@ class PendingFile:
             os.fsync(self.handle.fileno())
             self.handle.close()
             os.replace(self.tmp, self.path)
-        except OSError as exc:
+        except BaseException as exc:
             self.discard()
-            raise _naming(exc, self.path) from None
-        except BaseException:
-            self.discard()
+            if isinstance(exc, OSError):
+                raise _naming(exc, self.path) from None
             raise
         fsync_folder(self.path.parent)
 
@@ -166,22 +133,23 @@ class PendingFile:
         self.tmp.unlink(missing_ok=True)
 
 
+def text_options(mode: str) -> dict[str, Any]:
+    """`open()`'s arguments for nmt's text files: UTF-8, lines written as given (no "\\r\\n" translation)."""
+    return {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
+
+
 def atomic_write(path: str | Path, write: Callable[[IO], object], mode: str = "wb") -> None:
     """Call `write(handle)` on an unpredictably named temporary file beside `path`, fsync, rename over `path`."""
     pending = PendingFile(path, mode)
     try:
         write(pending.handle)
         pending.commit()
-    except OSError as exc:            # name the file (a full disk reports no file name)
+    except BaseException as exc:
         pending.discard()
-        raise _naming(exc, Path(path)) from None
-    except RuntimeError:              # torch.save turns a failed write into an opaque RuntimeError
-        pending.discard()
-        if pending.write_error is not None:
-            raise pending.write_error from None
-        raise
-    except BaseException:
-        pending.discard()
+        if isinstance(exc, OSError):      # name the file (a full disk reports no file name)
+            raise _naming(exc, Path(path)) from None
+        if isinstance(exc, RuntimeError) and pending._writer.error is not None:   # torch.save's opaque error
+            raise pending._writer.error from None
         raise
 
 
@@ -193,18 +161,13 @@ def append_text(path: str | Path, text: str) -> None:
 
 
 def copy_atomically(source: str | Path, target: str | Path) -> None:
-    """Copy a file's bytes to `target` the way atomic_write writes (the umask's mode, not the source's).
-    A read error names `source` (reads report no file name; atomic_write would name `target`)."""
+    """Copy a file's bytes to `target` the way atomic_write writes (the umask's mode, not the source's)."""
     with open(source, "rb") as handle:
         def copy(out: IO[bytes]) -> None:
-            while True:
-                try:
-                    block = handle.read(1 << 20)
-                except OSError as exc:
-                    raise _naming(exc, Path(source)) from None
-                if not block:
-                    return
-                out.write(block)
+            try:
+                shutil.copyfileobj(handle, out, 1 << 20)
+            except OSError as exc:    # a read error names no file: name `source` (a write error names `target`)
+                raise _naming(exc, Path(source)) from None
 
         atomic_write(target, copy)
 
@@ -227,23 +190,19 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:       # another user's
         return True
     return True
 
 
 def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]:
-    """Remove temporaries that killed nmt processes left in `folder` (only for `target` if given).
-
-    A temporary is a leftover when its process is gone, or when it carries this process's id
-    (call this before writing anything: under a lock, a container's PID 1 is its own leftover).
-    """
-    folder = Path(folder)
-    removed: list[str] = []
+    """Remove temporaries of dead processes in `folder` (only `target`'s if given), and this process's own: call
+    it before writing anything (a container's PID 1 finds its previous life's)."""
     try:
-        entries = list(folder.iterdir())
+        entries = list(Path(folder).iterdir())
     except OSError:
-        return removed
+        return []
+    removed: list[str] = []
     for entry in entries:
         owner = _temp_owner(entry.name)
         if owner is None or (target is not None and not entry.name.startswith(f".{target}.")):
@@ -257,26 +216,18 @@ def remove_leftovers(folder: str | Path, target: str | None = None) -> list[str]
     return removed
 
 
-# ---------------------------------------------------------------------------------------------- markers
-
-
 def read_marker(folder: str | Path) -> dict[str, Any] | None:
     """The folder's marker; None when it has none (or none nmt can read). A marker that is a symbolic
     link, or that lists a name which is not a plain file name in the folder, is a `FolderError`."""
     path = Path(folder) / MARKER
-    try:             # never through a link; never waiting on a pipe
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:                          # never through a link; never waiting on a pipe
+        marker = loads_json(read_bytes(path, MAX_MARKER_BYTES, follow=False).decode("utf-8"), MAX_MARKER_BYTES)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise FolderError(f"{path} is a symbolic link, which nmt's marker never is: {folder} is not a folder "
                               "nmt may use; remove the link yourself or choose another folder") from None
         return None
-    try:
-        with os.fdopen(fd, "rb") as handle:      # a marker nmt wrote is a small regular file
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return None
-            marker = loads_json(handle.read(MAX_MARKER_BYTES + 1).decode("utf-8"), MAX_MARKER_BYTES)
-    except (OSError, ValueError):                # past a bound too (nmt.fs.bounded)
+    except ValueError:            # not JSON, or past a bound (nmt.fs.bounded)
         return None
     if not isinstance(marker, dict) or "kind" not in marker:
         return None
@@ -289,8 +240,7 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
 
 
 def own_marker(folder: str | Path) -> dict[str, Any] | None:
-    """The folder's marker, or None also when the marker is not nmt's (a link, names outside the folder):
-    for a user's output written into a folder, which such a marker must not block."""
+    """`read_marker`, but None for a marker that is not nmt's: such a marker must not block a user's output."""
     try:
         return read_marker(folder)
     except FolderError:
@@ -318,13 +268,15 @@ def is_nmt_file(name: str, marker: dict[str, Any]) -> bool:
     """Data folders list their files in the marker; run folders have fixed names plus registered ones."""
     if name in (MARKER, LOCK) or _temp_owner(name) is not None or name in marker.get("files", ()):
         return True
-    patterns = NMT_FILES.get(str(marker.get("kind")), ())
+    return _matches(name, NMT_FILES.get(str(marker.get("kind")), ()))
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str]:
-    """Paths in `folder`, relative to it, that nmt did not write (everything, when the folder has no marker),
-    looked for at every depth: a file of the user's inside RUN/tensorboard is as foreign as one beside it."""
+    """Paths in `folder`, relative to it and at any depth, that nmt did not write (all, when it has no marker)."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -338,24 +290,25 @@ def foreign_files(folder: str | Path, marker: dict[str, Any] | None) -> list[str
 
 
 def _foreign_inside(subfolder: Path) -> list[str]:
-    """Names in a folder nmt wrote inside one of its folders that nmt does not write there: links, folders,
-    files of other names (SUBFOLDER_FILES)."""
-    patterns = SUBFOLDER_FILES.get(subfolder.name, ())
+    """Names in one of nmt's subfolders that nmt does not write there: links, folders, other names."""
     try:
         entries = sorted(subfolder.iterdir())
     except OSError:
         return ["(unreadable)"]
     return [entry.name for entry in entries if entry.is_symlink() or not entry.is_file()
-            or not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in patterns)]
+            or not _matches(entry.name, SUBFOLDER_FILES.get(subfolder.name, ()))]
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def refuse_links(folder: Path, key: str) -> None:
     """A `FolderError` when `folder` holds a symbolic link: nmt never writes through one in its folders."""
     links = sorted(entry.name for entry in folder.iterdir() if entry.is_symlink()) if folder.is_dir() else []
     if links:
-        shown = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
-        raise FolderError(f"{folder} holds symbolic links ({shown}); nmt never writes through a link in its "
-                          f"folders: choose another {key} or remove them yourself")
+        raise FolderError(f"{folder} holds symbolic links ({_some(links)}); nmt never writes through a link in "
+                          f"its folders: choose another {key} or remove them yourself")
 
 
 def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, Any] | None:
@@ -369,17 +322,15 @@ def refuse_foreign(folder: Path, kind: str, key: str, what: str) -> dict[str, An
     refuse_links(folder, key)
     foreign = foreign_files(folder, marker)
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise FolderError(f"{folder} holds files nmt did not write ({shown}); choose another {key} "
+        raise FolderError(f"{folder} holds files nmt did not write ({_some(foreign)}); choose another {key} "
                           f"or {what}")
     return marker
 
 
 def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
-    """Delete what nmt wrote in `folder` (not the marker, not the lock); nothing else is touched, at any
-    depth: a folder of nmt's is emptied of nmt's files and removed only if nothing else is left in it."""
-    folder = Path(folder)
-    for entry in sorted(folder.iterdir()):
+    """Delete what nmt wrote in `folder` (not the marker, not the lock), at any depth; a subfolder goes only
+    once nothing else is left in it."""
+    for entry in sorted(Path(folder).iterdir()):
         if entry.name in (MARKER, LOCK) or not is_nmt_file(entry.name, marker):
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -391,9 +342,6 @@ def remove_nmt_files(folder: str | Path, marker: dict[str, Any]) -> None:
                 entry.rmdir()
         else:
             entry.unlink()
-
-
-# ---------------------------------------------------------------------------------------------- overlaps
 
 
 def _inside(inner: Path, outer: Path) -> bool:
@@ -417,9 +365,8 @@ def check_overlap(folder: str | Path, key: str, inputs: Iterable[Path], config_p
 
 def refuse_inputs_inside(folder: str | Path, key: str, inputs: Iterable[tuple[str, str | Path | None]],
                          clears: str) -> None:
-    """A `FolderError` naming the first input (`(key, path)` pairs: a fine-tuning parent, a given tokenizer)
-    that lies inside `folder`, which this command clears or replaces (`clears` says how): checked before
-    anything is deleted, so a run never destroys what it reads."""
+    """A `FolderError` naming the first input (`(key, path)` pairs) inside `folder`, which this command clears
+    (`clears` says how): checked before anything is deleted, so a run never destroys what it reads."""
     target = Path(folder).resolve()
     for name, path in inputs:
         if path and _inside(Path(path).resolve(), target):

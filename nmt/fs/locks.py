@@ -1,16 +1,11 @@
-"""Who may work in a folder: `flock` on its `.nmt.lock`, exclusive for a writer, shared for readers.
-
-A process that writes in a run or data folder (training, preprocessing) holds an exclusive lock
-on it; training also holds a shared lock on its data folder, so that preprocessing cannot
-rewrite the data under a running training while several trainings can share one data folder.
-The kernel lets go of a lock when its process dies. A holder writes "PID nmt COMMAND" into the
-lock file, but the file can be stale (or the lock held by a program that is not nmt), so the
-holder an error names is the one the kernel reports in /proc/locks; the file only lends its
-description to a PID the kernel confirms.
+"""Who may work in a folder: `flock` on its `.nmt.lock`, exclusive for a writer, shared for readers (training
+shares its data folder, so preprocessing cannot rewrite it underneath). The kernel lets go when a holder dies.
+Holders write "PID nmt COMMAND" into the file, but it may be stale, so an error names the holders /proc/locks lists.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -33,12 +28,9 @@ _READER_WAIT = 2.0                     # s a reader waits for another reader tha
 
 
 def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
-    """Hold a lock on `folder` until this process ends or `release_folder`: exclusive, or `shared` for a
-    process that only reads there. A holder in the way is a `FolderError` naming it.
-
-    Returns False, and does nothing, when this process holds a lock on the folder already; also for a
-    shared lock on a folder where the lock file cannot be created (a read-only folder no one rewrites).
-    """
+    """Hold a lock on `folder` until this process ends or `release_folder`; a holder in the way is a `FolderError`
+    naming it. False (and nothing done) when this process holds one already, or for a `shared` lock where the lock
+    file cannot be created (a read-only folder no one rewrites)."""
     folder = Path(folder).resolve()
     if folder in _held_locks:
         return False
@@ -56,7 +48,10 @@ def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
         alone = _try_lock(fd, fcntl.LOCK_EX)
         if not alone and not (shared and _lock_shared_soon(fd)):
             raise FolderError(f"{folder} is in use by {_holders(fd)}; wait for it or stop it first")
-        _record(fd, f"{os.getpid()} nmt {command}\n".encode(), alone)
+        with contextlib.suppress(OSError):   # "PID nmt COMMAND"; a read-only lock file: the kernel still names us
+            if alone:                        # in place of earlier holders' records, else beside other readers'
+                os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} nmt {command}\n".encode(), 0 if alone else os.fstat(fd).st_size)
         if shared and alone and not _try_lock(fd, fcntl.LOCK_SH):   # keep it, shared (a writer may come between)
             raise FolderError(f"{folder} is in use by {_holders(fd)}; wait for it or stop it first")
     except BaseException:
@@ -67,26 +62,14 @@ def lock_folder(folder: str | Path, command: str, shared: bool = False) -> bool:
 
 
 def _lock_shared_soon(fd: int) -> bool:
-    """A shared lock, waiting up to _READER_WAIT: a reader that finds the folder free holds it exclusively while it
-    writes its record, then shares it, so readers that start together (DDP ranks) must not take that moment for a
-    writer. A writer keeps its lock past the wait and is named."""
+    """A shared lock within _READER_WAIT: a reader holds the lock alone while it writes its record, so readers that
+    start together (DDP ranks) must not take that moment for a writer."""
     deadline = time.monotonic() + _READER_WAIT
     while not _try_lock(fd, fcntl.LOCK_SH):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
     return True
-
-
-def _record(fd: int, record: bytes, alone: bool) -> None:
-    """Write this process's "PID nmt COMMAND" into the lock file: alone, in place of earlier holders' records;
-    beside the other readers' records otherwise."""
-    try:
-        if alone:
-            os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0 if alone else os.fstat(fd).st_size)
-    except OSError:               # a read-only lock file: the kernel still names this process
-        pass
 
 
 def _try_lock(fd: int, kind: int) -> bool:
@@ -100,22 +83,18 @@ def _try_lock(fd: int, kind: int) -> bool:
 
 
 def holds_lock(folder: str | Path) -> bool:
-    """Whether this process holds a lock on `folder` (taken by `lock_folder`)."""
     return Path(folder).resolve() in _held_locks
 
 
 def release_folder(folder: str | Path) -> None:
-    """Let go of a lock taken by `lock_folder` (a process otherwise holds it until it ends)."""
     fd = _held_locks.pop(Path(folder).resolve(), None)
     if fd is not None:
         os.close(fd)
 
 
 def open_work_folder(folder: str | Path, kind: str, key: str, command: str, what: str) -> tuple[bool, dict | None]:
-    """Refuse a foreign folder, create it if missing, lock it, clean leftovers, re-check under the lock.
-
-    Returns (created, marker before this call). The marker is written for new and empty folders.
-    """
+    """Refuse a foreign folder, create it if missing, lock it, clean leftovers, re-check under the lock, and
+    mark it if unmarked. Returns (created, the marker before this call)."""
     folder = Path(folder)
     refuse_foreign(folder, kind, key, what)
     created = not folder.exists()
@@ -132,14 +111,11 @@ def _holders(fd: int) -> str:
     """The processes holding the lock on the file `fd`, as the kernel lists them: "process 123 (nmt train)"."""
     info = os.fstat(fd)
     key = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
-    records = {}
-    for line in os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and fields[0].isdigit():
-            records[int(fields[0])] = " ".join(fields[1:])
-    pids = _kernel_holders(key)
-    if not pids:                  # no /proc/locks (or it names no one): the records of living processes
-        pids = [pid for pid in records if process_alive(pid)]
+    lines = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace").splitlines()
+    records = {int(fields[0]): " ".join(fields[1:]) for fields in map(str.split, lines)
+               if len(fields) >= 2 and fields[0].isdigit()}
+    # without /proc/locks (or if it names no one): the records of living processes
+    pids = _kernel_holders(key) or [pid for pid in records if process_alive(pid)]
     if not pids:
         return "another process"
     return " and ".join(f"process {pid} ({records.get(pid) or _command(pid)})" for pid in pids)
@@ -153,13 +129,10 @@ def _kernel_holders(key: str) -> list[int]:
     except OSError:
         return []
     pids = []
-    for line in lines:
-        fields = line.split()     # "1: FLOCK  ADVISORY  WRITE 4884 fe:00:2146451 0 EOF"; waiters have "->"
+    for fields in map(str.split, lines):     # "1: FLOCK  ADVISORY  WRITE 4884 fe:00:2146451 0 EOF"; waiters: "->"
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key and fields[4].lstrip("-").isdigit():
-            pid = int(fields[4])
-            if pid > 0 and pid not in pids:
-                pids.append(pid)
-    return pids
+            pids.append(int(fields[4]))
+    return [pid for pid in dict.fromkeys(pids) if pid > 0]
 
 
 def _command(pid: int) -> str:

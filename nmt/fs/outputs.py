@@ -1,24 +1,15 @@
-"""Files the user names for nmt to write (`-o`, `--json`, `--alignments`, `export -o`, plots...):
-where such a write lands, and what it may not land on.
+"""Files the user names for nmt to write (`-o`, `--json`, `--alignments`, `export -o`, plots...): where such a
+write lands, and what it may not land on (an input, stdin, another output, a file of an nmt folder).
 
-nmt writes a file whole under a temporary name and renames it into place (nmt.fs.folders.PendingFile),
-which never writes through a symbolic link. A user's output may be a link, and then
-`output_target` follows it, but only as the kernel follows a link on open under
-`fs.protected_symlinks` (whether that setting is on or not): a link in a sticky world-writable
-folder such as /tmp is followed only when it belongs to the caller or to the folder's owner, so a
-link someone else planted there never redirects a write. A link inside one of nmt's own folders is
-never followed. `check_outputs` applies this to every output of a command before any work, and
-refuses an output that is one of the command's inputs (stdin too), another output, or a file of
-an nmt folder. "Is one of" compares what the paths lead to, links resolved, by real path and by
-(device, inode), so a hard link or a link to a folder is caught as well; for a model the inputs
-are all the files it is made of (nmt.modelfile.hub.model_files).
-
-A character device (`-o /dev/null`, a terminal) is the one output that is not a file: nothing
-to replace, so it is written directly (`open_output`) instead of renamed into place.
+A user's output may be a link: `output_target` follows it only as the kernel's `fs.protected_symlinks` would
+(whether that is on or not), so a link someone else planted in /tmp never redirects a write; a link inside an nmt
+folder is never followed. "Is the same file" compares real paths and (device, inode), catching hard links too.
+A character device (`-o /dev/null`, a terminal) is written directly, not renamed into place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
@@ -27,17 +18,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from nmt.fs.folders import FolderError, PendingFile, is_nmt_file, own_marker, remove_leftovers
+from nmt.fs.folders import FolderError, PendingFile, is_nmt_file, own_marker, remove_leftovers, text_options
 
 MAX_LINKS = 40          # the kernel's limit on links followed in one path (ELOOP beyond it)
 _STICKY_WORLD_WRITABLE = stat.S_ISVTX | stat.S_IWOTH
-
-
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def _may_follow(link: Path, info: os.stat_result, where: str) -> None:
@@ -52,27 +36,25 @@ def _may_follow(link: Path, info: os.stat_result, where: str) -> None:
         return
     if (home.st_mode & _STICKY_WORLD_WRITABLE == _STICKY_WORLD_WRITABLE
             and info.st_uid not in (os.geteuid(), home.st_uid)):
-        raise FolderError(f"{where} is a symbolic link owned by {_owner(info.st_uid)} in the sticky world-writable "
+        try:
+            owner = f"{pwd.getpwuid(info.st_uid).pw_name} (uid {info.st_uid})"
+        except KeyError:
+            owner = f"uid {info.st_uid}"
+        raise FolderError(f"{where} is a symbolic link owned by {owner} in the sticky world-writable "
                           f"folder {folder}; nmt follows such a link only when you or the folder's owner made it "
                           "(the kernel's fs.protected_symlinks rule): remove it or write elsewhere")
 
 
 def output_target(path: str | Path, option: str | None = None) -> Path:
-    """The file a write to the user-named `path` replaces: `path` itself, or where its links lead.
-
-    Every link on the way (in the folders too, as the kernel walks them) must pass the kernel's rule
-    for sticky world-writable folders; one that does not is a `FolderError` naming it and its owner.
-    A path without links comes back as given.
-    """
+    """The file a write to the user-named `path` replaces: `path` as given, or where its links lead. Every link on
+    the way (in the folders too) must pass `_may_follow`; one that does not is a `FolderError` naming it."""
     named = f"{option} {path}" if option else str(path)
     given = Path(path)
     rest = list(given.parts)
     here = Path(rest.pop(0)) if given.is_absolute() else Path.cwd()
     links = 0
     while rest:
-        part = rest.pop(0)
-        if part in ("", "."):
-            continue
+        part = rest.pop(0)                # a Path's parts hold no "" or "."
         if part == "..":                 # `here` holds no links, so its parent is the real one
             here = here.parent
             continue
@@ -104,8 +86,7 @@ def is_device(path: str | Path) -> bool:
 
 
 def check_output_path(path: str | Path, option: str) -> Path:
-    """A file nmt is about to write: links only as `output_target` allows, its folder must exist and it
-    must not be a folder itself. Returns the file the write replaces (or the device it writes to)."""
+    """The file (or device) a write to `path` replaces, if it may: not a folder, in a writable folder."""
     path = Path(path)
     target = output_target(path, option)
     if target.is_dir():
@@ -126,34 +107,24 @@ Identity = frozenset[tuple[int, int] | str]
 
 
 def _identity(path: Path) -> Identity:
-    """What `path` leads to, links resolved: its real path and, for an existing file, (device, inode).
-    Two paths are the same file when these share an element (a hard link has another real path)."""
+    """Its real path and, for an existing file, (device, inode): two paths are the same file when these share
+    an element (a hard link has another real path)."""
     keys: set[tuple[int, int] | str] = {os.path.realpath(path)}
-    try:
+    with contextlib.suppress(OSError):
         info = os.stat(path)
         keys.add((info.st_dev, info.st_ino))
-    except OSError:
-        pass
     return frozenset(keys)
-
-
-def stdin_identity() -> Identity | None:
-    """(device, inode) of what stdin reads (a file redirected with `<`, a pipe, a terminal)."""
-    try:
-        info = os.fstat(sys.stdin.fileno() if sys.stdin is not None else 0)
-    except (OSError, ValueError):
-        return None
-    return frozenset({(info.st_dev, info.st_ino)})
 
 
 def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str, Path | None]],
                   stdin: bool = False) -> dict[str, Path]:
-    """Check every output file (`check_output_path`); none may be an input ((what, path) pairs; `stdin`:
-    the command reads stdin), another output (a device may be several), or a file of an nmt run or data
-    folder. Returns {option: the file to write}."""
+    """{option: the file to write} after `check_output_path`; none may be an input ((what, path) pairs, and
+    stdin if the command reads it), another output (but a device may be several), or a file of an nmt folder."""
     sources: list[tuple[str, Identity]] = [(what, _identity(Path(path))) for what, path in inputs if path is not None]
-    if stdin and (identity := stdin_identity()) is not None:
-        sources.append(("stdin", identity))
+    if stdin:
+        with contextlib.suppress(OSError, ValueError):      # what stdin reads: a file, a pipe, a terminal
+            info = os.fstat(sys.stdin.fileno() if sys.stdin is not None else 0)
+            sources.append(("stdin", frozenset({(info.st_dev, info.st_ino)})))
     targets: dict[str, Path] = {}
     for option, path in outputs.items():
         if path is None:
@@ -177,19 +148,17 @@ class DeviceFile:
     """A character device opened for writing, with PendingFile's interface: nothing to rename or discard."""
 
     def __init__(self, path: Path, mode: str) -> None:
-        text: dict[str, Any] = {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
-        self.handle: IO[Any] = open(path, mode, **text)  # noqa: SIM115 (closed by commit or discard)
+        self.handle: IO[Any] = open(path, mode, **text_options(mode))  # noqa: SIM115 (closed by commit or discard)
 
     def commit(self) -> None:
         self.handle.close()
 
-    def discard(self) -> None:
-        self.handle.close()
+    discard = commit
 
 
 def open_output(target: Path, mode: str = "w") -> PendingFile | DeviceFile:
-    """The writer for a checked output `target` (`check_outputs`): a device directly, a file under a
-    temporary name that `commit` renames into place (leftovers of killed runs beside it removed first)."""
+    """The writer for a checked output `target`: a device directly, a file as a `PendingFile` (after removing
+    leftovers of killed runs beside it)."""
     if is_device(target):
         return DeviceFile(target, mode)
     remove_leftovers(target.parent, target.name)

@@ -1,10 +1,6 @@
-"""The one reader of text lines: only b"\\n" ends a line, UTF-8 is decoded strictly.
-
-A `\\r` right before the `\\n` is part of a CRLF ending and is dropped; any other `\\r`, and
-U+2028, NEL, VT or FF, are content. A last line without `\\n` is still a line. A line longer
-than `MAX_LINE_BYTES` is an error (a binary file, or text without newlines), found while
-streaming: a reader never holds more than that bound plus one block. Errors name the source and
-the 1-based line number.
+"""The one reader of text lines: only b"\\n" ends a line, and a last line without it is one too; one b"\\r"
+before it is dropped, any other `\\r` (and U+2028, NEL, VT, FF) is content. UTF-8 is decoded strictly, and a line
+over `MAX_LINE_BYTES` is refused while streaming. Errors name the source and the 1-based line number.
 """
 
 from __future__ import annotations
@@ -23,43 +19,25 @@ class TextInputError(ValueError):
     """Text that cannot be read: missing or unreadable file, broken gzip, invalid UTF-8 (names line)."""
 
 
-def decode_line(raw: bytes, name: str, number: int) -> str:
-    """One line's bytes (without its ending) as text, or a `TextInputError` naming the line."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TextInputError(
-            f"{name} line {number}: invalid UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
-        ) from None
-
-
 def iter_lines(stream: BinaryIO, name: str, block_size: int = 1 << 20,
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
-    """Split on b"\\n" only, strip one b"\\r" right before it, decode UTF-8 strictly.
-
-    Reads blocks with `read1` where the stream has it, so a pipe's lines come out as soon as they
-    arrive, and a file's in large blocks (the splitting and decoding run in C, not per line).
-    Raises `TextInputError` naming `name` and the 1-based line number, after yielding every line
-    before the bad one: invalid UTF-8, or a line over `max_line_bytes` (refused as soon as that
-    many bytes arrived without a newline). A final line without "\\n" is still a line.
-    """
+    """The lines of `stream`, then (after every line before the bad one) a `TextInputError` naming `name` and
+    the line on invalid UTF-8 or a line over `max_line_bytes`. `read1` where the stream has it: a pipe's lines come
+    out as soon as they arrive, a file's in large blocks (split and decoded in C, not per line)."""
     read = getattr(stream, "read1", stream.read)
-    number, pending, waiting = 0, [], 0    # pending: the bytes of an unfinished line, `waiting` in all
+    number, waiting = 0, 0
+    pending: list[bytes] = []               # the bytes of an unfinished line, `waiting` in all
     try:
         while block := read(block_size):
             cut = block.rfind(b"\n")
-            if cut < 0:
+            if cut >= 0:                   # the lines this block ends
+                for line in _decode_lines(b"".join([*pending, block[:cut]]), name, number, max_line_bytes):
+                    number += 1
+                    yield line[:-1] if line.endswith("\r") else line
+                pending, waiting, block = [], 0, block[cut + 1 :]
+            if block:
                 pending.append(block)
                 waiting += len(block)
-                if waiting > max_line_bytes:
-                    raise _too_long(name, number + 1, max_line_bytes)
-                continue
-            head = b"".join([*pending, block[:cut]]) if pending else block[:cut]
-            pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
-            waiting = len(block) - cut - 1
-            for line in _decode_lines(head, name, number, max_line_bytes):
-                number += 1
-                yield line[:-1] if line.endswith("\r") else line
             if waiting > max_line_bytes:
                 raise _too_long(name, number + 1, max_line_bytes)
         if pending:
@@ -75,15 +53,19 @@ def _too_long(name: str, number: int, max_line_bytes: int) -> TextInputError:
 
 
 def _decode_lines(raw: bytes, name: str, lines_before: int, max_line_bytes: int) -> Iterator[str]:
-    """The lines of `raw` (lines joined by b"\\n", no final one), decoded; on invalid UTF-8 or a line
-    over `max_line_bytes`, the lines before the bad one, then a `TextInputError` naming it."""
+    """The lines of `raw` (joined by b"\\n", no final one) as `iter_lines` yields them."""
     try:
         lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError:
         for number, encoded in enumerate(raw.split(b"\n"), start=lines_before + 1):
             if len(encoded) > max_line_bytes:
                 raise _too_long(name, number, max_line_bytes) from None
-            yield decode_line(encoded, name, number)
+            try:
+                line = encoded.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TextInputError(f"{name} line {number}: invalid UTF-8 (byte {encoded[exc.start]:#04x} at "
+                                     f"column {exc.start + 1})") from None
+            yield line
         return
     if len(raw) > max_line_bytes and max(map(len, lines)) * 4 > max_line_bytes:   # a character is <= 4 bytes
         for number, line in enumerate(lines, start=lines_before + 1):
@@ -117,15 +99,13 @@ _CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")        # C0, DEL and C1: ESC, BE
 
 
 def printable(text: object) -> str:
-    """`text` with each control character written as its escape (\\x1b, \\n): a value from a file (a model
-    card, a file name, an error quoting either) shown on a terminal never moves the cursor, clears the
-    screen or retitles the window, and a newline inside a value cannot pass for a line of nmt's own."""
+    """`text` with each control character escaped (\\x1b, \\n): a value from a file shown on a terminal never
+    moves the cursor or retitles the window, and a newline in it cannot pass for a line of nmt's own."""
     return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def as_lines(name: str, lines: object) -> list[str]:
-    """`lines` as a list of strings: any iterable of them (a generator is read once), but not one string
-    (which would be translated character by character) and no bytes or other items."""
+    """`lines` (an iterable of strings) as a list; one string is refused (it would be translated per character)."""
     if isinstance(lines, (str, bytes)):
         raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
                         "; for one sentence pass [sentence]")
