@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.device import active_autocast_dtype
+from nmt.device import autocast_once
 from nmt.model.attention import AdditiveAttention, Memory, masked_softmax
-from nmt.model.decoder import Decoder, DecoderState, autocast_once
+from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.shared_grads import SharedGrads
 
 
@@ -20,22 +20,6 @@ def shares_grads(device: torch.device) -> bool:
     once, after the loop (SharedGrads): on the CPU, where per-step products with `batch` rows are slow. A
     CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save."""
     return device.type == "cpu"
-
-
-@dataclass
-class _CastOnce:
-    """Parameters every teacher-forced step reads, cast once per batch to the products' dtype under autocast.
-    As float32 parameters, b_h would make the state float32 (and every step would cast it back for its
-    products), and v_a would be cast at every step; each cast again in the backward pass."""
-
-    hidden_bias: Tensor     # (gates*dec_hidden,) b_h
-    v: Tensor               # (1, attn_dim) v_a
-
-    @classmethod
-    def make(cls, decoder: BahdanauDecoder, device: torch.device) -> _CastOnce:
-        dtype = active_autocast_dtype(device.type)
-        bias, v = decoder.rnn.hidden_bias(0), decoder.attention.v.weight
-        return cls(bias, v) if dtype is None else cls(bias.to(dtype), v.to(dtype))
 
 
 class BahdanauDecoder(Decoder):
@@ -114,15 +98,16 @@ class BahdanauDecoder(Decoder):
         return attn_hidden, DecoderState(hidden, cell), alpha.view(s_prev.size(0), -1)
 
     def _attend(self, s_prev: Tensor, memory: Memory, fused: Tensor | None, shared: SharedGrads | None,
-                cast: _CastOnce | None) -> tuple[Tensor | None, Tensor]:
+                cast: tuple[Tensor, Tensor] | None) -> tuple[Tensor | None, Tensor]:
         """α_i from s_{i-1} (rows, dec_hidden): the weights (batch, rows per sentence, src_len) and, with one
         layer, the RNN's W_h s_{i-1} + b_h (rows, gates*dec_hidden) from the same product (else None)."""
         if fused is None or cast is None:
             return None, self.attention.projected_weights(memory.group(self.attention.query_proj(s_prev)), memory)
         gates = self.rnn.hidden_weight(0).size(0)
         projected = shared.linear(s_prev) if shared is not None else F.linear(s_prev, fused)
-        gh0 = projected[:, :gates] + cast.hidden_bias
-        return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory, cast.v)
+        hidden_bias, v = cast
+        gh0 = projected[:, :gates] + hidden_bias
+        return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory, v)
 
     def recurrence(self, token_in: Tensor, state: DecoderState, attend: Callable[[Tensor], tuple[Tensor | None,
                                                                                                  Tensor]],
@@ -153,7 +138,10 @@ class BahdanauDecoder(Decoder):
         if fused is not None and torch.is_grad_enabled() and shares_grads(tgt_in.device):
             shared = SharedGrads(fused, values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
-        cast = _CastOnce.make(self, tgt_in.device) if fused is not None else None
+        # b_h (gates*dec_hidden,) and v_a (1, attn_dim), cast once per batch: as float32 parameters, b_h would
+        # make the state float32 (every step casting it back), and v_a would be cast at every step, both ways
+        cast = None if fused is None else (autocast_once(self.rnn.hidden_bias(0)),
+                                           autocast_once(self.attention.v.weight))
         context_in = shared.weighted_sum if shared is not None else (
             lambda alpha, shape: memory.weighted_sum(alpha, values_in, shape))
         s_all, alphas = self.recurrence(token_in, state, lambda s: self._attend(s, memory, fused, shared, cast),

@@ -17,17 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.device import active_autocast_dtype
+from nmt.device import autocast_once
 from nmt.model.attention import Attention, Memory
 from nmt.model.dropout import Dropout
 from nmt.model.recurrent import RecurrentStack
-
-
-def autocast_once(weight: Tensor) -> Tensor:
-    """A derived (non-leaf) tensor that every step reads, cast to the autocast dtype once: autocast caches
-    the casts of parameters only, and would cast it again in every step's product. The same values."""
-    dtype = active_autocast_dtype(weight.device.type)
-    return weight if dtype is None else weight.to(dtype)
 
 
 @dataclass

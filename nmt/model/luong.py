@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.device import autocast_once
 from nmt.model.attention import Attention, Memory, masked_softmax
-from nmt.model.decoder import Decoder, DecoderState, autocast_once
+from nmt.model.decoder import Decoder, DecoderState
 
 
 class LuongDecoder(Decoder):
