@@ -1,6 +1,5 @@
-"""Dropout with the mask drawn by `torch.rand`, which is several times faster on the CPU than the
-Bernoulli sampler behind `nn.Dropout` (10.6 ms vs 6 ms for a million values on one thread).
-Same behaviour: zero each value with probability p during training, scale the rest by 1/(1-p)."""
+"""nn.Dropout's behaviour with the mask drawn by `torch.rand`, faster on the CPU than its Bernoulli sampler
+(6 ms vs 10.6 ms for a million values on one thread)."""
 
 from __future__ import annotations
 

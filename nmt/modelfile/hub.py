@@ -1,14 +1,6 @@
-"""Where a model the user names lives: a file, a folder in the Hugging Face layout, or `hf://org/name`.
-
-`nmt export --format hf DIR` writes a folder whose `model.safetensors` is a complete nmt model file
-(nmt.modelfile.tensors); config.json, the SentencePiece models and README.md beside it are for the
-Hub and for people (nmt.modelfile.hf). So loading a folder, local or from the Hub, loads that one
-file. `hf://org/name[@revision]` is fetched with huggingface_hub's `snapshot_download` (the `hub`
-extra), which keeps its cache (HF_HUB_CACHE or HF_HOME) and works from it alone when
-HF_HUB_OFFLINE=1.
-
-`model_files` names every file a model path stands for, so that no output of a command replaces
-one of them (nmt.fs.outputs.check_outputs).
+"""Where a model the user names lives: a file, a folder in the Hugging Face layout (its model.safetensors is the
+model file: nmt.modelfile.hf), or `hf://org/name[@revision]`, fetched with huggingface_hub's `snapshot_download`
+(the `hub` extra) into its cache, which alone serves when HF_HUB_OFFLINE=1.
 """
 
 from __future__ import annotations
@@ -56,8 +48,7 @@ def parse_hub_name(spec: str) -> tuple[str, str | None]:
 
 
 def download(spec: str) -> Path:
-    """The local `model.safetensors` of the Hub repository `spec` (`org/name[@revision]`): from the cache, or
-    downloaded into it. Raises a one-line `ModelFileError`."""
+    """The local `model.safetensors` of the Hub repository `spec` (`org/name[@revision]`), cached or downloaded."""
     repo, revision = parse_hub_name(spec)
     try:
         from huggingface_hub import snapshot_download
@@ -76,12 +67,9 @@ def download(spec: str) -> Path:
 
 
 def model_files(path: str | Path) -> list[Path]:
-    """The files the model `path` names is made of, for the check that no output replaces one: the file
-    itself; every file of a folder (not only the `model.safetensors` that loading reads: the card,
-    config.json and the SentencePiece models are the model too); for hf://, every file of its
-    repository in the Hub cache, the snapshots' links and the blobs they point to. Nothing is
-    downloaded; a name that does not resolve gives what it would read once it does (its load reports
-    the problem)."""
+    """The files the model `path` is made of, which no output may replace (nmt.fs.outputs): the file; every file
+    of a folder (the card and SentencePiece models are the model too); for hf://, its files in the Hub cache
+    (snapshot links and blobs). Nothing is downloaded; a name that does not resolve gives []."""
     if is_hub_name(path):
         folder = _cache_folder(hub_name(path)[len("hf://"):])
         return sorted(p for p in folder.rglob("*") if p.is_file()) if folder is not None and folder.is_dir() else []
@@ -92,7 +80,6 @@ def model_files(path: str | Path) -> list[Path]:
 
 
 def _cache_folder(spec: str) -> Path | None:
-    """The Hub cache's folder of repository `spec` (where snapshot_download keeps it), None if unknown."""
     try:
         repo, _ = parse_hub_name(spec)
         from huggingface_hub import constants
