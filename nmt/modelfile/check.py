@@ -37,6 +37,10 @@ def corrupt(what: str, path: Path, exc: Exception) -> ModelFileError:
     return ModelFileError(f"{what} {path} is truncated or corrupt ({reason[:200]})")
 
 
+def damaged(what: str, path: Path, problem: str) -> ModelFileError:
+    return ModelFileError(f"{what} {path} is damaged: {problem}; copy or export it again")
+
+
 NUMBER = (int, float)
 # The card (modelfile.card.describe): every key optional, but what is there has its type.
 CARD_SCHEMA: dict[str, Any] = {
@@ -100,8 +104,6 @@ def check_sections(path: Path, state: dict[str, Any], kind: str) -> None:
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             problem = f"its step {step!r} is not a count of updates"
-        elif "tokenizer" not in state:
-            problem = _schema_error(state["vocab"], {"*": {"model": str, "pieces": (str, type(None))}}, "vocab")
     if problem is None and state.get("card") is not None:
         problem = _card_error(state["card"])
     if problem is None and state.get("shortlist") is not None:
@@ -112,13 +114,12 @@ def check_sections(path: Path, state: dict[str, Any], kind: str) -> None:
 
 
 def _card_error(card: Any) -> str | None:
-    problem = _schema_error(card, CARD_SCHEMA, "card")
-    if problem is None:
-        for key, required in CARD_REQUIRED.items():
-            missing = [name for name in required if key in card and name not in card[key]]
-            if missing:
-                return f"card.{key} lacks {', '.join(missing)}"
-    return problem
+    if problem := _schema_error(card, CARD_SCHEMA, "card"):
+        return problem
+    for key, names in CARD_REQUIRED.items():
+        if missing := [name for name in names if key in card and name not in card[key]]:
+            return f"card.{key} lacks {', '.join(missing)}"
+    return None
 
 
 def _shortlist_error(shortlist: dict[str, Any]) -> str | None:
@@ -196,7 +197,8 @@ def check_weights(path: Path, weights: dict[str, Tensor], expected: dict[str, tu
         if problem := _storage_error(tensor, f"weight {name}"):
             raise ModelFileError(f"{path}: {problem}; the file is damaged or not written by nmt")
     for name, tensor in [] if allow_nonfinite else weights.items():
-        if bad := int((~torch.isfinite(tensor)).sum()):
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
             raise ModelFileError(f"{path}: weight {name} holds {bad} non-finite values (NaN or inf) of "
                                  f"{tensor.numel()}; the model is broken (`nmt info --allow-nonfinite` shows it)")
 

@@ -30,6 +30,7 @@ from nmt.modelfile.check import (
     check_sections,
     check_weights,
     corrupt,
+    damaged,
     expected_weights,
     not_a_file,
 )
@@ -149,12 +150,11 @@ def check_checksums(path: Path, what: str = "model file") -> None:
     record, so damaged weights would translate into garbage. ~25 ms per 40 MB."""
     try:
         with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
+            record = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error) as exc:
         raise ModelFileError(f"{what} {path} is truncated or corrupt ({exc})") from None
-    if damaged is not None:
-        raise ModelFileError(f"{what} {path} is damaged: its record {damaged} fails its checksum; "
-                             "copy or export it again")
+    if record is not None:
+        raise damaged(what, path, f"its record {record} fails its checksum")
 
 
 def check_keys(path: Path, state: dict[str, Any], kind: str, keys: tuple[str, ...], expected: int) -> None:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from nmt.fs.bounded import loads_json
 from nmt.fs.folders import atomic_write
-from nmt.modelfile.check import ModelFileError, corrupt
+from nmt.modelfile.check import ModelFileError, corrupt, damaged
 
 PREFIX = "nmt."
 SIDES = ("src", "tgt")
@@ -84,7 +84,7 @@ def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
     except Exception as exc:    # safetensors raises SafetensorError (and OSError) for a garbled or truncated file
         raise corrupt(what, path, exc) from None
-    if metadata.get("nmt.kind") is None or any(key not in metadata for key in (*META_KEYS, "nmt.checksums")):
+    if any(key not in metadata for key in (*META_KEYS, "nmt.checksums")):
         raise ModelFileError(f"{path} is not an nmt model file or checkpoint (a safetensors file without "
                              "nmt's metadata)")
     _check_checksums(path, what, metadata, tensors)
@@ -102,18 +102,13 @@ def _check_checksums(path: Path, what: str, metadata: dict[str, str], tensors: d
         if not isinstance(stored, dict):
             raise TypeError
     except (ValueError, KeyError, TypeError):
-        raise ModelFileError(f"{what} {path} is damaged: its checksums are unreadable; copy or export it "
-                             "again") from None
+        raise damaged(what, path, "its checksums are unreadable") from None
     if _metadata_crc(metadata) != expected:
-        raise ModelFileError(f"{what} {path} is damaged: its metadata fails its checksum; copy or export it again")
-    if set(stored) != set(tensors):
-        different = sorted(set(stored) ^ set(tensors))[0]
-        raise ModelFileError(f"{what} {path} is damaged: tensor {different} is not the file's checksums' "
-                             "(missing or added); copy or export it again")
-    for name, tensor in tensors.items():
-        if _crc(tensor) != stored[name]:
-            raise ModelFileError(f"{what} {path} is damaged: its tensor {name} fails its checksum; copy or "
-                                 "export it again")
+        raise damaged(what, path, "its metadata fails its checksum")
+    if different := sorted(set(stored) ^ set(tensors)):
+        raise damaged(what, path, f"tensor {different[0]} is not the file's checksums' (missing or added)")
+    if bad := next((name for name, tensor in tensors.items() if _crc(tensor) != stored[name]), None):
+        raise damaged(what, path, f"its tensor {bad} fails its checksum")
 
 
 def _state(metadata: dict[str, str], tensors: dict[str, Tensor]) -> dict[str, Any]:
