@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from nmt.device import autocast_once
 from nmt.model.attention import Attention, Memory
-from nmt.model.dropout import Dropout
+from nmt.model.encoder import Dropout
 from nmt.model.recurrent import RecurrentStack
 
 

@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.data.special import PAD
-from nmt.model.dropout import Dropout, dropout
 
 # Padded steps cost p / (1 - p) of the real ones, the packed call's overhead ~a fifth: break-even near 17%.
 MAX_UNPACKED_PADDING = 0.15  # training batches (length buckets) are ~5% padding
@@ -23,6 +22,29 @@ class EncoderOutput:
     outputs: Tensor            # (batch, src_len, enc_out) the annotations h_j
     final: Tensor              # (batch, enc_out) last layer's final state, both directions concatenated
     final_cell: Tensor | None  # (batch, enc_out) the same for the LSTM cell; None for GRU
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """nn.Dropout's behaviour with the mask drawn by `torch.rand`, faster on the CPU than its Bernoulli sampler
+    (6 ms vs 10.6 ms for a million values on one thread)."""
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return torch.zeros_like(x)
+    keep = torch.rand(x.shape, device=x.device) >= p
+    return x * keep * (1.0 / (1.0 - p))
+
+
+class Dropout(nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 def make_rnn(rnn_type: str, input_size: int, hidden: int, layers: int, dropout: float,
@@ -48,12 +70,11 @@ class Encoder(nn.Module):
         """src: (batch, src_len); src_lengths: (batch,), on the GPU for a captured step (unpacked: packing reads
         the lengths on the host)."""
         embedded = self.dropout(self.embed(src))                          # (batch, src_len, emb)
-        if src_lengths.device.type != "cpu":
-            if not isinstance(self.rnn, nn.GRU):
-                raise ValueError("source lengths on the GPU need a GRU encoder (the unpacked path)")
-            return self._output(*self._gru_unpacked(embedded, src_lengths))
-        if torch.is_grad_enabled() and isinstance(self.rnn, nn.GRU) and src.device.type == "cpu" \
-                and int(src_lengths.sum()) >= (1 - MAX_UNPACKED_PADDING) * src.numel():
+        lengths_on_gpu, gru = src_lengths.device.type != "cpu", isinstance(self.rnn, nn.GRU)
+        if lengths_on_gpu and not gru:
+            raise ValueError("source lengths on the GPU need a GRU encoder (the unpacked path)")
+        if lengths_on_gpu or (gru and torch.is_grad_enabled() and src.device.type == "cpu"
+                              and int(src_lengths.sum()) >= (1 - MAX_UNPACKED_PADDING) * src.numel()):
             return self._output(*self._gru_unpacked(embedded, src_lengths))
         return self.packed(embedded, src_lengths, self.rnn)
 

@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model.dropout import dropout
-from nmt.model.encoder import make_rnn
+from nmt.model.encoder import dropout, make_rnn
 
 
 def gru_gates(gi: Tensor, gh: Tensor, hidden: Tensor) -> Tensor:

@@ -27,39 +27,28 @@ class SharedGrads:
 
     def linear(self, x: Tensor) -> Tensor:
         """W x: (rows, in) -> (rows, out)."""
-        return _StepLinear.apply(x, self.weight, self)
+        return _Step.apply(x, self.weight, self.linear_records, True)
 
     def weighted_sum(self, weights: Tensor, query_shape: torch.Size) -> Tensor:
         """Σ_j α_ij V_j for one step, like `Memory.weighted_sum`: (batch, q, src_len) -> (*query_shape[:-1], d)."""
-        return _StepWeightedSum.apply(weights, self.values, self).view(*query_shape[:-1], self.values.size(-1))
+        return _Step.apply(weights, self.values, self.sum_records, False).view(*query_shape[:-1], self.values.size(-1))
 
 
-class _StepLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, records: SharedGrads) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.records = records
-        return F.linear(x, weight)
+class _Step(torch.autograd.Function):
+    """A step's product with the shared tensor, W x (`linear`) or α V; its backward records (x, gradient)."""
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        x, weight = ctx.saved_tensors
-        ctx.records.linear_records.append((_backward_pass(), x.detach(), grad))
-        return grad.mm(weight.to(grad.dtype)), None, None
-
-
-class _StepWeightedSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, weights: Tensor, values: Tensor, records: SharedGrads) -> Tensor:
-        ctx.save_for_backward(weights, values)
-        ctx.records = records
-        return weights.bmm(values)
+    def forward(ctx: Any, x: Tensor, shared: Tensor, records: list, linear: bool) -> Tensor:
+        ctx.save_for_backward(x, shared)
+        ctx.records, ctx.linear = records, linear
+        return F.linear(x, shared) if linear else x.bmm(shared)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        weights, values = ctx.saved_tensors
-        ctx.records.sum_records.append((_backward_pass(), weights.detach(), grad))
-        return grad.bmm(values.transpose(1, 2).to(grad.dtype)), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        x, shared = ctx.saved_tensors
+        ctx.records.append((_backward_pass(), x.detach(), grad))
+        shared = shared.to(grad.dtype)
+        return (grad.mm(shared) if ctx.linear else grad.bmm(shared.transpose(1, 2))), None, None, None
 
 
 class _SumRecords(torch.autograd.Function):

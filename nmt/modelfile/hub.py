@@ -31,12 +31,10 @@ def locate_model(path: str | Path) -> Path:
     if is_hub_name(path):
         return download(hub_name(path)[len("hf://"):])
     path = Path(path)
-    if path.is_dir():
-        if not (path / MODEL_FILE).is_file():
-            raise ModelFileError(f"{path} is a folder without {MODEL_FILE}; give a model file, a checkpoint, or a "
-                                 "folder written by `nmt export --format hf`")
-        return path / MODEL_FILE
-    return path
+    if path.is_dir() and not (path / MODEL_FILE).is_file():
+        raise ModelFileError(f"{path} is a folder without {MODEL_FILE}; give a model file, a checkpoint, or a "
+                             "folder written by `nmt export --format hf`")
+    return path / MODEL_FILE if path.is_dir() else path
 
 
 def parse_hub_name(spec: str) -> tuple[str, str | None]:
@@ -71,19 +69,13 @@ def model_files(path: str | Path) -> list[Path]:
     of a folder (the card and SentencePiece models are the model too); for hf://, its files in the Hub cache
     (snapshot links and blobs). Nothing is downloaded; a name that does not resolve gives []."""
     if is_hub_name(path):
-        folder = _cache_folder(hub_name(path)[len("hf://"):])
-        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder is not None and folder.is_dir() else []
+        try:
+            repo, _ = parse_hub_name(hub_name(path)[len("hf://"):])
+            from huggingface_hub import constants
+            from huggingface_hub.file_download import repo_folder_name
+        except (ModelFileError, ImportError):
+            return []
+        folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
     path = Path(path)
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file())
-    return [path]
-
-
-def _cache_folder(spec: str) -> Path | None:
-    try:
-        repo, _ = parse_hub_name(spec)
-        from huggingface_hub import constants
-        from huggingface_hub.file_download import repo_folder_name
-    except (ModelFileError, ImportError):
-        return None
-    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
