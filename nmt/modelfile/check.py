@@ -44,15 +44,11 @@ def damaged(what: str, path: Path, problem: str) -> ModelFileError:
 NUMBER = (int, float)
 # The card (modelfile.card.describe): every key optional, but what is there has its type.
 CARD_SCHEMA: dict[str, Any] = {
-    "languages": {"src": str, "tgt": str},
+    "languages": {"src": str, "tgt": str}, "data_files": {"*": str},
     "data": {"*": {"pairs": int, "input_pairs": int, "src_tokens": int, "tgt_tokens": int}},
-    "data_files": {"*": str},
     "dev": {"bleu": NUMBER, "search": str, "signature": str, "sentences": (int, type(None)), "loss": NUMBER,
             "ppl": NUMBER, "step": int},
-    "training": {"step": int, "seconds": NUMBER},
-    "averaged_from": [str],
-    "exported_from": str,
-}
+    "training": {"step": int, "seconds": NUMBER}, "averaged_from": [str], "exported_from": str}
 CARD_REQUIRED = {"languages": ("src", "tgt"), "dev": ("bleu", "signature", "step")}
 SHORTLIST_SCHEMA: dict[str, Any] = {"targets": Tensor, "frequent": Tensor, "vocab_sha256": str, "score": str,
                                     "pairs": int}

@@ -64,8 +64,7 @@ def read_score(option: str) -> TestScore:
         entry = result.get(name) if isinstance(result, dict) else None
         if entry is None and name != "bleu":
             continue
-        score = entry.get("score") if isinstance(entry, dict) else None
-        signature = entry.get("signature") if isinstance(entry, dict) else None
+        score, signature = (entry.get("score"), entry.get("signature")) if isinstance(entry, dict) else (None, None)
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) \
                 or not isinstance(signature, str):
             raise ExportError(f"{where}: {file} is not an `nmt evaluate --json` result ({name}.score and "
