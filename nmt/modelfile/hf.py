@@ -127,18 +127,16 @@ def _write_files(folder: Path, loaded: LoadedModel, name: str, scores: list[Test
 
 def hf_config(loaded: LoadedModel) -> dict[str, Any]:
     """config.json: the model for a reader without nmt."""
-    c, languages = loaded.config, loaded.languages
+    config, languages = loaded.config.to_dict(), loaded.languages
     return {
         "library_name": "nmt", "nmt_version": __version__, "model_type": "rnn-attention-seq2seq",
         "model_file": MODEL_FILE, "model_format": 2, "dtype": loaded.dtype,
         "source_language": languages["src"], "target_language": languages["tgt"],
-        "parameters": sum(t.numel() for t in loaded.weights.values()),
-        "model": c.to_dict()["model"],
-        "tokenizer": {"type": "sentencepiece", "joint": c.data.joint_vocab, "source": "source.spm",
+        "parameters": sum(t.numel() for t in loaded.weights.values()), "model": config["model"],
+        "tokenizer": {"type": "sentencepiece", "joint": loaded.config.data.joint_vocab, "source": "source.spm",
                       "target": "target.spm", "vocab": "vocab.json", "source_vocab_size": len(loaded.src_vocab),
                       "target_vocab_size": len(loaded.tgt_vocab)},
-        "decoding": c.to_dict()["decoding"],
-    }
+        "decoding": config["decoding"]}
 
 
 def model_card(loaded: LoadedModel, name: str, scores: list[TestScore], license: str) -> str:

@@ -39,11 +39,9 @@ def _metadata_crc(metadata: dict[str, str]) -> int:
 def encode(payload: dict[str, Any]) -> bytes:
     from safetensors.torch import save
 
-    tensors: dict[str, Tensor] = {}
-    for name, tensor in payload["model"].items():
-        if name.startswith(PREFIX):
-            raise ModelFileError(f"weight name {name} clashes with nmt's own tensors ({PREFIX}*)")
-        tensors[name] = tensor.contiguous()
+    if clash := next((name for name in payload["model"] if name.startswith(PREFIX)), None):
+        raise ModelFileError(f"weight name {clash} clashes with nmt's own tensors ({PREFIX}*)")
+    tensors = {name: tensor.contiguous() for name, tensor in payload["model"].items()}
     for side in SIDES:
         entry = payload["tokenizer"][side]
         if entry["spm"] is not None:
