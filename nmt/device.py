@@ -60,6 +60,13 @@ def active_autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
+def autocast_once(weight: torch.Tensor) -> torch.Tensor:
+    """A derived (non-leaf) tensor that every step reads, cast to the autocast dtype once: autocast caches
+    the casts of parameters only, and would cast it again in every step's product. The same values."""
+    dtype = active_autocast_dtype(weight.device.type)
+    return weight if dtype is None else weight.to(dtype)
+
+
 def use_deterministic_algorithms() -> None:
     """Deterministic kernels (process-wide), so that a resumed CUDA run repeats the uninterrupted one exactly.
     cuBLAS's fixed workspace counts only if set before its first use."""

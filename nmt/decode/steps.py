@@ -16,10 +16,10 @@ from torch import Tensor
 
 from nmt.data.special import PAD
 from nmt.decode.quantize import Int8Linear, Int8Products, step_products
-from nmt.device import active_autocast_dtype
+from nmt.device import active_autocast_dtype, autocast_once
 from nmt.model.attention import AdditiveAttention, Memory
 from nmt.model.bahdanau import BahdanauDecoder
-from nmt.model.decoder import Decoder, DecoderState, autocast_once
+from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.encoder import EncoderOutput
 from nmt.model.luong import LuongDecoder
 from nmt.model.output_rows import padded_rows

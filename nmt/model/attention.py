@@ -1,16 +1,11 @@
-"""Attention: Bahdanau (additive) and Luong (dot, general, concat) scores.
-
-Every variant computes the same three things, in the textbook's symbols:
+"""Attention: Bahdanau (additive) and Luong (dot, general, concat) scores. Every variant computes
 
     e_ij  = score(s, h_j)              energies, one per source position j
     α_ij  = softmax_j(e_ij)            weights; padded positions get exactly zero
     c_i   = Σ_j α_ij h_j               the context vector
 
-and splits `score` in two so that the part that depends only on the source (the "keys",
-e.g. U_a h_j) is computed once per batch by `project_keys`, not once per decoder step.
-
-Queries come as (rows, d) for one step or (batch, tgt_len, d) for all steps at once; a step's
-rows may be several per sentence (beam search), scored together as the sentence's block of queries.
+with the part of `score` that depends only on the source (the keys, e.g. U_a h_j) in `project_keys`,
+once per batch. Queries: (rows, d) for one step (rows may be batch*beam) or (batch, tgt_len, d).
 """
 
 from __future__ import annotations
@@ -23,30 +18,25 @@ from torch import Tensor, nn
 
 
 def padding_bias(src_mask: Tensor) -> Tensor:
-    """(batch, src_len) True at real tokens -> float32 0 there and -inf at the padding: added to the scores
-    before the softmax, it gives the padding exactly zero weight in one addition per step, where a mask
-    takes a negation and a fill (each a kernel launch on a GPU)."""
+    """(batch, src_len) True at real tokens -> float32 0 there, -inf at the padding: one addition per step
+    where a mask takes a negation and a fill (each a kernel launch on a GPU)."""
     bias = torch.zeros(src_mask.shape, dtype=torch.float32, device=src_mask.device)
     return bias.masked_fill_(~src_mask, float("-inf"))
 
 
 def masked_softmax(scores: Tensor, pad_bias: Tensor, scale: float = 1.0) -> Tensor:
-    """softmax_j(scale · scores_j), exactly zero at the padding: scores (batch, [queries,] src_len);
-    pad_bias (batch, src_len) from `padding_bias`, added in the same operation as the scale."""
+    """softmax_j(scale · scores_j), exactly zero at the padding: scores (batch, [queries,] src_len)."""
     if not pad_bias.is_floating_point():               # a mask would add 1s and 0s and mask nothing
         raise TypeError(f"masked_softmax takes padding_bias(mask), not a {pad_bias.dtype} mask")
     bias = pad_bias if scores.dim() == 2 else pad_bias.unsqueeze(1)
     if scores.device.type == "cpu":
-        # bf16 scores stay bf16, as the CPU's autocast leaves a softmax (2% of a bf16 training update);
-        # CUDA's autocast runs it in float32 whatever comes in, so there the float32 bias costs no cast
+        # bf16 scores stay bf16 as the CPU's autocast leaves them; CUDA's runs the softmax in float32 anyway
         bias = bias.to(scores.dtype)
     return torch.add(bias, scores, alpha=scale).softmax(dim=-1)
 
 
 @dataclass
 class Memory:
-    """What the decoder attends over, computed once per batch."""
-
     values: Tensor                    # (batch, src_len, enc_out) the annotations h_j
     keys: Tensor                      # (batch, src_len, key_dim) project_keys(h_j)
     mask: Tensor                      # (batch, src_len) True at real tokens
@@ -59,19 +49,16 @@ class Memory:
             self.pad_bias = padding_bias(self.mask)
 
     def index_select(self, index: Tensor) -> Memory:
-        """Sentences `index` of the batch, e.g. to drop those whose search is over."""
         terms = None if self.context_terms is None else self.context_terms.index_select(0, index)
         return Memory(self.values.index_select(0, index), self.keys.index_select(0, index),
                       self.mask.index_select(0, index), terms, self.pad_bias.index_select(0, index))
 
     def group(self, queries: Tensor) -> Tensor:
-        """Queries as (batch, queries per sentence, d): (rows, d) with rows = batch*beam becomes
-        (batch, beam, d), (batch, d) becomes (batch, 1, d); (batch, tgt_len, d) stays as it is."""
+        """(rows, d) with rows = batch*beam -> (batch, beam, d); (batch, tgt_len, d) stays as it is."""
         return queries.view(self.values.size(0), -1, queries.size(-1))
 
     def weighted_sum(self, weights: Tensor, values: Tensor, query_shape: torch.Size) -> Tensor:
-        """Σ_j α_ij values_j for grouped weights (batch, queries, src_len); values: (batch, src_len, d).
-        Returns the rows in the queries' own layout: (*query_shape[:-1], d)."""
+        """Σ_j α_ij values_j: weights (batch, queries, src_len), values (batch, src_len, d) -> (*query[:-1], d)."""
         return weights.bmm(values).view(*query_shape[:-1], values.size(-1))
 
 
@@ -81,8 +68,7 @@ class Attention(nn.Module):
     projects_keys = False              # whether `project_keys` is more than the identity
 
     def project_keys(self, values: Tensor) -> Tensor:
-        """(batch, src_len, enc_out) -> (batch, src_len, key_dim); the identity unless overridden."""
-        return values
+        return values                  # (batch, src_len, enc_out) -> (batch, src_len, key_dim)
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         """query: (batch, queries, d); keys: (batch, src_len, key_dim) -> energies (batch, queries, src_len)."""
@@ -93,10 +79,8 @@ class Attention(nn.Module):
         return masked_softmax(self.score(queries, memory.keys), memory.pad_bias)
 
     def forward(self, query: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
-        """query: (rows, dec_hidden) or (batch, tgt_len, dec_hidden).
-
-        returns context (rows | batch, [tgt_len,] enc_out) and weights (rows | batch, [tgt_len,] src_len)
-        """
+        """query: (rows, dec_hidden) or (batch, tgt_len, dec_hidden) -> context (rows | batch, [tgt_len,] enc_out),
+        weights (rows | batch, [tgt_len,] src_len)."""
         weights = self.weights(memory.group(query), memory)                # (batch, queries, src_len)
         context = memory.weighted_sum(weights, memory.values, query.shape)
         return context, weights.view(*query.shape[:-1], weights.size(-1))
@@ -117,34 +101,25 @@ class AdditiveAttention(Attention):
         return 2 * self.key_proj(values)                                     # (batch, src_len, attn_dim) 2·U_a h_j
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
-        """query: (batch, queries, dec_hidden); keys: (batch, src_len, attn_dim) from `project_keys`."""
         return self.energies(self.query_proj(query), keys)
 
     def weights(self, queries: Tensor, memory: Memory) -> Tensor:
         return self.projected_weights(self.query_proj(queries), memory)
 
     def energies(self, projected: Tensor, keys: Tensor) -> Tensor:
-        """v_aᵀ tanh(q + k_j) for queries already W-projected: (batch, queries, attn_dim) -> (batch, queries, src_len).
-
-        Evaluated as 2 v_aᵀ σ(2q + 2k_j) − Σ v_a, since tanh(x) = 2σ(2x) − 1: this elementwise
-        pass over (batch, queries, src_len, attn_dim) is the largest one of a decoder step, and
-        PyTorch's CPU sigmoid is about 5x faster than its tanh. The keys already hold 2k_j.
-        """
+        """v_aᵀ tanh(q + k_j), W-projected q (batch, queries, attn_dim) -> (batch, queries, src_len), as
+        2 v_aᵀ σ(2q + 2k_j) − Σ v_a (tanh(x) = 2σ(2x) − 1): the step's largest pass, and PyTorch's CPU sigmoid
+        is ~5x faster than its tanh. The keys already hold 2k_j."""
         return 2 * self._v_sigmoid(projected, keys) - self.v.weight.sum()
 
     def projected_weights(self, projected: Tensor, memory: Memory, v: Tensor | None = None) -> Tensor:
-        """α for queries already W-projected: (batch, queries, attn_dim) -> (batch, queries, src_len). `v`: v_a
-        already in the pass's dtype (a training loop casts it once), else the parameter.
-
-        A softmax is blind to a constant added to every score of a row, so the energies' − Σ v_a is
-        left out, and their factor 2 rides on the addition of the padding bias: five operations
-        where `energies` and a plain softmax take eight."""
+        """α for W-projected queries (batch, queries, attn_dim) -> (batch, queries, src_len); `v`: v_a cast once.
+        A softmax ignores the constant − Σ v_a, and the 2 rides on the bias addition: five operations, not eight."""
         return masked_softmax(self._v_sigmoid(projected, memory.keys, v), memory.pad_bias, scale=2.0)
 
     def _v_sigmoid(self, projected: Tensor, keys: Tensor, v: Tensor | None = None) -> Tensor:
-        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len). The pass runs in the keys' dtype: the autocast dtype in
-        training, where it halves the activations kept for the backward pass; decoding keeps float32 keys
-        (nmt.decode.steps: CPU elementwise kernels are slower in bf16)."""
+        """v_aᵀ σ(2q + 2k_j): (batch, queries, src_len), in the keys' dtype (training's autocast one halves the
+        saved activations; decoding keeps float32 keys: CPU elementwise kernels are slower in bf16)."""
         with torch.autocast(keys.device.type, enabled=False):
             # float32 keys promote a bf16 query inside the addition (on CUDA without a cast kernel of its own)
             query = projected if keys.dtype == torch.float32 else projected.to(keys.dtype)
@@ -158,10 +133,7 @@ class BahdanauAttention(AdditiveAttention):
 
 
 class LuongConcatAttention(AdditiveAttention):
-    """Luong et al. (2015) concat: e_ij = v_aᵀ tanh(W_a [s_i; h_j]) = v_aᵀ tanh(W_s s_i + W_h h_j).
-
-    W_a split into its query and key halves, so the key half is projected once per batch.
-    """
+    """Luong et al. (2015) concat: e_ij = v_aᵀ tanh(W_a [s_i; h_j]) = v_aᵀ tanh(W_s s_i + W_h h_j)."""
 
 
 class LuongDotAttention(Attention):
@@ -171,7 +143,7 @@ class LuongDotAttention(Attention):
         return query.bmm(keys.transpose(1, 2))                               # (batch, queries, src_len)
 
 
-class LuongGeneralAttention(Attention):
+class LuongGeneralAttention(LuongDotAttention):
     """Luong general: e_ij = s_iᵀ W_a h_j; the keys are W_a h_j."""
 
     projects_keys = True
@@ -183,9 +155,6 @@ class LuongGeneralAttention(Attention):
     def project_keys(self, values: Tensor) -> Tensor:
         return self.key_proj(values)                                         # (batch, src_len, dec_hidden)
 
-    def score(self, query: Tensor, keys: Tensor) -> Tensor:
-        return query.bmm(keys.transpose(1, 2))                               # (batch, queries, src_len)
-
 
 def build_attention(kind: str, query_size: int, value_size: int, attention_dim: int) -> Attention:
     if kind == "bahdanau":
@@ -196,9 +165,7 @@ def build_attention(kind: str, query_size: int, value_size: int, attention_dim: 
         return LuongGeneralAttention(query_size, value_size)
     if kind == "luong_dot":
         if query_size != value_size:
-            raise ValueError(
-                f"luong_dot needs model.decoder_hidden ({query_size}) equal to the encoder output size "
-                f"({value_size} = encoder_hidden x directions)"
-            )
+            raise ValueError(f"luong_dot needs model.decoder_hidden ({query_size}) equal to the encoder output size "
+                             f"({value_size} = encoder_hidden x directions)")
         return LuongDotAttention()
     raise ValueError(f"unknown attention {kind!r}")

@@ -3,39 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.device import active_autocast_dtype
+from nmt.device import autocast_once
 from nmt.model.attention import AdditiveAttention, Memory, masked_softmax
-from nmt.model.decoder import Decoder, DecoderState, autocast_once
+from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.shared_grads import SharedGrads
 
 
 def shares_grads(device: torch.device) -> bool:
-    """Whether teacher forcing takes the gradients of its per-step products with [W_h; W_a] and W_ctx h_j
-    once, after the loop (SharedGrads): on the CPU, where per-step products with `batch` rows are slow. A
-    CUDA step is bound by kernel launches instead, and the extra autograd nodes cost more than they save."""
+    """Teacher forcing forms the gradients of [W_h; W_a] and W_ctx h_j once (SharedGrads) on the CPU, where
+    per-step products with `batch` rows are slow; a CUDA step is bound by launches, which the nodes add."""
     return device.type == "cpu"
-
-
-@dataclass
-class _CastOnce:
-    """Parameters every teacher-forced step reads, cast once per batch to the products' dtype under autocast.
-    As float32 parameters, b_h would make the state float32 (and every step would cast it back for its
-    products), and v_a would be cast at every step; each cast again in the backward pass."""
-
-    hidden_bias: Tensor     # (gates*dec_hidden,) b_h
-    v: Tensor               # (1, attn_dim) v_a
-
-    @classmethod
-    def make(cls, decoder: BahdanauDecoder, device: torch.device) -> _CastOnce:
-        dtype = active_autocast_dtype(device.type)
-        bias, v = decoder.rnn.hidden_bias(0), decoder.attention.v.weight
-        return cls(bias, v) if dtype is None else cls(bias.to(dtype), v.to(dtype))
 
 
 class BahdanauDecoder(Decoder):
@@ -46,12 +29,9 @@ class BahdanauDecoder(Decoder):
         h̃_i = tanh(W_c [s_i; c_i; E y_{i-1}] + b_c)     (pre-output layer)
         p(y_i) = softmax(W_s h̃_i)
 
-    `step_features` computes these as written. Teacher forcing uses exact algebra that pays in training:
-    products with c_i are folded into the attention, W c_i = Σ_j α_ij (W h_j), with W h_j computed once
-    per batch (`Memory.context_terms`: the RNN input's W_ctx and the pre-output's W_cc, side by side), so
-    a step costs one weighted sum instead of matrix products; the terms of E y_{i-1} (W_e E y + b_i,
-    W_ce E y + b_c) are one product for all steps (`token_terms`); and with one layer, W_a s_{i-1} and
-    the RNN's W_h s_{i-1} are one matrix product.
+    `step_features` computes these as written. Teacher forcing folds products with c_i into the attention,
+    W c_i = Σ_j α_ij (W h_j), with [W_ctx; W_cc] h_j once per batch (`Memory.context_terms`); the terms of
+    E y_{i-1} are one product for all steps (`token_terms`); with one layer, [W_h; W_a] s_{i-1} is one product.
     """
 
     attention: AdditiveAttention
@@ -69,30 +49,27 @@ class BahdanauDecoder(Decoder):
         return self.pre_output.weight[:, start : start + size]
 
     def token_projection(self) -> tuple[Tensor, Tensor]:
-        """[W_e; W_ce] and [b_i; b_c]: (gates*dec_hidden + dec_hidden, emb) and its bias."""
+        """[W_e; W_ce] (gates*dec_hidden + dec_hidden, emb) and [b_i; b_c]."""
         weight, bias = super().token_projection()
         return (torch.cat([weight, self.pre_output_weight("embedding")]),
                 torch.cat([bias, self.pre_output.bias]))
 
     def context_weight(self) -> Tensor:
-        """[W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out): the RNN input's columns for c_i and the
-        pre-output's, one product for both."""
+        """[W_ctx; W_cc] (gates*dec_hidden + dec_hidden, enc_out): the RNN input's and pre-output's c_i columns."""
         return torch.cat([self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.context_size),
                           self.pre_output_weight("context")])
 
     def hidden_and_query(self) -> Tensor:
-        """[W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden): one product gives the RNN's W_h s_{i-1} and
-        attention's W_a s_{i-1} (one layer)."""
+        """[W_h; W_a] (gates*dec_hidden + attn_dim, dec_hidden): the RNN's and attention's s_{i-1} products."""
         return torch.cat([self.rnn.hidden_weight(0), self.attention.query_proj.weight])
 
     def hidden_and_query_bias(self) -> Tensor:
-        """[b_h; 0]: the RNN's hidden bias and none for W_a s_{i-1}, for a product that adds b_h itself."""
+        """[b_h; 0]: the RNN's hidden bias, none for W_a s_{i-1}."""
         bias = self.rnn.hidden_bias(0)
         return torch.cat([bias, bias.new_zeros(self.attention.query_proj.out_features)])
 
     def split_terms(self, terms: Tensor) -> tuple[Tensor, Tensor]:
-        """Terms for the RNN input (gates*dec_hidden) and for the pre-output (dec_hidden) -> the two: token_terms
-        into W_e E y + b_i and W_ce E y + b_c, context products into W_ctx c (or h_j) and W_cc c (or h_j)."""
+        """(..., gates*dec_hidden + dec_hidden) -> the RNN input's terms and the pre-output's."""
         return terms.split([terms.size(-1) - self.hidden_size, self.hidden_size], dim=-1)
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
@@ -114,22 +91,22 @@ class BahdanauDecoder(Decoder):
         return attn_hidden, DecoderState(hidden, cell), alpha.view(s_prev.size(0), -1)
 
     def _attend(self, s_prev: Tensor, memory: Memory, fused: Tensor | None, shared: SharedGrads | None,
-                cast: _CastOnce | None) -> tuple[Tensor | None, Tensor]:
-        """α_i from s_{i-1} (rows, dec_hidden): the weights (batch, rows per sentence, src_len) and, with one
-        layer, the RNN's W_h s_{i-1} + b_h (rows, gates*dec_hidden) from the same product (else None)."""
+                cast: tuple[Tensor, Tensor] | None) -> tuple[Tensor | None, Tensor]:
+        """s_{i-1} (rows, dec_hidden) -> with one layer W_h s_{i-1} + b_h (rows, gates*dec_hidden), else None;
+        α_i (batch, rows/batch, src_len)."""
         if fused is None or cast is None:
             return None, self.attention.projected_weights(memory.group(self.attention.query_proj(s_prev)), memory)
         gates = self.rnn.hidden_weight(0).size(0)
         projected = shared.linear(s_prev) if shared is not None else F.linear(s_prev, fused)
-        gh0 = projected[:, :gates] + cast.hidden_bias
-        return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory, cast.v)
+        hidden_bias, v = cast
+        gh0 = projected[:, :gates] + hidden_bias
+        return gh0, self.attention.projected_weights(memory.group(projected[:, gates:]), memory, v)
 
     def recurrence(self, token_in: Tensor, state: DecoderState, attend: Callable[[Tensor], tuple[Tensor | None,
                                                                                                  Tensor]],
                    context_in: Callable[[Tensor, torch.Size], Tensor]) -> tuple[Tensor, Tensor]:
-        """s_i for each step of a reference: `attend(s_{i-1})` gives α_i (batch, rows/batch, src_len) and, with
-        one layer, W_h s_{i-1} + b_h; the RNN input is token_in (batch, tgt_len, gates*dec_hidden) plus
-        `context_in(α_i, shape)` = Σ_j α_ij W_ctx h_j. Returns s (batch, tgt_len, dec_hidden), α (batch, tgt_len,
+        """s_i for every step: `attend(s_{i-1})` as `_attend`; RNN input token_in (batch, tgt_len, gates*dec_hidden)
+        + `context_in(α_i, shape)` = Σ_j α_ij W_ctx h_j. Returns s (batch, tgt_len, dec_hidden), α (batch, tgt_len,
         src_len)."""
         states, weights = [], []
         for input_t in token_in.unbind(1):                              # the recurrence needs s_{i-1}
@@ -142,8 +119,7 @@ class BahdanauDecoder(Decoder):
         return torch.stack(states, 1), torch.stack(weights, 1)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        """Attend with s_{i-1}, then step the RNN, for every step; W_cc c_i and the pre-output for all at once.
-        On the CPU with gradients, the products with [W_h; W_a] and W_ctx h_j go through SharedGrads."""
+        """Attend with s_{i-1}, then step the RNN, for every step; W_cc c_i and the pre-output for all at once."""
         if memory.context_terms is None:
             raise ValueError("teacher forcing needs the folded memory (BahdanauDecoder.memory)")
         token_in, token_out = self.split_terms(self.token_terms(tgt_in))   # (batch, tgt_len, ...), all steps
@@ -153,7 +129,10 @@ class BahdanauDecoder(Decoder):
         if fused is not None and torch.is_grad_enabled() and shares_grads(tgt_in.device):
             shared = SharedGrads(fused, values_in)
             state = replace(state, hidden=shared.attach(state.hidden))
-        cast = _CastOnce.make(self, tgt_in.device) if fused is not None else None
+        # b_h (gates*dec_hidden,) and v_a (1, attn_dim), cast once per batch: as float32 parameters, b_h would
+        # make the state float32 (every step casting it back), and v_a would be cast at every step, both ways
+        cast = None if fused is None else (autocast_once(self.rnn.hidden_bias(0)),
+                                           autocast_once(self.attention.v.weight))
         context_in = shared.weighted_sum if shared is not None else (
             lambda alpha, shape: memory.weighted_sum(alpha, values_in, shape))
         s_all, alphas = self.recurrence(token_in, state, lambda s: self._attend(s, memory, fused, shared, cast),

@@ -1,12 +1,6 @@
-"""The decoders' common part; Bahdanau's (attend, then step) is in nmt.model.bahdanau, Luong's (step, then
-attend) in nmt.model.luong.
-
-Both expose the same interface: `memory` prepares what the decoder attends over once per batch,
-`step_features` advances every row by one token as the equations read (scheduled sampling uses it), and
-`teacher_forced` runs a whole reference target, computing what it can for all steps at once:
-embeddings and their RNN input projection, the output layer, and for Luong without input
-feeding also the RNN and the attention. Decoding's faster step is built from these parameters in
-nmt.decode.steps.
+"""The decoders' common part (Bahdanau's in nmt.model.bahdanau, Luong's in nmt.model.luong): `memory` once per
+batch, `step_features` one token as the equations read (scheduled sampling), `teacher_forced` a whole reference
+with what it can for all steps at once. Decoding's faster step (nmt.decode.steps) uses these parameters.
 """
 
 from __future__ import annotations
@@ -17,17 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.device import active_autocast_dtype
+from nmt.device import autocast_once
 from nmt.model.attention import Attention, Memory
-from nmt.model.dropout import Dropout
+from nmt.model.encoder import Dropout
 from nmt.model.recurrent import RecurrentStack
-
-
-def autocast_once(weight: Tensor) -> Tensor:
-    """A derived (non-leaf) tensor that every step reads, cast to the autocast dtype once: autocast caches
-    the casts of parameters only, and would cast it again in every step's product. The same values."""
-    dtype = active_autocast_dtype(weight.device.type)
-    return weight if dtype is None else weight.to(dtype)
 
 
 @dataclass
@@ -61,8 +48,7 @@ class Decoder(nn.Module):
         self.output = nn.Linear(hidden, vocab_size)                    # W_s: h̃ -> logits
 
     def memory(self, values: Tensor, mask: Tensor) -> Memory:
-        """What every step attends over: the annotations h_j (batch, src_len, enc_out), cast once under autocast,
-        and the attention keys projected once per batch."""
+        """The annotations h_j (batch, src_len, enc_out), cast once, and the keys, projected once per batch."""
         values = autocast_once(values)
         return Memory(values, self.attention.project_keys(values), mask)
 
@@ -70,8 +56,7 @@ class Decoder(nn.Module):
         return DecoderState(hidden, cell, None)
 
     def token_projection(self) -> tuple[Tensor, Tensor]:
-        """Weight (terms, emb) and bias (terms,) of the step's terms that depend on the input token
-        alone; here the RNN's W_e and b_i (layer 0), subclasses append their own."""
+        """Weight (terms, emb) and bias (terms,) of the terms of the input token alone: W_e, b_i, and subclasses'."""
         return self.rnn.input_weight(0, self.embedding_dim), self.rnn.input_bias()
 
     def token_terms(self, tokens: Tensor) -> Tensor:
@@ -94,14 +79,9 @@ class Decoder(nn.Module):
 
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: Memory, teacher_forcing: float = 1.0,
                 features_only: bool = False) -> tuple[Tensor, Tensor]:
-        """tgt_in: (batch, tgt_len) BOS y_1 .. y_{n}.
-
-        returns logits (batch, tgt_len, vocab) and attention weights (batch, tgt_len, src_len);
-        with `features_only`, the output layer's input (dropout applied) instead of the logits,
-        for a loss that fuses the output layer (nmt.train.loss).
-        With teacher_forcing < 1 each row's next input is, with probability 1 - ratio, the
-        model's own previous prediction instead of the reference token (scheduled sampling).
-        """
+        """tgt_in: (batch, tgt_len) BOS y_1 .. y_{n} -> logits (batch, tgt_len, vocab) (`features_only`: the output
+        layer's input, for nmt.train.loss) and weights (batch, tgt_len, src_len). teacher_forcing < 1: scheduled
+        sampling, each row's next input its own prediction with probability 1 - ratio."""
         if teacher_forcing >= 1.0:
             attn_hidden, weights = self.teacher_forced(tgt_in, state, memory)
             features = self.dropout(attn_hidden)

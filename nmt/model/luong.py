@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.device import autocast_once
 from nmt.model.attention import Attention, Memory, masked_softmax
-from nmt.model.decoder import Decoder, DecoderState, autocast_once
+from nmt.model.decoder import Decoder, DecoderState
 
 
 class LuongDecoder(Decoder):
@@ -27,21 +28,12 @@ class LuongDecoder(Decoder):
         self.combine = nn.Linear(context_size + hidden, hidden, bias=False)   # W_c
 
     def feed_weight(self) -> Tensor:
-        """W_f: (gates*dec_hidden, dec_hidden), the columns of the RNN's layer-0 input weights that
-        multiply h̃_{i-1} (a view; only with input feeding)."""
+        """W_f (gates*dec_hidden, dec_hidden): the view of layer 0's input weights that multiplies h̃_{i-1}."""
         return self.rnn.input_weight(self.embedding_dim, self.embedding_dim + self.hidden_size)
 
     def zero_feed_weights(self) -> None:
-        """Start input feeding's weights W_f at zero (called once, after initialisation).
-
-        With U(-0.1, 0.1) weights, h̃ (mean |h̃| per element ≈ 0.4) feeds back into the RNN through W_f
-        and drowns the target embedding: at initialisation the feed term W_f h̃_{i-1} is about 12 times
-        larger than W_e E y_{i-1}, so the untrained decoder barely sees its previous word. Starting W_f
-        at zero lets the RNN learn from the embeddings first and the feed as it becomes useful: on
-        Multi30k dev perplexity at update 500 fell from 12.4 to 10.5 (BLEU 25.4 -> 27.1; see
-        docs/benchmarks.md, "Converged quality"). Measured with `init: uniform`; `init: default`
-        starts W_f at zero too, unmeasured.
-        """
+        """W_f = 0 at initialisation: with U(-0.1, 0.1) weights W_f h̃_{i-1} is ~12x W_e E y_{i-1} and drowns the
+        previous word; zero, Multi30k dev perplexity at update 500 fell from 12.4 to 10.5 (docs/benchmarks.md)."""
         if self.input_feeding:
             with torch.no_grad():
                 self.feed_weight().zero_()
@@ -69,8 +61,7 @@ class LuongDecoder(Decoder):
         return attn_hidden, DecoderState(hidden, cell, feed), alpha.view(s.size(0), -1)
 
     def teacher_forced(self, tgt_in: Tensor, state: DecoderState, memory: Memory) -> tuple[Tensor, Tensor]:
-        """Without input feeding, the RNN over all steps in one call and one batched attention; with it, step
-        by step, the W_e E y + b_i of all steps in one product."""
+        """Without input feeding, one RNN call and one attention for all steps; with it, step by step."""
         if not self.input_feeding:
             embedded = self.dropout(self.embed(tgt_in))                 # (batch, tgt_len, emb)
             s_all, _, _ = self.rnn(embedded, state.hidden, state.cell)  # (batch, tgt_len, dec_hidden)

@@ -1,12 +1,6 @@
-"""A multi-layer GRU/LSTM that runs whole sequences or single steps on the same parameters.
-
-The parameters live in one `nn.GRU`/`nn.LSTM`, so a whole sequence runs as one fused call.
-Decoders whose input depends on the previous step run `step` instead, and pass the layer-0
-input projection in already computed (`gi0`): its embedding part can then be projected for all
-target positions in one matrix product, and Bahdanau's context part folded into the attention
-(W c_i = Σ_j α_ij W h_j), instead of one product per step.
-
-PyTorch's gate equations, with gi = W_i x + b_i and gh = W_h s + b_h split into gates:
+"""A multi-layer GRU/LSTM (one nn.GRU/nn.LSTM) that runs whole sequences in one call, or `step`s given layer 0's
+input projection `gi0` (so the embedding part is one product for all steps, and Bahdanau's context part folds
+into the attention). PyTorch's gate equations, with gi = W_i x + b_i and gh = W_h s + b_h split into gates:
 
     GRU:   r = σ(gi_r + gh_r),  z = σ(gi_z + gh_z),  n = tanh(gi_n + r ⊙ gh_n),  s' = (1 - z) ⊙ n + z ⊙ s
     LSTM:  i, f, g, o = σ, σ, tanh, σ of (gi + gh);  c' = f ⊙ c + i ⊙ g;  s' = o ⊙ tanh(c')
@@ -20,16 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.model.dropout import dropout
-from nmt.model.encoder import make_rnn
+from nmt.model.encoder import dropout, make_rnn
 
 
 def gru_gates(gi: Tensor, gh: Tensor, hidden: Tensor) -> Tensor:
-    """gi, gh: (batch, 3*hidden); hidden: (batch, hidden) -> the new state (batch, hidden).
-
-    Six operations where the gates one by one take ten: on a GPU each is a kernel launch of a
-    step. Both gates' sigmoid in one; n = tanh(gi_n + r ⊙ gh_n) and s' = n + z ⊙ (s - n) with
-    addcmul, which (unlike lerp) takes operands of mixed dtypes under autocast and promotes them."""
+    """gi, gh: (batch, 3*hidden); hidden: (batch, hidden) -> (batch, hidden). Six operations (GPU launches), not
+    ten: one sigmoid for r and z; addcmul, unlike lerp, promotes mixed dtypes under autocast."""
     sizes = [2 * hidden.size(-1), hidden.size(-1)]              # r and z, then n
     (i_rz, i_n), (h_rz, h_n) = gi.split(sizes, dim=-1), gh.split(sizes, dim=-1)
     reset, update = torch.sigmoid(i_rz + h_rz).chunk(2, dim=-1)
@@ -38,8 +28,7 @@ def gru_gates(gi: Tensor, gh: Tensor, hidden: Tensor) -> Tensor:
 
 
 def lstm_gates(gi: Tensor, gh: Tensor, hidden: Tensor, cell: Tensor) -> tuple[Tensor, Tensor]:
-    """gi, gh: (batch, 4*hidden) -> new (hidden, cell), each (batch, hidden). One sigmoid over all four
-    gates (g's quarter unused): fewer launches than three."""
+    """gi, gh: (batch, 4*hidden) -> (hidden, cell), each (batch, hidden); one sigmoid for all four gates."""
     gates = gi + gh
     i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
     cell = torch.addcmul(f * cell, i, torch.tanh(gates[..., 2 * hidden.size(-1) : 3 * hidden.size(-1)]))
@@ -67,7 +56,6 @@ class RecurrentStack(nn.Module):
         return outputs, hidden, None
 
     def input_weight(self, start: int, end: int) -> Tensor:
-        """Columns [start, end) of layer 0's input weights W_i: (gates*hidden, end - start)."""
         return self.parameter("weight_ih_l0")[:, start:end]
 
     def input_bias(self) -> Tensor:
@@ -80,14 +68,12 @@ class RecurrentStack(nn.Module):
         return self.parameter(f"bias_hh_l{layer}")
 
     def parameter(self, name: str) -> Tensor:
-        """The nn.GRU/nn.LSTM parameter `name`, e.g. weight_ih_l1."""
         return cast(Tensor, getattr(self.rnn, name))
 
     def step(self, gi0: Tensor, hidden: Tensor, cell: Tensor | None,
              gh0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        """One step. gi0: (batch, gates*hidden) layer 0's input projection, bias included;
-        gh0: layer 0's hidden projection if the caller computed it already.
-        hidden, cell: (layers, batch, hidden). Returns the top output (batch, hidden), hidden, cell."""
+        """gi0: (batch, gates*hidden) with b_i; gh0: layer 0's W_h s + b_h if computed; hidden, cell: (layers,
+        batch, hidden) -> top output (batch, hidden), hidden, cell."""
         new_hidden: list[Tensor] = []
         new_cell: list[Tensor] = []
         gi = gi0

@@ -50,8 +50,7 @@ class Seq2Seq(nn.Module):
 
     @classmethod
     def from_config(cls, config: ModelConfig, src_vocab: int, tgt_vocab: int, initialize: bool = True) -> Seq2Seq:
-        """The model `config` describes. `initialize=False` skips `config.init` (for weights about to be
-        loaded: a third of building the reference model); the layers' own default initialisation still runs."""
+        """`initialize=False` skips `config.init`, for weights about to be loaded (a third of the build time)."""
         encoder = Encoder(src_vocab, config.embedding_dim, config.encoder_hidden, config.encoder_layers,
                           config.bidirectional, config.rnn_type, config.dropout)
         try:
@@ -69,10 +68,8 @@ class Seq2Seq(nn.Module):
             decoder = LuongDecoder(**common, input_feeding=config.input_feeding)
         if config.tie_embeddings:
             if config.embedding_dim != config.decoder_hidden:
-                raise ConfigError(
-                    f"`model.tie_embeddings` needs model.embedding_dim ({config.embedding_dim}) "
-                    f"equal to model.decoder_hidden ({config.decoder_hidden})"
-                )
+                raise ConfigError(f"`model.tie_embeddings` needs model.embedding_dim ({config.embedding_dim}) "
+                                  f"equal to model.decoder_hidden ({config.decoder_hidden})")
             decoder.output.weight = decoder.embed.weight
         bridge = Bridge(config.bridge, encoder.output_size, config.decoder_hidden, config.decoder_layers,
                         config.rnn_type == "lstm")
@@ -85,7 +82,6 @@ class Seq2Seq(nn.Module):
         return model
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
-        """Run the encoder once and prepare what every decoder step attends over (`Decoder.memory`)."""
         encoded = self.encoder(src, src_lengths)
         memory = self.decoder.memory(encoded.outputs, src != PAD)
         hidden, cell = self.bridge(encoded)
@@ -93,7 +89,6 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, teacher_forcing: float = 1.0,
                 features_only: bool = False) -> tuple[Tensor, Tensor]:
-        """returns logits (batch, tgt_len, tgt_vocab), or with `features_only` the output layer's input
-        (batch, tgt_len, dec_hidden), and attention weights (batch, tgt_len, src_len)."""
+        """-> logits (batch, tgt_len, tgt_vocab) (or features, `Decoder.forward`), weights (batch, tgt_len, src_len)."""
         memory, state = self.encode(src, src_lengths)
         return self.decoder(tgt_in, state, memory, teacher_forcing, features_only)

@@ -1,17 +1,7 @@
-"""Gradients of the tensors every step of a recurrence reads, formed once after the loop: exact algebra
-that pays in training on the CPU (BahdanauDecoder.teacher_forced; on an H100 it showed no gain).
-
-A teacher-forced Bahdanau step i reads the same W = [W_h; W_a] (y_i = W s_{i-1}) and the same per-batch
-V = W_ctx h_j (x_i = Σ_j α_ij V_j). Autograd adds each step's dW += g_iᵀ s_{i-1} (a product with only
-`batch` rows) and dV += α_iᵀ g_i (an outer product over (batch, src_len, d)) into an accumulator;
-`SharedGrads` records the steps' (input, gradient) pairs and forms both sums once, dW = Gᵀ S and
-dV = Aᵀ G: the same up to float rounding.
-
-`attach` passes the loop's initial state through a node that also takes W and V: its gradient arrives
-after every step's backward pass (each step's state derives from it), so the node then returns the sums
-as W's and V's gradients. Records carry the id of the backward pass that made them and the node sums
-only its own pass's, so a pass that never reached it (`autograd.grad` for other inputs, an exception)
-leaves nothing a later pass would count.
+"""Gradients of what every teacher-forced Bahdanau step reads, W = [W_h; W_a] (y_i = W s_{i-1}) and V = W_ctx h_j
+(x_i = Σ_j α_ij V_j), formed once after the loop (dW = Gᵀ S, dV = Aᵀ G) instead of per step with `batch` rows:
+faster on the CPU. `attach` routes the initial state through a node whose gradient arrives last; it sums only
+its own backward pass's records, so a pass that never reached it leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -24,8 +14,7 @@ from torch import Tensor
 
 
 class SharedGrads:
-    """One training loop's records. Use `attach` on the initial state first, then `linear` and
-    `weighted_sum` at every step; outside autograd (no_grad) use the plain operations instead."""
+    """One loop's records: `attach` the initial state, then `linear` and `weighted_sum` at every step (with grad)."""
 
     def __init__(self, weight: Tensor, values: Tensor) -> None:
         self.weight, self.values = weight, values          # (out, in) W; (batch, src_len, d) V
@@ -34,44 +23,32 @@ class SharedGrads:
         self.sum_records: list[tuple[int, Tensor, Tensor]] = []     # α_i (batch, q, src_len), dL/dx_i (batch, q, d)
 
     def attach(self, state: Tensor) -> Tensor:
-        """The initial state, passed through the node that returns dW and dV (see the module doc)."""
         return _SumRecords.apply(state, self.weight, self.values, self)
 
     def linear(self, x: Tensor) -> Tensor:
-        """W x for one step: (rows, in) -> (rows, out)."""
-        return _StepLinear.apply(x, self.weight, self)
+        """W x: (rows, in) -> (rows, out)."""
+        return _Step.apply(x, self.weight, self.linear_records, True)
 
     def weighted_sum(self, weights: Tensor, query_shape: torch.Size) -> Tensor:
         """Σ_j α_ij V_j for one step, like `Memory.weighted_sum`: (batch, q, src_len) -> (*query_shape[:-1], d)."""
-        return _StepWeightedSum.apply(weights, self.values, self).view(*query_shape[:-1], self.values.size(-1))
+        return _Step.apply(weights, self.values, self.sum_records, False).view(*query_shape[:-1], self.values.size(-1))
 
 
-class _StepLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, records: SharedGrads) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.records = records
-        return F.linear(x, weight)
+class _Step(torch.autograd.Function):
+    """A step's product with the shared tensor, W x (`linear`) or α V; its backward records (x, gradient)."""
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        x, weight = ctx.saved_tensors
-        ctx.records.linear_records.append((_backward_pass(), x.detach(), grad))
-        return grad.mm(weight.to(grad.dtype)), None, None
-
-
-class _StepWeightedSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, weights: Tensor, values: Tensor, records: SharedGrads) -> Tensor:
-        ctx.save_for_backward(weights, values)
-        ctx.records = records
-        return weights.bmm(values)
+    def forward(ctx: Any, x: Tensor, shared: Tensor, records: list, linear: bool) -> Tensor:
+        ctx.save_for_backward(x, shared)
+        ctx.records, ctx.linear = records, linear
+        return F.linear(x, shared) if linear else x.bmm(shared)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        weights, values = ctx.saved_tensors
-        ctx.records.sum_records.append((_backward_pass(), weights.detach(), grad))
-        return grad.bmm(values.transpose(1, 2).to(grad.dtype)), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        x, shared = ctx.saved_tensors
+        ctx.records.append((_backward_pass(), x.detach(), grad))
+        shared = shared.to(grad.dtype)
+        return (grad.mm(shared) if ctx.linear else grad.bmm(shared.transpose(1, 2))), None, None, None
 
 
 class _SumRecords(torch.autograd.Function):
@@ -101,5 +78,4 @@ class _SumRecords(torch.autograd.Function):
 
 
 def _backward_pass() -> int:
-    """The id of the autograd pass running now (what torch.utils.checkpoint uses too)."""
     return torch._C._current_graph_task_id()

@@ -11,40 +11,29 @@ from nmt.modelfile.file import LoadedModel
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:
     """The model card as a dictionary: languages, vocabulary, architecture, parameters, data, scores."""
-    c, card = loaded.config, loaded.card
-    n_params = sum(t.numel() for t in loaded.weights.values())
-    languages = loaded.languages
+    c, card, shortlist = loaded.config, loaded.card, loaded.shortlist
     return {
         "file": str(loaded.path),
         "kind": loaded.kind,
-        "languages": languages,
+        "languages": loaded.languages,
         "vocabulary": {"joint_sentencepiece": c.data.joint_vocab, "sentencepiece_type": c.data.spm_model_type,
                        "sentencepiece_pieces": loaded.src_vocab.sp.get_piece_size(),
                        "src_size": len(loaded.src_vocab), "tgt_size": len(loaded.tgt_vocab)},
         "architecture": {k: getattr(c.model, k) for k in ("rnn_type", "attention", "embedding_dim", "encoder_hidden",
                                                           "encoder_layers", "bidirectional", "decoder_hidden",
                                                           "decoder_layers", "input_feeding")},
-        "parameters": n_params,
+        "parameters": sum(t.numel() for t in loaded.weights.values()),
         "nonfinite_weights": [name for name, t in loaded.weights.items() if not bool(torch.isfinite(t).all())],
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
                                                          "max_input_len", "precision", "quantize")},
-        "shortlist": _describe_shortlist(loaded),
-        "data": card.get("data"),
-        "data_files": card.get("data_files"),
-        "dev": card.get("dev"),
-        "training": card.get("training"),
+        "shortlist": None if shortlist is None else {
+            "k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
+            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"),
+            "default_on_cpu": loaded.shortlist_on_cpu},
+        **{key: card.get(key) for key in ("data", "data_files", "dev", "training")},
         **({"averaged_from": card["averaged_from"]} if "averaged_from" in card else {}),
     }
-
-
-def _describe_shortlist(loaded: LoadedModel) -> dict[str, Any] | None:
-    shortlist = loaded.shortlist
-    if shortlist is None:
-        return None
-    return {"k": int(shortlist["targets"].shape[1]), "frequent": len(shortlist["frequent"]),
-            "score": shortlist.get("score"), "pairs": shortlist.get("pairs"),
-            "default_on_cpu": loaded.shortlist_on_cpu}
 
 
 def format_card(info: dict[str, Any]) -> str:
@@ -76,21 +65,13 @@ def format_card(info: dict[str, Any]) -> str:
                         if shortlist["default_on_cpu"] else "off by default: this model samples (--shortlist is "
                         "refused with sampling; --no-sampling --shortlist uses it)"))
     data, files = info.get("data") or {}, info.get("data_files") or {}
-    if data:
-        parts = []
-        for split, entry in data.items():
-            name = f" ({files[split]})" if split in files else ""
-            parts.append(f"{split}{name} {entry.get('pairs', '?')} sentence pairs")
-        lines.append("- data: " + "; ".join(parts))
-    else:
-        lines.append("- data: not recorded")
+    names = {split: f" ({files[split]})" if split in files else "" for split in data}
+    lines.append("- data: " + ("; ".join(f"{split}{names[split]} {entry.get('pairs', '?')} sentence pairs"
+                                         for split, entry in data.items()) or "not recorded"))
     dev = info.get("dev")
-    if dev:
-        scored = f" on {dev['sentences']} sentences" if dev.get("sentences") else ""
-        lines.append(f"- dev BLEU: {dev['bleu']:.2f} ({dev.get('search', 'greedy')} search{scored}, at update "
-                     f"{dev['step']}; sacreBLEU {dev['signature']})")
-    else:
-        lines.append("- dev BLEU: not recorded")
+    scored = f" on {dev['sentences']} sentences" if dev and dev.get("sentences") else ""
+    lines.append(f"- dev BLEU: {dev['bleu']:.2f} ({dev.get('search', 'greedy')} search{scored}, at update "
+                 f"{dev['step']}; sacreBLEU {dev['signature']})" if dev else "- dev BLEU: not recorded")
     training = info.get("training") or {}
     if training:
         seconds = f", {training['seconds'] / 60:.1f} minutes" if "seconds" in training else ""

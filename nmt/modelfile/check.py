@@ -1,18 +1,7 @@
-"""Checks of a model file or checkpoint before anything is built from it.
-
-A file shared by someone else, or damaged on the way, must not reach torch as it is: weights of
-another shape or dtype, a tensor view declaring more elements than its bytes hold, NaN weights, a
-config describing a model no machine can build, or a section of the wrong type would translate
-into garbage, hang, or fail deep inside torch. `load_model` (nmt.modelfile.file) runs these
-checks in this order, each raising a one-line `ModelFileError` naming the file and what is wrong,
-after the file's checksums (the CRC-32s nmt.modelfile.tensors stores in a format-2 model file; the zip
-records' CRC-32s of a format-1 file or checkpoint):
-
-    check_sections   the dictionary's sections have their types (a schema for the metadata)
-    check_config     the stored config meets the config's types and bounds (nmt.config)
-    expected_weights the weights the config describes (built on the meta device: no memory),
-                     refused when their size does not fit this machine's memory
-    check_weights    every tensor's name, shape, dtype and storage against them; finite values
+"""Checks of a model file or checkpoint before anything is built from it: a shared or damaged file must not
+reach torch (weights of another shape or dtype, views larger than their bytes, NaN, a config no machine can build).
+After the checksums, `load_model` runs check_sections, check_config, expected_weights (on the meta device: no
+memory) and check_weights, each raising a one-line `ModelFileError` naming the file.
 """
 
 from __future__ import annotations
@@ -35,8 +24,7 @@ class ModelFileError(ValueError):
 
 
 def not_a_file(path: Path, what: str) -> ModelFileError:
-    """The error for a `path` that is not a regular file: missing, or named for what it is (a FIFO or a
-    device would otherwise be "missing", and reading one waits forever or never ends)."""
+    """Missing, or named for what it is: reading a FIFO or a device would wait forever or never end."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -44,18 +32,23 @@ def not_a_file(path: Path, what: str) -> ModelFileError:
     return ModelFileError(f"{what} {path} is {file_kind(mode)}, not a file; give an nmt model file or checkpoint")
 
 
+def corrupt(what: str, path: Path, exc: Exception) -> ModelFileError:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ModelFileError(f"{what} {path} is truncated or corrupt ({reason[:200]})")
+
+
+def damaged(what: str, path: Path, problem: str) -> ModelFileError:
+    return ModelFileError(f"{what} {path} is damaged: {problem}; copy or export it again")
+
+
 NUMBER = (int, float)
-# The card a model file carries (see modelfile.describe): every key optional, but what is there has its type.
+# The card (modelfile.card.describe): every key optional, but what is there has its type.
 CARD_SCHEMA: dict[str, Any] = {
-    "languages": {"src": str, "tgt": str},
+    "languages": {"src": str, "tgt": str}, "data_files": {"*": str},
     "data": {"*": {"pairs": int, "input_pairs": int, "src_tokens": int, "tgt_tokens": int}},
-    "data_files": {"*": str},
     "dev": {"bleu": NUMBER, "search": str, "signature": str, "sentences": (int, type(None)), "loss": NUMBER,
             "ppl": NUMBER, "step": int},
-    "training": {"step": int, "seconds": NUMBER},
-    "averaged_from": [str],
-    "exported_from": str,
-}
+    "training": {"step": int, "seconds": NUMBER}, "averaged_from": [str], "exported_from": str}
 CARD_REQUIRED = {"languages": ("src", "tgt"), "dev": ("bleu", "signature", "step")}
 SHORTLIST_SCHEMA: dict[str, Any] = {"targets": Tensor, "frequent": Tensor, "vocab_sha256": str, "score": str,
                                     "pairs": int}
@@ -63,8 +56,7 @@ SIDE_SCHEMA: dict[str, Any] = {"spm": (bytes, type(None)), "pieces": [int]}
 
 
 def _schema_error(value: Any, schema: Any, where: str) -> str | None:
-    """Where `value` departs from `schema` (a type or tuple of types, a {key: schema} mapping with "*"
-    for any key, or a one-item list for a list of such values), or None."""
+    """Where `value` departs from `schema` (types, {key: schema} with "*" for any key, [schema]), or None."""
     if isinstance(schema, dict):
         if not isinstance(value, dict):
             return f"{where} is {type(value).__name__}, not a mapping"
@@ -94,8 +86,6 @@ def _names(schema: Any) -> str:
 
 
 def check_sections(path: Path, state: dict[str, Any], kind: str) -> None:
-    """The sections of a model file or checkpoint have their types: config, model, tokenizer, card, shortlist,
-    dtype (and a checkpoint's vocab entries and step)."""
     problem = None
     if not isinstance(state["config"], dict):
         problem = f"its config is {type(state['config']).__name__}, not a mapping"
@@ -110,8 +100,6 @@ def check_sections(path: Path, state: dict[str, Any], kind: str) -> None:
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             problem = f"its step {step!r} is not a count of updates"
-        elif "tokenizer" not in state:
-            problem = _schema_error(state["vocab"], {"*": {"model": str, "pieces": (str, type(None))}}, "vocab")
     if problem is None and state.get("card") is not None:
         problem = _card_error(state["card"])
     if problem is None and state.get("shortlist") is not None:
@@ -122,13 +110,12 @@ def check_sections(path: Path, state: dict[str, Any], kind: str) -> None:
 
 
 def _card_error(card: Any) -> str | None:
-    problem = _schema_error(card, CARD_SCHEMA, "card")
-    if problem is None:
-        for key, required in CARD_REQUIRED.items():
-            missing = [name for name in required if key in card and name not in card[key]]
-            if missing:
-                return f"card.{key} lacks {', '.join(missing)}"
-    return problem
+    if problem := _schema_error(card, CARD_SCHEMA, "card"):
+        return problem
+    for key, names in CARD_REQUIRED.items():
+        if missing := [name for name in names if key in card and name not in card[key]]:
+            return f"card.{key} lacks {', '.join(missing)}"
+    return None
 
 
 def _shortlist_error(shortlist: dict[str, Any]) -> str | None:
@@ -145,8 +132,7 @@ def _shortlist_error(shortlist: dict[str, Any]) -> str | None:
 
 
 def check_config(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> Config:
-    """The stored config with the (already checked) decoding `overrides` applied, held to the config's
-    types and bounds."""
+    """The stored config with the (already checked) decoding `overrides`, held to the config's bounds."""
     decoding = raw.get("decoding")
     raw = {**raw, "decoding": {**(decoding if isinstance(decoding, dict) else {}), **overrides}} if overrides else raw
     try:
@@ -157,8 +143,7 @@ def check_config(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> 
 
 
 class _NoNormalInit(TorchFunctionMode):
-    """Skips `normal_` (nn.Embedding's default init): on the meta device it goes through torch's
-    reference implementations, whose first use imports torch._dynamo, 0.7 s of every `nmt translate`."""
+    """Skips `normal_` (nn.Embedding's init): on the meta device it imports torch._dynamo, 0.7 s of a translate."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -169,11 +154,8 @@ class _NoNormalInit(TorchFunctionMode):
 
 def expected_weights(model: ModelConfig, src_vocab: int, tgt_vocab: int, what: str, copies: int = 2,
                      error: type[ValueError] = ModelFileError) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Name -> (shape, float32) of every weight the model config describes with these vocabulary sizes.
-
-    Raises `error` (naming `what`) when `copies` float32 copies of the parameters (2 to load a
-    file; ~4 to train: weights, gradients, Adam's two moments) exceed this machine's memory: checked
-    before anything is allocated, so such a model is an error, not minutes of swapping."""
+    """Name -> (shape, float32) of every weight the config describes. Raises `error` (naming `what`) when `copies`
+    float32 copies (2 to load; ~4 to train) exceed this machine's memory: an error, not minutes of swapping."""
     from nmt.model.seq2seq import Seq2Seq
 
     try:
@@ -193,8 +175,7 @@ def expected_weights(model: ModelConfig, src_vocab: int, tgt_vocab: int, what: s
 
 def check_weights(path: Path, weights: dict[str, Tensor], expected: dict[str, tuple[torch.Size, torch.dtype]],
                   dtype: torch.dtype, allow_nonfinite: bool = False) -> None:
-    """Every tensor has the name, shape and `dtype` the config describes, a storage that holds its declared
-    elements, and (unless `allow_nonfinite`, for inspecting a broken file) only finite values."""
+    """Names, shapes, `dtype` and storage as `expected`; finite values unless `allow_nonfinite` (`nmt info`)."""
     missing = [name for name in expected if name not in weights]
     extra = [name for name in weights if name not in expected]
     if missing or extra:
@@ -211,9 +192,7 @@ def check_weights(path: Path, weights: dict[str, Tensor], expected: dict[str, tu
                                  f"{str(dtype).removeprefix('torch.')} weights")
         if problem := _storage_error(tensor, f"weight {name}"):
             raise ModelFileError(f"{path}: {problem}; the file is damaged or not written by nmt")
-    if allow_nonfinite:
-        return
-    for name, tensor in weights.items():
+    for name, tensor in [] if allow_nonfinite else weights.items():
         if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise ModelFileError(f"{path}: weight {name} holds {bad} non-finite values (NaN or inf) of "
@@ -221,8 +200,7 @@ def check_weights(path: Path, weights: dict[str, Tensor], expected: dict[str, tu
 
 
 def _storage_error(tensor: Tensor, what: str) -> str | None:
-    """What is wrong with a view that declares more elements than its stored bytes hold (e.g. 10^12 elements of stride 0
-    over a few bytes: every use of it would allocate terabytes)."""
+    """A view declaring more elements than its bytes hold (10^12 of stride 0 would allocate terabytes), or None."""
     elements = tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
     reach = tensor.storage_offset() + sum((size - 1) * stride for size, stride in
                                           zip(tensor.shape, tensor.stride(), strict=True)) + 1

@@ -1,29 +1,10 @@
 """Model files: one self-contained file with a trained model and everything needed to use it.
 
-A model file (`nmt export RUN/best.pt -o model.nmt`) holds one dictionary:
-
-    kind         "nmt-model"
-    format       MODEL_FORMAT; a reader refuses any other number (LEGACY_MODEL_FORMAT: see below)
-    nmt_version  the nmt that wrote it
-    config       the full config the model was trained with (model, decoding, data languages, ...)
-    model        the state dict, without optimiser state, in `dtype`
-    dtype        "fp32", "fp16" or "bf16" (weights are stored in it; translation computes in fp32
-                 or the decoding precision, as with a checkpoint)
-    tokenizer    {"src"|"tgt": {"spm": SentencePiece model bytes, "pieces": side id -> piece id}};
-                 "spm" of tgt is None when it is the same (joint) model as src
-    card         what a user of a shared model needs: languages, data, dev BLEU with its sacreBLEU
-                 signature, training steps (see `describe`)
-    shortlist    (optional) the vocabulary shortlist of the data folder (nmt.data.shortlist):
-                 {"targets", "frequent": int tensors, "vocab_sha256", "score": str, "pairs": int}
-
-Format 2 stores it as safetensors with JSON metadata (nmt.modelfile.tensors): nothing is unpickled to
-read it, and it is the `model.safetensors` of a Hugging Face folder (nmt.modelfile.hf). Format 1,
-written by nmt before, is the dictionary `torch.save`d, read with `torch.load(weights_only=True)`;
-such files still load. Where a model lives (a file, a folder, hf://org/name): nmt.modelfile.hub.
-
-A training checkpoint (nmt.train.checkpoint) is the format-1 dictionary without `kind`, with the
-training state on top (optimiser, schedule, RNG, data cursor), and embeds the tokenizer and card
-too. `load_model` reads either, so every command that takes a checkpoint takes a model file.
+One dictionary: kind "nmt-model", format, nmt_version, config, model (the state dict in `dtype`), dtype,
+tokenizer {"src"|"tgt": {"spm": SentencePiece bytes (None for a joint tgt), "pieces": side id -> piece id}},
+card (languages, data, dev BLEU with its signature: see `describe`) and an optional vocabulary shortlist.
+Format 2 stores it as safetensors (nmt.modelfile.tensors); format 1 `torch.save`d it and still loads. A training
+checkpoint (nmt.train.checkpoint) is format 1 without `kind`, plus the training state; `load_model` reads both.
 """
 
 from __future__ import annotations
@@ -48,15 +29,17 @@ from nmt.modelfile.check import (
     check_config,
     check_sections,
     check_weights,
+    corrupt,
+    damaged,
     expected_weights,
     not_a_file,
 )
 from nmt.modelfile.hub import hub_name, is_hub_name, locate_model
-from nmt.modelfile.tensors import is_pickled, write_model_file
+from nmt.modelfile.tensors import write_model_file
 
 MODEL_KIND = "nmt-model"
 MODEL_FORMAT = 2                # safetensors (nmt.modelfile.tensors)
-LEGACY_MODEL_FORMAT = 1         # the torch.save dictionary nmt wrote before; still read
+LEGACY_MODEL_FORMAT = 1         # the torch.save dictionary; still read
 CHECKPOINT_FORMAT = 1           # the model part of a training checkpoint (nmt.train.checkpoint)
 CHECKPOINT_KEYS = ("format", "nmt_version", "config", "vocab", "model", "step")
 MODEL_KEYS = ("kind", "format", "nmt_version", "config", "model", "dtype", "tokenizer", "card")
@@ -88,30 +71,24 @@ class LoadedModel:
 
     @property
     def shortlist_on_cpu(self) -> bool:
-        """Whether CPU decoding uses the embedded shortlist unless told otherwise: a model that embeds one
-        and searches (sampling keeps the full vocabulary)."""
+        """CPU decoding uses an embedded shortlist by default, unless the model samples (full vocabulary)."""
         return self.shortlist is not None and not self.config.decoding.sampling
 
     @property
     def languages(self) -> dict[str, str]:
-        """{"src": code, "tgt": code}: the card's, else the config's."""
         return self.card.get("languages") or {"src": self.config.data.src_lang, "tgt": self.config.data.tgt_lang}
 
 
 def read_file(path: str | Path, what: str, mmap: bool = False) -> dict[str, Any]:
-    """`torch.load(weights_only=True)` with every failure a `ModelFileError` naming the file.
-
-    With `mmap`, tensors are read from the file only when used: translation never touches the
-    optimiser state of a checkpoint, two thirds of it.
-    """
+    """`torch.load(weights_only=True)`, failures a `ModelFileError`; `mmap` leaves unused tensors (a checkpoint's
+    optimiser state, two thirds of it) unread."""
     path = Path(path)
     if not path.is_file():
         raise not_a_file(path, what)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises several types for truncated or garbled zip archives
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelFileError(f"{what} {path} is truncated or corrupt ({reason[:200]})") from None
+        raise corrupt(what, path, exc) from None
     if not isinstance(state, dict):
         raise ModelFileError(f"{path} is not an nmt model file or checkpoint")
     return state
@@ -119,22 +96,15 @@ def read_file(path: str | Path, what: str, mmap: bool = False) -> dict[str, Any]
 
 def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = None,
                allow_nonfinite: bool = False) -> LoadedModel:
-    """Read a model file or a training checkpoint; `decoding_overrides` are checked like the YAML file.
-
-    The file is checked before anything is built from it (nmt.modelfile.check): checksums, the types
-    of its sections, its config's bounds, every weight's name, shape and dtype, finite values (unless
-    `allow_nonfinite`, for inspecting a broken file). Raises `ModelFileError` (or `ConfigError` for a
-    bad override) with a one-line message.
-    """
+    """A model file or training checkpoint, checked (nmt.modelfile.check) before anything is built from it;
+    `decoding_overrides` are checked like the YAML file. Raises a one-line `ModelFileError` (`ConfigError`)."""
     path = locate_model(path)
     state, pickled = read_state(path)
-    kind: Literal["model", "checkpoint"]
-    keys: tuple[str, ...]
-    if state.get("kind") == MODEL_KIND:
-        kind, keys, expected = "model", MODEL_KEYS, LEGACY_MODEL_FORMAT if pickled else MODEL_FORMAT
+    kind: Literal["model", "checkpoint"] = "model" if state.get("kind") == MODEL_KIND else "checkpoint"
+    if kind == "model":
+        check_keys(path, state, kind, MODEL_KEYS, LEGACY_MODEL_FORMAT if pickled else MODEL_FORMAT)
     else:
-        kind, keys, expected = "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT
-    check_keys(path, state, kind, keys, expected)
+        check_keys(path, state, kind, CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
     if pickled:                                   # a safetensors file's checksums were checked as it was read
         check_checksums(path, "model file" if kind == "model" else "checkpoint")
     check_sections(path, state, kind)
@@ -157,14 +127,15 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
 
 
 def read_state(path: str | Path) -> tuple[dict[str, Any], bool]:
-    """The dictionary of a model file of either format or of a checkpoint, and whether it was pickled
-    (format 1 or a checkpoint: its zip checksums are still to check). Nothing is checked beyond reading."""
+    """The dictionary of a model file or checkpoint, and whether it was pickled (a torch.save zip: format 1 or a
+    checkpoint, whose zip checksums are still to check)."""
     path = Path(path)
     what = "checkpoint" if path.suffix == ".pt" else "model file"
     if not path.is_file():
         raise not_a_file(path, what)
     try:
-        pickled = is_pickled(path)
+        with open(path, "rb") as handle:
+            pickled = handle.read(4) == b"PK\x03\x04"
     except OSError as exc:
         raise ModelFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if pickled:
@@ -175,22 +146,18 @@ def read_state(path: str | Path) -> tuple[dict[str, Any], bool]:
 
 
 def check_checksums(path: Path, what: str = "model file") -> None:
-    """Refuse a model file or checkpoint whose bytes changed since it was written (a bad copy, a failing
-    disk): torch.load does not check the CRC-32 that torch.save stores for every record, so damaged
-    weights would translate into garbage (or be exported into a file with valid checksums). Reading the
-    whole file costs ~25 ms per 40 MB."""
+    """Refuse a file damaged since it was written: torch.load skips the CRC-32 torch.save stores for every
+    record, so damaged weights would translate into garbage. ~25 ms per 40 MB."""
     try:
         with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
+            record = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error) as exc:
         raise ModelFileError(f"{what} {path} is truncated or corrupt ({exc})") from None
-    if damaged is not None:
-        raise ModelFileError(f"{what} {path} is damaged: its record {damaged} fails its checksum; "
-                             "copy or export it again")
+    if record is not None:
+        raise damaged(what, path, f"its record {record} fails its checksum")
 
 
 def check_keys(path: Path, state: dict[str, Any], kind: str, keys: tuple[str, ...], expected: int) -> None:
-    """Refuse a dictionary without the keys of its kind, or with another format number."""
     name = "model file" if kind == "model" else "checkpoint"
     if any(key not in state for key in keys):
         raise ModelFileError(f"{path} is not an nmt model file or checkpoint (missing keys)")
@@ -199,26 +166,18 @@ def check_keys(path: Path, state: dict[str, Any], kind: str, keys: tuple[str, ..
                              f"this nmt {__version__} reads format {expected}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Tokenizers inside the file
-
-
 def embed_tokenizer(src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, Any]:
-    """Both vocabularies as a model file embeds them: SentencePiece model bytes (a joint model once)
-    and each side's pieces."""
     src_proto, tgt_proto = src_vocab.sp.serialized_model_proto(), tgt_vocab.sp.serialized_model_proto()
     return {"src": {"spm": src_proto, "pieces": src_vocab.pieces.tolist()},
             "tgt": {"spm": None if tgt_proto == src_proto else tgt_proto, "pieces": tgt_vocab.pieces.tolist()}}
 
 
 def embed_shortlist(arrays: dict[str, Any]) -> dict[str, Any]:
-    """A shortlist (`nmt.data.shortlist.load_shortlist`) as a file embeds it: arrays become tensors,
-    which `torch.load(weights_only=True)` reads back."""
+    """A shortlist's arrays as tensors, which `torch.load(weights_only=True)` reads back."""
     return {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value for key, value in arrays.items()}
 
 
 def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab, Vocab]:
-    """The (source, target) vocabularies of an embedded tokenizer."""
     vocabs = []
     for side in ("src", "tgt"):
         try:
@@ -230,19 +189,10 @@ def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab,
     return vocabs[0], vocabs[1]
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing a model file
-
-
 def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
                  quantize: str | None = None) -> dict[str, Any]:
-    """Write the model of a checkpoint (or another model file) as a model file (format 2, safetensors);
-    returns what was written.
-
-    Only the weights travel: no optimiser state. Floating-point weights are stored in `dtype`.
-    `quantize` ("none" or "int8") becomes the file's `decoding.quantize` default: int8 weights are
-    built from the stored ones when the file loads (in milliseconds), so the file stays one format.
-    """
+    """Write the weights (no optimiser state) of a checkpoint or model file as a format-2 model file in `dtype`;
+    `quantize` becomes its `decoding.quantize` default (int8 weights are built at load). Returns what was written."""
     if dtype not in DTYPES:
         raise ModelFileError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     loaded = load_model(source, {"quantize": quantize})
@@ -250,16 +200,9 @@ def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
                for name, t in loaded.weights.items()}
     loaded.build()                            # refuse weights that do not fit the config before writing
     card = {**loaded.card, "exported_from": hub_name(source) if is_hub_name(source) else Path(source).name}
-    payload = {
-        "kind": MODEL_KIND,
-        "format": MODEL_FORMAT,
-        "nmt_version": __version__,
-        "config": loaded.config.to_dict(),
-        "model": weights,
-        "dtype": dtype,
-        "tokenizer": embed_tokenizer(loaded.src_vocab, loaded.tgt_vocab),
-        "card": card,
-    }
+    payload = {"kind": MODEL_KIND, "format": MODEL_FORMAT, "nmt_version": __version__,
+               "config": loaded.config.to_dict(), "model": weights, "dtype": dtype,
+               "tokenizer": embed_tokenizer(loaded.src_vocab, loaded.tgt_vocab), "card": card}
     if loaded.shortlist is not None:
         payload["shortlist"] = embed_shortlist(loaded.shortlist)
     write_model_file(payload, output)
@@ -267,10 +210,8 @@ def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
 
 
 def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict[str, Any]:
-    """What a run folder says about the model at `step`: its data and, if validated there, its dev scores.
-
-    val_max_sentences: training.val_max_sentences, how many dev sentences validation scored (0 = all).
-    """
+    """A run folder's card for the model at `step`: its data and, if validated there, its dev scores
+    (`val_max_sentences`: how many dev sentences validation scored, 0 = all)."""
     card: dict[str, Any] = {"training": {"step": step}}
     manifest_path = folder / "data_manifest.json"
     if manifest_path.is_file():
@@ -299,7 +240,6 @@ def run_folder_card(folder: Path, step: int, val_max_sentences: int = 0) -> dict
 
 
 def _validation_at(metrics: Path, step: int) -> dict[str, Any] | None:
-    """The last validation event logged at `step` in a run's metrics.jsonl, if any."""
     if not metrics.is_file():
         return None
     found = None

@@ -1,19 +1,7 @@
-"""A model as the field shares it: a Hugging Face model folder (`nmt export --format hf DIR`).
-
-    model.safetensors  the nmt model file itself (nmt.modelfile.tensors): weights, config, tokenizer, card
-    config.json        architecture, languages, vocabulary sizes, decoding defaults, nmt version
-    source.spm, target.spm, vocab.json   the SentencePiece models and each side's pieces (by side id)
-    README.md          the model card: YAML front matter (language, license, library_name, tags, and a
-                       `model-index` of test scores with their sacreBLEU signatures), then Markdown
-
-nmt reads only model.safetensors (nmt.modelfile.hub), so a folder holds one truth; the other files are
-what the Hub and people read. The card is written with PyYAML, whatever is installed, so the same
-model gives the same card everywhere; huggingface_hub's ModelCard parses it (tests check that).
-Test scores come from `nmt evaluate --json` results (`--score TESTSET=RESULT.json`), the test set
-named as OPUS-MT cards name theirs (e.g. multi30k_test_2016_flickr).
-
-The folder is built under a temporary name beside DIR and renamed into place, so DIR is either
-absent, empty, or complete; nmt never writes into a folder that holds anything.
+"""A Hugging Face model folder (`nmt export --format hf DIR`): model.safetensors (the nmt model file, all nmt
+reads), and for the Hub and people config.json, source.spm, target.spm, vocab.json and README.md (a PyYAML front
+matter with a `model-index` of `--score` results, then the card). Built under a temporary name and renamed into
+place: DIR is absent, empty or complete.
 """
 
 from __future__ import annotations
@@ -25,6 +13,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +33,17 @@ METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER"}
 
 
 class ExportError(ValueError):
-    """An export the user asked for that cannot be done as asked (bad --score, --license, folder)."""
+    """An export that cannot be done as asked (bad --score, --license, folder)."""
 
 
 @dataclass
 class TestScore:
-    """One test set's scores from an `nmt evaluate --json` result."""
-
     testset: str
     sentences: int | None
     metrics: dict[str, tuple[float, str]]    # "bleu"|"chrf"|"ter" -> (score, sacreBLEU signature)
 
 
 def read_score(option: str) -> TestScore:
-    """`TESTSET=RESULT.json` (the `--score` option) read and checked."""
     testset, sep, file = option.partition("=")
     where = f"--score {option}"
     if not sep or not _TESTSET.match(testset) or not file:
@@ -78,8 +64,7 @@ def read_score(option: str) -> TestScore:
         entry = result.get(name) if isinstance(result, dict) else None
         if entry is None and name != "bleu":
             continue
-        score = entry.get("score") if isinstance(entry, dict) else None
-        signature = entry.get("signature") if isinstance(entry, dict) else None
+        score, signature = (entry.get("score"), entry.get("signature")) if isinstance(entry, dict) else (None, None)
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) \
                 or not isinstance(signature, str):
             raise ExportError(f"{where}: {file} is not an `nmt evaluate --json` result ({name}.score and "
@@ -91,7 +76,6 @@ def read_score(option: str) -> TestScore:
 
 
 def check_target(folder: Path) -> None:
-    """DIR must be absent or an empty folder, in an existing folder."""
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"--output {folder} is a file; --format hf writes a folder: give a new folder name")
     if folder.is_dir() and any(folder.iterdir()):
@@ -103,7 +87,7 @@ def check_target(folder: Path) -> None:
 
 def export_hf(source: str | Path, folder: str | Path, dtype: str = "fp32", quantize: str | None = None,
               scores: list[TestScore] | None = None, license: str = "unknown") -> LoadedModel:
-    """Write the model of a checkpoint or model file as a Hugging Face model folder; returns it as loaded back."""
+    """Write a checkpoint's or model file's model as a Hugging Face model folder; returns it as loaded back."""
     folder = Path(folder)
     if not _LICENSE.match(license):
         raise ExportError(f"--license {license!r} is not a license id such as cc-by-4.0, apache-2.0, other or unknown")
@@ -130,36 +114,29 @@ def export_hf(source: str | Path, folder: str | Path, dtype: str = "fp32", quant
 
 
 def _write_files(folder: Path, loaded: LoadedModel, name: str, scores: list[TestScore], license: str) -> None:
-    def text(file: str, content: str) -> None:
-        atomic_write(folder / file, lambda handle: handle.write(content), mode="w")
-
-    def raw(file: str, content: bytes) -> None:
-        atomic_write(folder / file, lambda handle: handle.write(content))
-
-    raw("source.spm", loaded.src_vocab.sp.serialized_model_proto())
-    raw("target.spm", loaded.tgt_vocab.sp.serialized_model_proto())
     vocab = {side: [vocab.sp.id_to_piece(int(i)) for i in vocab.pieces]
              for side, vocab in (("source", loaded.src_vocab), ("target", loaded.tgt_vocab))}
-    text("vocab.json", json.dumps(vocab, ensure_ascii=False, indent=0) + "\n")
-    text("config.json", json.dumps(hf_config(loaded), indent=2, ensure_ascii=False) + "\n")
-    text("README.md", model_card(loaded, name, scores, license))
+    files = {"source.spm": loaded.src_vocab.sp.serialized_model_proto(),
+             "target.spm": loaded.tgt_vocab.sp.serialized_model_proto(),
+             "vocab.json": (json.dumps(vocab, ensure_ascii=False, indent=0) + "\n").encode(),
+             "config.json": (json.dumps(hf_config(loaded), indent=2, ensure_ascii=False) + "\n").encode(),
+             "README.md": model_card(loaded, name, scores, license).encode()}
+    for file, content in files.items():
+        atomic_write(folder / file, methodcaller("write", content))
 
 
 def hf_config(loaded: LoadedModel) -> dict[str, Any]:
-    """config.json: what a reader of the folder needs to know about the model without nmt."""
-    c = loaded.config
-    languages = loaded.languages
+    """config.json: the model for a reader without nmt."""
+    config, languages = loaded.config.to_dict(), loaded.languages
     return {
         "library_name": "nmt", "nmt_version": __version__, "model_type": "rnn-attention-seq2seq",
         "model_file": MODEL_FILE, "model_format": 2, "dtype": loaded.dtype,
         "source_language": languages["src"], "target_language": languages["tgt"],
-        "parameters": sum(t.numel() for t in loaded.weights.values()),
-        "model": c.to_dict()["model"],
-        "tokenizer": {"type": "sentencepiece", "joint": c.data.joint_vocab, "source": "source.spm",
+        "parameters": sum(t.numel() for t in loaded.weights.values()), "model": config["model"],
+        "tokenizer": {"type": "sentencepiece", "joint": loaded.config.data.joint_vocab, "source": "source.spm",
                       "target": "target.spm", "vocab": "vocab.json", "source_vocab_size": len(loaded.src_vocab),
                       "target_vocab_size": len(loaded.tgt_vocab)},
-        "decoding": c.to_dict()["decoding"],
-    }
+        "decoding": config["decoding"]}
 
 
 def model_card(loaded: LoadedModel, name: str, scores: list[TestScore], license: str) -> str:

@@ -1,14 +1,6 @@
-"""Where a model the user names lives: a file, a folder in the Hugging Face layout, or `hf://org/name`.
-
-`nmt export --format hf DIR` writes a folder whose `model.safetensors` is a complete nmt model file
-(nmt.modelfile.tensors); config.json, the SentencePiece models and README.md beside it are for the
-Hub and for people (nmt.modelfile.hf). So loading a folder, local or from the Hub, loads that one
-file. `hf://org/name[@revision]` is fetched with huggingface_hub's `snapshot_download` (the `hub`
-extra), which keeps its cache (HF_HUB_CACHE or HF_HOME) and works from it alone when
-HF_HUB_OFFLINE=1.
-
-`model_files` names every file a model path stands for, so that no output of a command replaces
-one of them (nmt.fs.outputs.check_outputs).
+"""Where a model the user names lives: a file, a folder in the Hugging Face layout (its model.safetensors is the
+model file: nmt.modelfile.hf), or `hf://org/name[@revision]`, fetched with huggingface_hub's `snapshot_download`
+(the `hub` extra) into its cache, which alone serves when HF_HUB_OFFLINE=1.
 """
 
 from __future__ import annotations
@@ -39,12 +31,10 @@ def locate_model(path: str | Path) -> Path:
     if is_hub_name(path):
         return download(hub_name(path)[len("hf://"):])
     path = Path(path)
-    if path.is_dir():
-        if not (path / MODEL_FILE).is_file():
-            raise ModelFileError(f"{path} is a folder without {MODEL_FILE}; give a model file, a checkpoint, or a "
-                                 "folder written by `nmt export --format hf`")
-        return path / MODEL_FILE
-    return path
+    if path.is_dir() and not (path / MODEL_FILE).is_file():
+        raise ModelFileError(f"{path} is a folder without {MODEL_FILE}; give a model file, a checkpoint, or a "
+                             "folder written by `nmt export --format hf`")
+    return path / MODEL_FILE if path.is_dir() else path
 
 
 def parse_hub_name(spec: str) -> tuple[str, str | None]:
@@ -56,8 +46,7 @@ def parse_hub_name(spec: str) -> tuple[str, str | None]:
 
 
 def download(spec: str) -> Path:
-    """The local `model.safetensors` of the Hub repository `spec` (`org/name[@revision]`): from the cache, or
-    downloaded into it. Raises a one-line `ModelFileError`."""
+    """The local `model.safetensors` of the Hub repository `spec` (`org/name[@revision]`), cached or downloaded."""
     repo, revision = parse_hub_name(spec)
     try:
         from huggingface_hub import snapshot_download
@@ -76,27 +65,17 @@ def download(spec: str) -> Path:
 
 
 def model_files(path: str | Path) -> list[Path]:
-    """The files the model `path` names is made of, for the check that no output replaces one: the file
-    itself; every file of a folder (not only the `model.safetensors` that loading reads: the card,
-    config.json and the SentencePiece models are the model too); for hf://, every file of its
-    repository in the Hub cache, the snapshots' links and the blobs they point to. Nothing is
-    downloaded; a name that does not resolve gives what it would read once it does (its load reports
-    the problem)."""
+    """The files the model `path` is made of, which no output may replace (nmt.fs.outputs): the file; every file
+    of a folder (the card and SentencePiece models are the model too); for hf://, its files in the Hub cache
+    (snapshot links and blobs). Nothing is downloaded; a name that does not resolve gives []."""
     if is_hub_name(path):
-        folder = _cache_folder(hub_name(path)[len("hf://"):])
-        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder is not None and folder.is_dir() else []
+        try:
+            repo, _ = parse_hub_name(hub_name(path)[len("hf://"):])
+            from huggingface_hub import constants
+            from huggingface_hub.file_download import repo_folder_name
+        except (ModelFileError, ImportError):
+            return []
+        folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
     path = Path(path)
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file())
-    return [path]
-
-
-def _cache_folder(spec: str) -> Path | None:
-    """The Hub cache's folder of repository `spec` (where snapshot_download keeps it), None if unknown."""
-    try:
-        repo, _ = parse_hub_name(spec)
-        from huggingface_hub import constants
-        from huggingface_hub.file_download import repo_folder_name
-    except (ModelFileError, ImportError):
-        return None
-    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]

@@ -1,11 +1,6 @@
-"""Fine-tuning: the trained model a new run starts from (`training.init_from`).
-
-The parent fixes what its weights depend on: the architecture (every `model.*` key but dropout,
-a training setting, and the initialisation, which its weights replace) and both vocabularies, so
-the new data must be encoded with the parent's SentencePiece model and pieces (`nmt preprocess`
-does that when the config names the parent). Everything else starts afresh in the new run: update
-0, the learning-rate schedule from its start, and a fresh optimiser unless `training.init_optimizer`
-carries a training checkpoint's Adam moments over.
+"""Fine-tuning from a trained model (`training.init_from`): the parent fixes the architecture (every `model.*`
+key but TRAINING_ONLY) and both vocabularies, so the new data is encoded with the parent's; the rest starts
+afresh (update 0, the schedule, a fresh optimiser unless `training.init_optimizer` carries Adam's moments over).
 """
 
 from __future__ import annotations
@@ -26,15 +21,12 @@ TRAINING_ONLY = {"dropout", "init", "init_scale"}   # model keys a fine-tuned ru
 
 @dataclass
 class Parent:
-    """A checked parent: its model file or checkpoint, and its optimiser state when one is carried over."""
-
     loaded: LoadedModel
     optimizer: dict[str, Any] | None
 
 
 def load_parent(config: Config) -> Parent:
-    """The parent `config.training.init_from` names, checked against the config's architecture; with
-    `training.init_optimizer`, also its optimiser state (a training checkpoint's). Errors are `ConfigError`s."""
+    """The parent `training.init_from` names, checked against the config, and its optimiser state if asked for."""
     t = config.training
     if not t.init_from:
         raise ConfigError("`training.init_optimizer` applies only with `training.init_from`")
@@ -52,18 +44,16 @@ def load_parent(config: Config) -> Parent:
 
 
 def parent_vocabularies(path: str) -> tuple[Vocab, Vocab]:
-    """The (source, target) vocabularies of the parent at `path`, for encoding a fine-tuning run's data."""
     loaded = _load(path)
     return loaded.src_vocab, loaded.tgt_vocab
 
 
 def vocabulary_digest(src: Vocab, tgt: Vocab) -> str:
-    """One digest of both vocabularies, for a data folder's fingerprint."""
     return hashlib.sha256(f"{src.digest()} {tgt.digest()}".encode()).hexdigest()
 
 
 def check_data_vocabularies(parent: Parent, data_src: Vocab, data_tgt: Vocab, data_dir: str | Path) -> None:
-    """The data folder was encoded with the parent's vocabularies, or its ids would mean other pieces."""
+    """The data folder's ids must mean the parent's pieces."""
     if (data_src.digest(), data_tgt.digest()) != (parent.loaded.src_vocab.digest(), parent.loaded.tgt_vocab.digest()):
         raise ConfigError(f"`data.out_dir` {data_dir} was not encoded with the vocabularies of `training.init_from` "
                           f"{parent.loaded.path}; run `nmt preprocess` with this config (it takes them from the "
@@ -87,8 +77,7 @@ def _check_architecture(config: Config, loaded: LoadedModel) -> None:
 
 
 def write_vocabularies(src: Vocab, tgt: Vocab, out: Path) -> tuple[Path, Path]:
-    """The parent's SentencePiece model(s) written into `out` as `nmt preprocess` names its own (spm.model
-    when joint, else src.model and tgt.model); returns the (source, target) paths."""
+    """The parent's SentencePiece model(s) in `out`, named as `nmt preprocess` names its own; (source, target)."""
     if len(src) != src.sp.get_piece_size():
         raise ConfigError("`training.init_from`: its source vocabulary is a subset of its SentencePiece model; "
                           "nmt preprocess encodes sources with whole models only")

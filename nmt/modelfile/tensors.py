@@ -1,22 +1,7 @@
-"""The model file in safetensors: tensors plus text metadata, read without unpickling anything.
-
-A model file (`nmt export`, format 2) is a safetensors file, which any safetensors reader opens
-(`safetensors.torch.load_file` gives the weights): a JSON header and raw tensor bytes, so reading it
-can run no code, unlike a pickle. nmt stores in it what the pickled format 1 held:
-
-    tensors   the model's weights under their state-dict names, in the file's dtype
-              nmt.tokenizer.src.spm / .tgt.spm      uint8: SentencePiece model bytes (tgt absent when joint)
-              nmt.tokenizer.src.pieces / .tgt.pieces int32: side id -> SentencePiece id
-              nmt.shortlist.targets / .frequent      the vocabulary shortlist, when there is one
-    metadata  (str -> str, as safetensors requires) "format": "pt" (what transformers expects of a
-              torch file); nmt.kind, nmt.format, nmt.version, nmt.dtype; nmt.config, nmt.card and
-              nmt.shortlist (its scalar fields) as JSON; nmt.checksums
-
-safetensors checks that the header is well formed and that every tensor's bytes lie in the file,
-but keeps no checksum: nmt.checksums holds the CRC-32 of every tensor's bytes and of the other
-metadata, so a file damaged in a copy is refused instead of translating garbage (the CRC-32s of
-the zip records did this for format 1). `read_state` returns the same dictionary a format-1 file
-unpickles to, so one set of checks (nmt.modelfile.check) serves both.
+"""The model file (format 2) as safetensors: weights plus nmt.tokenizer.* and nmt.shortlist.* tensors, and
+str metadata ("format": "pt" for transformers; nmt.kind, format, version, dtype; nmt.config, card, shortlist as
+JSON). Reading it unpickles nothing; nmt.checksums holds CRC-32s of every tensor and the metadata, which
+safetensors lacks. `read_state` returns the format-1 dictionary, so nmt.modelfile.check serves both.
 """
 
 from __future__ import annotations
@@ -31,27 +16,12 @@ from torch import Tensor
 
 from nmt.fs.bounded import loads_json
 from nmt.fs.folders import atomic_write
-from nmt.modelfile.check import ModelFileError
+from nmt.modelfile.check import ModelFileError, corrupt, damaged
 
 PREFIX = "nmt."
 SIDES = ("src", "tgt")
 SHORTLIST_TENSORS = ("targets", "frequent")
 META_KEYS = ("nmt.kind", "nmt.format", "nmt.version", "nmt.dtype", "nmt.config", "nmt.card")
-ZIP_MAGIC = b"PK\x03\x04"
-
-
-def is_pickled(path: Path) -> bool:
-    """A torch.save zip (a format-1 model file or a checkpoint), not a safetensors file."""
-    with open(path, "rb") as handle:
-        return handle.read(4) == ZIP_MAGIC
-
-
-def looks_like_safetensors(head: bytes) -> bool:
-    """Whether a file's first 9 bytes can begin a safetensors file: a little-endian 64-bit header length
-    below 4 GiB (safetensors allows 100 MB), then the header's opening brace. Text, an image or a truncated
-    download of a web page fails this; a safetensors file cut short anywhere after its first 9 bytes passes
-    (and safetensors then says what is missing)."""
-    return len(head) >= 9 and head[4:8] == bytes(4) and head[8:9] == b"{"
 
 
 def _crc(tensor: Tensor) -> int:
@@ -67,14 +37,11 @@ def _metadata_crc(metadata: dict[str, str]) -> int:
 
 
 def encode(payload: dict[str, Any]) -> bytes:
-    """The safetensors bytes of a model-file dictionary (the keys of modelfile.MODEL_KEYS, shortlist optional)."""
     from safetensors.torch import save
 
-    tensors: dict[str, Tensor] = {}
-    for name, tensor in payload["model"].items():
-        if name.startswith(PREFIX):
-            raise ModelFileError(f"weight name {name} clashes with nmt's own tensors ({PREFIX}*)")
-        tensors[name] = tensor.contiguous()
+    if clash := next((name for name in payload["model"] if name.startswith(PREFIX)), None):
+        raise ModelFileError(f"weight name {clash} clashes with nmt's own tensors ({PREFIX}*)")
+    tensors = {name: tensor.contiguous() for name, tensor in payload["model"].items()}
     for side in SIDES:
         entry = payload["tokenizer"][side]
         if entry["spm"] is not None:
@@ -93,7 +60,6 @@ def encode(payload: dict[str, Any]) -> bytes:
 
 
 def write_model_file(payload: dict[str, Any], path: str | Path) -> None:
-    """Write a model-file dictionary as a safetensors model file, atomically."""
     data = encode(payload)
     atomic_write(Path(path), lambda handle: handle.write(data))
 
@@ -106,7 +72,8 @@ def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
         head = handle.read(9)
     if len(head) < 9 and head[4:] == bytes(len(head[4:])):
         raise ModelFileError(f"{what} {path} is truncated or corrupt (only {len(head)} bytes)")
-    if not looks_like_safetensors(head):
+    # a header length below 4 GiB, then "{": text or a web page fails this; safetensors checks the rest
+    if len(head) < 9 or head[4:8] != bytes(4) or head[8:9] != b"{":
         raise ModelFileError(f"{path} is not an nmt model file (neither safetensors nor a torch checkpoint: "
                              f"it begins with {head[:8]!r})")
     try:
@@ -114,9 +81,8 @@ def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
             metadata = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
     except Exception as exc:    # safetensors raises SafetensorError (and OSError) for a garbled or truncated file
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelFileError(f"{what} {path} is truncated or corrupt ({reason[:200]})") from None
-    if metadata.get("nmt.kind") is None or any(key not in metadata for key in (*META_KEYS, "nmt.checksums")):
+        raise corrupt(what, path, exc) from None
+    if any(key not in metadata for key in (*META_KEYS, "nmt.checksums")):
         raise ModelFileError(f"{path} is not an nmt model file or checkpoint (a safetensors file without "
                              "nmt's metadata)")
     _check_checksums(path, what, metadata, tensors)
@@ -134,22 +100,16 @@ def _check_checksums(path: Path, what: str, metadata: dict[str, str], tensors: d
         if not isinstance(stored, dict):
             raise TypeError
     except (ValueError, KeyError, TypeError):
-        raise ModelFileError(f"{what} {path} is damaged: its checksums are unreadable; copy or export it "
-                             "again") from None
+        raise damaged(what, path, "its checksums are unreadable") from None
     if _metadata_crc(metadata) != expected:
-        raise ModelFileError(f"{what} {path} is damaged: its metadata fails its checksum; copy or export it again")
-    if set(stored) != set(tensors):
-        different = sorted(set(stored) ^ set(tensors))[0]
-        raise ModelFileError(f"{what} {path} is damaged: tensor {different} is not the file's checksums' "
-                             "(missing or added); copy or export it again")
-    for name, tensor in tensors.items():
-        if _crc(tensor) != stored[name]:
-            raise ModelFileError(f"{what} {path} is damaged: its tensor {name} fails its checksum; copy or "
-                                 "export it again")
+        raise damaged(what, path, "its metadata fails its checksum")
+    if different := sorted(set(stored) ^ set(tensors)):
+        raise damaged(what, path, f"tensor {different[0]} is not the file's checksums' (missing or added)")
+    if bad := next((name for name, tensor in tensors.items() if _crc(tensor) != stored[name]), None):
+        raise damaged(what, path, f"its tensor {bad} fails its checksum")
 
 
 def _state(metadata: dict[str, str], tensors: dict[str, Tensor]) -> dict[str, Any]:
-    """The format-1 dictionary: kind, format, nmt_version, config, model, dtype, tokenizer, card[, shortlist]."""
     tokenizer: dict[str, Any] = {}
     for side in SIDES:
         spm = tensors.get(f"nmt.tokenizer.{side}.spm")
@@ -157,13 +117,10 @@ def _state(metadata: dict[str, str], tensors: dict[str, Tensor]) -> dict[str, An
         if pieces is None or (spm is None and side == "src"):
             raise KeyError(f"the {side} tokenizer tensors are missing")
         tokenizer[side] = {"spm": None if spm is None else spm.numpy().tobytes(), "pieces": pieces.tolist()}
-    try:
-        file_format: Any = int(metadata["nmt.format"])
-    except ValueError:
-        file_format = metadata["nmt.format"]
-    state = {"kind": metadata["nmt.kind"], "format": file_format, "nmt_version": metadata["nmt.version"],
-             "config": loads_json(metadata["nmt.config"]), "dtype": metadata["nmt.dtype"],
-             "card": loads_json(metadata["nmt.card"]), "tokenizer": tokenizer,
+    file_format = metadata["nmt.format"]
+    state = {"kind": metadata["nmt.kind"], "format": int(file_format) if file_format.isdecimal() else file_format,
+             "nmt_version": metadata["nmt.version"], "config": loads_json(metadata["nmt.config"]),
+             "dtype": metadata["nmt.dtype"], "card": loads_json(metadata["nmt.card"]), "tokenizer": tokenizer,
              "model": {name: t for name, t in tensors.items() if not name.startswith(PREFIX)}}
     if "nmt.shortlist" in metadata:
         shortlist = loads_json(metadata["nmt.shortlist"])
