@@ -1,8 +1,5 @@
 """The `nmt` command line: the process around the commands (signals, closed descriptors, exit codes).
-
-The commands live in nmt.cli, one module per kind of work; each is a thin wrapper that parses
-options and calls a stage. Importing this module registers them on `app` in the order `--help` lists.
-"""
+Importing this module registers the commands of nmt.cli's modules on `app`, in the order `--help` lists."""
 
 from __future__ import annotations
 
@@ -54,8 +51,8 @@ class ClosedStdout(io.TextIOBase):
 
 
 def _occupy_closed_descriptors() -> None:
-    """Open /dev/null on a closed stdin, stdout or stderr (`>&-`), so that no file nmt opens later gets
-    descriptor 0, 1 or 2 and receives what a library prints; writing to the closed stdout stays an error."""
+    """/dev/null on a closed stdin, stdout or stderr (`>&-`), so that no file nmt opens later gets descriptor
+    0, 1 or 2 and receives what a library prints; writing to the closed stdout stays an error."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -81,9 +78,9 @@ def _reader_gone() -> bool:
 
 
 def _end_as_sigpipe_does() -> None:
-    """End silently, killed by SIGPIPE, as `cat` and `yes` end when `head` stops reading: the shell reports
-    141, and `set -o pipefail` treats it as it treats theirs. (Python ignores SIGPIPE, so the write failed with
-    EPIPE instead; the `with` blocks on the way here removed what was half-written.)"""
+    """End silently, killed by SIGPIPE, as `cat` ends when `head` stops reading (the shell reports 141).
+    Python ignores SIGPIPE, so the write failed with EPIPE; the `with` blocks on the way removed what was
+    half-written."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)   # nothing more reaches the pipe, not even a flush
         sys.stderr.flush()
