@@ -150,13 +150,6 @@ def run_label(run_dir: Path) -> str:
     return f"{Path(run_dir).name} ({attention})"
 
 
-def _series(events: list[dict[str, Any]], kind: str, key: str, x_key: str) -> tuple[list[float], list[float]]:
-    number = (int, float)
-    points = [(e[x_key], e[key]) for e in events
-              if e.get("event") == kind and isinstance(e.get(key), number) and isinstance(e.get(x_key), number)]
-    return [p[0] for p in points], [p[1] for p in points]
-
-
 CURVES = (("train", "loss", "train loss"), ("validation", "ppl", "dev perplexity"), ("validation", "bleu", "dev BLEU"))
 CURVES_SIZE = (15.0, 8.0)
 
@@ -170,10 +163,11 @@ def curves_figure(run_dirs: Sequence[Path]):
         label = run_label(run_dir)
         for column, (kind, key, title) in enumerate(CURVES):
             for row, (x_key, x_label, scale) in enumerate((("step", "updates", 1.0), ("wall_time", "minutes", 60.0))):
-                xs, ys = _series(events, kind, key, x_key)
+                points = [(e[x_key] / scale, e[key]) for e in events if e.get("event") == kind
+                          and isinstance(e.get(key), (int, float)) and isinstance(e.get(x_key), (int, float))]
                 ax = axes[row][column]
-                ax.plot([x / scale for x in xs], ys, marker="o" if kind == "validation" else None, markersize=3,
-                        label=label)
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o" if kind == "validation" else None,
+                        markersize=3, label=label)
                 ax.set_title(title)
                 ax.set_xlabel(x_label)
                 if key == "ppl":

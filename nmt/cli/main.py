@@ -57,10 +57,7 @@ def _occupy_closed_descriptors() -> None:
         try:
             os.fstat(fd)
         except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
+            os.open(os.devnull, os.O_RDWR)          # the lowest free descriptor: `fd` (those below are open)
     if sys.stdout is None:                  # Python's stand-in for a descriptor 1 closed at start
         sys.stdout = ClosedStdout()
     if sys.stderr is None:                  # messages and progress bars go where the user sent them: nowhere
