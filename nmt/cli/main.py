@@ -75,9 +75,8 @@ def _reader_gone() -> bool:
 
 
 def _end_as_sigpipe_does() -> None:
-    """End silently, killed by SIGPIPE, as `cat` ends when `head` stops reading (the shell reports 141).
-    Python ignores SIGPIPE, so the write failed with EPIPE; the `with` blocks on the way removed what was
-    half-written."""
+    """End silently, killed by SIGPIPE, as `cat` does when `head` stops reading (Python ignores SIGPIPE: the write
+    failed with EPIPE, and the `with` blocks on the way here removed what was half-written)."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)   # nothing more reaches the pipe, not even a flush
         sys.stderr.flush()

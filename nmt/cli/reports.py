@@ -83,8 +83,7 @@ def evaluate(
 
 
 plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs the plot extra: matplotlib).",
-                       rich_markup_mode=None,
-                       no_args_is_help=True)
+                       rich_markup_mode=None, no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
 
 
