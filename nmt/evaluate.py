@@ -51,8 +51,8 @@ def check_lengths(hyps: list[str], refs: list[str], hyp_name: str = "the hypothe
 
 def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]],
                       *systems: tuple[list[str], str]) -> list[list[str]]:
-    """One reference per line (a list of lines), or several (a list of such lists), as sacreBLEU's reference
-    streams, each checked against each system's (hypotheses, name)."""
+    """One reference (a list of lines) or several (a list of such lists) as sacreBLEU's reference streams,
+    each checked against each system's (hypotheses, name)."""
     several: Any = refs if refs and not isinstance(refs[0], str) else [refs]
     streams: list[list[str]] = [list(stream) for stream in several]
     for stream in streams:
@@ -62,7 +62,7 @@ def reference_streams(refs: Sequence[str] | Sequence[Sequence[str]],
 
 
 def bleu_metric(tokenize: str = "13a", lowercase: bool = False, option: str = "--tokenize") -> BLEU:
-    """sacreBLEU's BLEU; a tokenizer that cannot run here is an `EvaluationError` naming `option` and the fix."""
+    """sacreBLEU's BLEU; a tokenizer that cannot run here is an EvaluationError naming `option` and the fix."""
     if tokenize not in TOKENIZERS:
         close = difflib.get_close_matches(str(tokenize), TOKENIZERS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -107,13 +107,13 @@ def bleu_signature(tokenize: str = "13a", lowercase: bool = False, nrefs: int = 
 
 def bleu(hyps: list[str], refs: Sequence[str] | Sequence[Sequence[str]], tokenize: str = "13a",
          lowercase: bool = False) -> float:
-    """Corpus BLEU (unrounded), sacreBLEU's defaults unless told, for scripts; refuses counts that differ."""
+    """Corpus BLEU (unrounded), for scripts; refuses counts that differ."""
     streams = reference_streams(refs, (hyps, "the hypotheses"))
     return bleu_metric(tokenize, lowercase).corpus_score(hyps, streams).score
 
 
 def make_metrics(ter: bool = False, tokenize: str = "13a", lowercase: bool = False) -> dict[str, Any]:
-    """BLEU and chrF with the chosen case (BLEU's tokenizer too), TER with its defaults (already no case)."""
+    """BLEU and chrF with the chosen case (BLEU's tokenizer too), TER with its defaults (already caseless)."""
     metrics: dict[str, Any] = {"bleu": bleu_metric(tokenize, lowercase), "chrf": CHRF(lowercase=lowercase)}
     if ter:
         metrics["ter"] = TER()
@@ -149,23 +149,18 @@ def compare(hyps: list[str], other: list[str], refs: Sequence[str] | Sequence[Se
     metrics = {m.__class__.__name__: m for m in make_metrics(ter, tokenize, lowercase).values()}
     test = PairedTest([("baseline", hyps), ("other", other)], metrics, streams, test_type="bs", n_samples=samples)
     signatures, scores = test()
-    out = {}
-    results: Any = ((k, v) for k, v in scores.items() if k != "System")     # Result pairs
-    for metric_name, (baseline, system) in results:
-        out[metric_name] = {
-            "baseline": round(float(baseline.score), 2), "other": round(float(system.score), 2),
-            "other_mean": round(float(system.mean), 2), "other_ci95": round(float(system.ci), 2),
-            "p_value": float(system.p_value), "signature": str(signatures[metric_name]),
-        }
-    return out
+    pairs: Any = ((name, pair) for name, pair in scores.items() if name != "System")     # Result pairs
+    return {name: {"baseline": round(float(baseline.score), 2), "other": round(float(system.score), 2),
+                   "other_mean": round(float(system.mean), 2), "other_ci95": round(float(system.ci), 2),
+                   "p_value": float(system.p_value), "signature": str(signatures[name])}
+            for name, (baseline, system) in pairs}
 
 
 def format_report(results: dict[str, Any], hyp_name: str, ref_name: str) -> str:
     lines = [f"hypotheses: {hyp_name}", f"references: {ref_name}", f"sentences:  {results['sentences']}"]
     for name in ("bleu", "chrf", "ter"):
         if name in results:
-            lines.append(f"{results[name]['text']}")
-            lines.append(f"  signature: {results[name]['signature']}")
+            lines += [results[name]["text"], f"  signature: {results[name]['signature']}"]
     for metric, entry in results.get("comparison", {}).items():
         verdict = "significant" if entry["p_value"] is not None and entry["p_value"] < 0.05 else "not significant"
         lines.append(f"paired bootstrap {metric}: baseline {entry['baseline']} vs other {entry['other']} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ class PlotUnavailable(RuntimeError):
 
 
 class PlotError(ValueError):
-    """A plot that cannot be drawn as asked; the message says why."""
+    """A plot that cannot be drawn as asked."""
 
 
 def _pyplot():
@@ -40,9 +41,7 @@ def _pyplot():
 
 def heatmap_size(n_src: int, n_tgt: int) -> tuple[float, float]:
     """Inches: a quarter per piece, from 5 x 4 to 16 x 14."""
-    width = min(16.0, max(5.0, 2.5 + 0.24 * n_src))
-    height = min(14.0, max(4.0, 2.0 + 0.24 * n_tgt))
-    return width, height
+    return min(16.0, max(5.0, 2.5 + 0.24 * n_src)), min(14.0, max(4.0, 2.0 + 0.24 * n_tgt))
 
 
 def label_font_size(n: int) -> float:
@@ -75,7 +74,8 @@ class AttentionPlotter:
     `one_file`: one sentence's heatmap into the file `out` names, in its suffix's format."""
 
     def __init__(self, out: str | Path, option: str = "--plot-attention", one_file: bool = False) -> None:
-        self.plt, self.option, self.one_file = _pyplot(), option, one_file
+        _pyplot()                                           # no matplotlib: refused before any work
+        self.option, self.one_file = option, one_file
         self.written: list[Path] = []                       # the heatmaps drawn so far
         if one_file:
             self.out, self.kind = Path(out), image_format(Path(out), option)
@@ -90,17 +90,17 @@ class AttentionPlotter:
             raise PlotError(f"{self.option} {self.out} is one file and holds one heatmap; give a folder for more")
         fig = attention_figure(src_pieces, tgt_pieces, weights, title=f"sentence {number}")
         path = self.out if self.one_file else self.out / f"attention-{number:05d}.png"
-        save_figure(self.plt, fig, output_target(path, self.option) if self.one_file else path, self.kind)
+        save_figure(fig, output_target(path, self.option) if self.one_file else path, self.kind)
         self.written.append(path)
         return path
 
 
-def save_figure(plt: Any, fig: Any, path: Path, kind: str) -> None:
+def save_figure(fig: Any, path: Path, kind: str) -> None:
     """Write `fig` to `path` atomically in format `kind`, and free it (pyplot keeps every open figure)."""
     try:
         atomic_write(path, lambda handle: fig.savefig(handle, format=kind, dpi=DPI))
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
 
 
 def is_folder_target(out: str) -> bool:
@@ -136,13 +136,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     for line in path.read_bytes().split(b"\n"):
-        try:
-            event = loads_json(line)
-        except ValueError:            # not JSON, or not UTF-8 (a line cut by a crash)
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+        with contextlib.suppress(ValueError):            # not JSON, or not UTF-8 (a line cut by a crash)
+            events.append(loads_json(line))
+    return [event for event in events if isinstance(event, dict)]
 
 
 def run_label(run_dir: Path) -> str:
@@ -152,13 +148,6 @@ def run_label(run_dir: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         attention = "attention unknown"
     return f"{Path(run_dir).name} ({attention})"
-
-
-def _series(events: list[dict[str, Any]], kind: str, key: str, x_key: str) -> tuple[list[float], list[float]]:
-    number = (int, float)
-    points = [(e[x_key], e[key]) for e in events
-              if e.get("event") == kind and isinstance(e.get(key), number) and isinstance(e.get(x_key), number)]
-    return [p[0] for p in points], [p[1] for p in points]
 
 
 CURVES = (("train", "loss", "train loss"), ("validation", "ppl", "dev perplexity"), ("validation", "bleu", "dev BLEU"))
@@ -174,10 +163,11 @@ def curves_figure(run_dirs: Sequence[Path]):
         label = run_label(run_dir)
         for column, (kind, key, title) in enumerate(CURVES):
             for row, (x_key, x_label, scale) in enumerate((("step", "updates", 1.0), ("wall_time", "minutes", 60.0))):
-                xs, ys = _series(events, kind, key, x_key)
+                points = [(e[x_key] / scale, e[key]) for e in events if e.get("event") == kind
+                          and isinstance(e.get(key), (int, float)) and isinstance(e.get(x_key), (int, float))]
                 ax = axes[row][column]
-                ax.plot([x / scale for x in xs], ys, marker="o" if kind == "validation" else None, markersize=3,
-                        label=label)
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o" if kind == "validation" else None,
+                        markersize=3, label=label)
                 ax.set_title(title)
                 ax.set_xlabel(x_label)
                 if key == "ppl":
@@ -189,7 +179,7 @@ def curves_figure(run_dirs: Sequence[Path]):
 
 def plot_curves(run_dirs: Sequence[Path], out: Path) -> Path:
     """Draw the runs' curves into `out`, atomically, in the format its suffix names."""
-    plt = _pyplot()
+    _pyplot()                                  # no matplotlib: PlotUnavailable, before image_format needs it
     kind, target = image_format(out), output_target(out, "--out")
-    save_figure(plt, curves_figure(run_dirs), target, kind)
+    save_figure(curves_figure(run_dirs), target, kind)
     return out

@@ -43,8 +43,7 @@ def printable_data(value: Any) -> Any:
 
 
 def printable_json(text: str) -> str:
-    """JSON text with the controls json.dumps(ensure_ascii=False) keeps raw (DEL, C1) as \\u escapes:
-    the same JSON, safe on a terminal."""
+    """The same JSON with the controls json.dumps(ensure_ascii=False) keeps raw as \\u escapes: safe on a terminal."""
     return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
@@ -68,15 +67,14 @@ def as_options(message: str) -> str:
 
 
 def model_inputs(models: Iterable[Path], option: str = "--model") -> list[tuple[str, Path]]:
-    """The inputs a command that reads `models` has: every file each model is made of
-    (nmt.modelfile.hub.model_files), each named for `check_outputs`'s message."""
+    """Every file each model is made of, named for `check_outputs`'s message."""
     found: list[tuple[str, Path]] = []
     for model in models:
         from nmt.modelfile.hub import hub_name, is_hub_name, model_files  # torch: only for a command with a model
 
         named = hub_name(model) if is_hub_name(model) else str(model)
-        for file in model_files(model):
-            found.append((option if str(file) == named else f"a file of {option} {named} ({file})", file))
+        found += [(option if str(file) == named else f"a file of {option} {named} ({file})", file)
+                  for file in model_files(model)]
     return found
 
 
@@ -87,30 +85,24 @@ def check_paths(outputs: dict[str, Path | None], inputs: Iterable[tuple[str, Pat
         return check_outputs(outputs, [*inputs, *model_inputs(models)])
     except FolderError as exc:
         fail(str(exc))
-        return {}
 
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """nmt's own errors (ConfigError, ModelFileError, TextInputError, FolderError, ...) as one `error:` line,
-    decoding keys named as their options; what went to stdout before stays complete."""
+    """nmt's own errors as one `error:` line, decoding keys named as their options; what went to stdout before
+    stays complete."""
     try:
         yield
     except Exception as exc:
-        if not is_user_error(exc) and type(exc).__name__ != "PlotUnavailable":
+        if not is_user_error(exc):
             raise
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
         fail(as_options(str(exc)))
 
 
-def set_threads(threads: int) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def is_user_error(exc: BaseException) -> bool:
-    """nmt's own exception classes (ConfigError, DataError, CheckpointError, ...) describe user errors."""
-    return isinstance(exc, ValueError) and type(exc).__module__.startswith("nmt.")
+    """nmt's own ValueErrors (ConfigError, DataError, ...) and PlotUnavailable (no matplotlib) are the user's to fix:
+    nmt.cli.main turns them into one `error:` line, so a command catches them only to name options."""
+    own = type(exc).__module__.startswith("nmt.")
+    return own and (isinstance(exc, ValueError) or type(exc).__name__ == "PlotUnavailable")

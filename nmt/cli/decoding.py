@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from nmt.api import load_translator
-from nmt.cli.common import MODEL_HELP, app, as_options, fail, is_user_error, model_inputs, set_threads, user_errors
+from nmt.cli.common import MODEL_HELP, app, fail, model_inputs, user_errors
 from nmt.cli.options import decoding_options, given
 from nmt.config import MAX_BEAM
 
@@ -113,7 +113,10 @@ def score(
     with ExitStack() as stack, user_errors():
         pairs = open_pairs(stack, src, tgt)
         outputs.check([("--src", src), ("--tgt", tgt), *model_inputs(checkpoint)], stdin=False)
-        set_threads(threads)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         scorer = Translator.load(checkpoint, device, **given(decoding))
         write_scores(scorer, pairs, outputs.open(stack, sys.stdout).text, json_lines)
         sys.stdout.flush()
@@ -150,10 +153,6 @@ def serve(
     settings = ServeSettings(host=host, port=port, max_batch_sentences=max_batch_sentences,
                              max_wait=max_wait_ms / 1000, max_queue=max_queue, max_sentences=max_sentences,
                              max_body_bytes=max_body_kb * 1024, max_beam=max_beam, body_timeout=body_timeout)
-    try:
+    with user_errors():
         code = run_server(model, settings, device=device, threads=threads, **given(decoding))
-    except (ValueError, OSError) as exc:            # ModelFileError, OnnxFolderError, ConfigError: one line
-        if isinstance(exc, ValueError) and not is_user_error(exc):
-            raise
-        fail(as_options(str(exc)))
     raise typer.Exit(code)

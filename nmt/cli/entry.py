@@ -1,9 +1,7 @@
 """The `nmt` console script: own SIGINT and SIGTERM from the first moment, then run the command line.
 
-Importing the command line (typer, yaml, numpy) takes a few tenths of a second. A signal in that
-time exits at once with 128 + its number and one `interrupted` line, as a signal later does,
-instead of Python's traceback; there is nothing to clean up yet. `nmt.cli.main.main` then installs
-the handlers that unwind a running command.
+A signal while the command line is imported (a few tenths of a second) exits at once with 128 + its number and
+one `interrupted` line, not Python's traceback: there is nothing to clean up yet.
 """
 
 from __future__ import annotations

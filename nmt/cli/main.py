@@ -1,8 +1,5 @@
 """The `nmt` command line: the process around the commands (signals, closed descriptors, exit codes).
-
-The commands live in nmt.cli, one module per kind of work; each is a thin wrapper that parses
-options and calls a stage. Importing this module registers them on `app` in the order `--help` lists.
-"""
+Importing this module registers the commands of nmt.cli's modules on `app`, in the order `--help` lists."""
 
 from __future__ import annotations
 
@@ -54,16 +51,13 @@ class ClosedStdout(io.TextIOBase):
 
 
 def _occupy_closed_descriptors() -> None:
-    """Open /dev/null on a closed stdin, stdout or stderr (`>&-`), so that no file nmt opens later gets
-    descriptor 0, 1 or 2 and receives what a library prints; writing to the closed stdout stays an error."""
+    """/dev/null on a closed stdin, stdout or stderr (`>&-`), so that no file nmt opens later gets descriptor
+    0, 1 or 2 and receives what a library prints; writing to the closed stdout stays an error."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
+            os.open(os.devnull, os.O_RDWR)          # the lowest free descriptor: `fd` (those below are open)
     if sys.stdout is None:                  # Python's stand-in for a descriptor 1 closed at start
         sys.stdout = ClosedStdout()
     if sys.stderr is None:                  # messages and progress bars go where the user sent them: nowhere
@@ -81,9 +75,8 @@ def _reader_gone() -> bool:
 
 
 def _end_as_sigpipe_does() -> None:
-    """End silently, killed by SIGPIPE, as `cat` and `yes` end when `head` stops reading: the shell reports
-    141, and `set -o pipefail` treats it as it treats theirs. (Python ignores SIGPIPE, so the write failed with
-    EPIPE instead; the `with` blocks on the way here removed what was half-written.)"""
+    """End silently, killed by SIGPIPE, as `cat` does when `head` stops reading (Python ignores SIGPIPE: the write
+    failed with EPIPE, and the `with` blocks on the way here removed what was half-written)."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)   # nothing more reaches the pipe, not even a flush
         sys.stderr.flush()

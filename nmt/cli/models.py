@@ -9,7 +9,7 @@ import typer
 
 from nmt.cli.common import MODEL_HELP, app, check_paths, fail, printable, printable_data, printable_json
 from nmt.config import ConfigError
-from nmt.fs.folders import FolderError, register_file
+from nmt.fs.folders import register_file
 from nmt.fs.outputs import output_target
 
 
@@ -19,7 +19,7 @@ def average(
     output: Path = typer.Option(..., "--output", "-o", help="The averaged checkpoint (in the same run folder)."),
 ) -> None:
     """Average the parameters of several checkpoints into a new one."""
-    from nmt.train.checkpoint import CheckpointError, average_checkpoints, save_checkpoint
+    from nmt.train.checkpoint import average_checkpoints, save_checkpoint
 
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
@@ -27,10 +27,7 @@ def average(
     if len({os.path.realpath(path) for path in checkpoints}) < 2:   # one file's "average" is a mislabelled copy
         named = ", ".join(dict.fromkeys(map(str, checkpoints)))
         fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
-    try:
-        state = average_checkpoints(checkpoints)
-    except CheckpointError as exc:
-        fail(str(exc))
+    state = average_checkpoints(checkpoints)
     save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
     register_file(target)                   # `train --overwrite` may delete it with the rest of the run
     typer.echo(printable(f"averaged {len(checkpoints)} checkpoints into {output}"), err=True)
@@ -60,22 +57,29 @@ def export(
     """Write one self-contained model file (safetensors: weights without optimiser state, config,
     tokenizer, card), with --format hf a folder to share on the Hugging Face Hub, or with --format onnx
     a folder that translates on onnxruntime, without PyTorch."""
-    from nmt.modelfile.card import describe, format_card
-    from nmt.modelfile.file import DTYPES, ModelFileError, export_model, load_model
+    from nmt.modelfile.file import DTYPES
 
     if dtype not in DTYPES:
         fail(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if layout not in ("nmt", "hf", "onnx"):
         fail(f"--format must be nmt, hf or onnx, got {layout!r}")
-    if layout == "onnx":
-        _export_onnx(checkpoint, output, dtype, quantize, force, score or [], card_license)
-        return
-    if layout == "hf":
-        _export_hf(checkpoint, output, dtype, quantize, force, score or [], card_license)
-        return
     given = [name for name, value in (("--score", score), ("--license", card_license)) if value]
-    if given:
+    if given and layout != "hf":
         fail(f"{given[0]} applies only to --format hf (the model card of a Hugging Face folder)")
+    write = {"nmt": _export_file, "hf": _export_hf, "onnx": _export_onnx}[layout]
+    try:
+        message = write(checkpoint, output, dtype, quantize, force, score or [], card_license or "unknown")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
+    typer.echo(message, err=True)
+
+
+def _export_file(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, _scores: list[str],
+                 _license: str) -> str:
+    """`nmt export`: one model file, replacing only an nmt model file (with --force)."""
+    from nmt.modelfile.card import describe, format_card
+    from nmt.modelfile.file import ModelFileError, export_model, load_model
+
     if output.is_dir():
         fail(f"--output {output} is a folder; give a file name such as {output / 'model.nmt'} "
              "(or --format hf to write a Hugging Face folder)")
@@ -90,46 +94,30 @@ def export(
                 raise ModelFileError("a checkpoint")
         except (ModelFileError, ConfigError):
             fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
-    try:
-        export_model(checkpoint, target, dtype, quantize)
-        info = describe(load_model(target))
-    except (ModelFileError, ConfigError) as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot write {output}: {exc.strerror or exc}")
-    size = target.stat().st_size / 2**20
-    typer.echo(f"wrote {printable(output)} ({size:.1f} MB)\n\n{format_card(printable_data(info))}", err=True)
+    export_model(checkpoint, target, dtype, quantize)
+    card = format_card(printable_data(describe(load_model(target))))
+    return f"wrote {printable(output)} ({target.stat().st_size / 2**20:.1f} MB)\n\n{card}"
 
 
 def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, scores: list[str],
-               card_license: str | None) -> None:
+               card_license: str) -> str:
     """`nmt export --format hf`: a new folder in the Hugging Face layout (nmt.modelfile.hf)."""
     from nmt.modelfile.card import describe, format_card
-    from nmt.modelfile.file import ModelFileError
-    from nmt.modelfile.hf import ExportError, export_hf, read_score
+    from nmt.modelfile.hf import export_hf, read_score
 
     if force:
         fail("--force applies only to --format nmt; --format hf writes only a new or empty folder")
-    try:
-        target = output_target(output, "--output")
-        read = [read_score(option) for option in scores]
-        loaded = export_hf(checkpoint, target, dtype, quantize, read, card_license or "unknown")
-    except (ExportError, FolderError, ModelFileError, ConfigError) as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot write {output}: {exc.strerror or exc}")
+    target = output_target(output, "--output")
+    read = [read_score(option) for option in scores]
+    card = format_card(printable_data(describe(export_hf(checkpoint, target, dtype, quantize, read, card_license))))
     size = (target / "model.safetensors").stat().st_size / 2**20
-    card = format_card(printable_data(describe(loaded)))
-    typer.echo(f"wrote {printable(output)}/ (model.safetensors {size:.1f} MB, config.json, source.spm, target.spm, "
-               f"vocab.json, README.md with {len(read)} test scores)\n\n{card}", err=True)
+    return (f"wrote {printable(output)}/ (model.safetensors {size:.1f} MB, config.json, source.spm, target.spm, "
+            f"vocab.json, README.md with {len(read)} test scores)\n\n{card}")
 
 
-def _export_onnx(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, scores: list[str],
-                 card_license: str | None) -> None:
+def _export_onnx(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, _scores: list[str],
+                 _license: str) -> str:
     """`nmt export --format onnx`: a folder of ONNX graphs (nmt.decode.onnx_export)."""
-    given = [name for name, value in (("--score", scores), ("--license", card_license)) if value]
-    if given:
-        fail(f"{given[0]} applies only to --format hf (the model card of a Hugging Face folder)")
     if dtype != "fp32":
         fail(f"--dtype {dtype} does not apply to --format onnx: its graphs compute in float32 "
              "(--quantize int8 for int8 weights)")
@@ -139,19 +127,11 @@ def _export_onnx(checkpoint: Path, output: Path, dtype: str, quantize: str | Non
     except ImportError:
         fail("--format onnx needs the onnx extra: pip install 'nmt[onnx]' (onnx and onnxruntime)")
     from nmt.decode.onnx_export import export_onnx
-    from nmt.decode.onnx_graphs import OnnxExportError
-    from nmt.modelfile.file import ModelFileError
 
-    try:
-        target = output_target(output, "--output")
-        info = export_onnx(checkpoint, target, quantize or "none", force)
-    except (OnnxExportError, FolderError, ModelFileError, ConfigError) as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot write {output}: {exc.strerror or exc}")
+    target = output_target(output, "--output")
+    info = export_onnx(checkpoint, target, quantize or "none", force)
     size = sum(path.stat().st_size for path in target.iterdir()) / 2**20
-    typer.echo(printable(f"wrote {output}/ ({info['precision']} ONNX graphs for beam and greedy search, "
-                         f"{size:.1f} MB)"), err=True)
+    return printable(f"wrote {output}/ ({info['precision']} ONNX graphs for beam and greedy search, {size:.1f} MB)")
 
 
 @app.command()
@@ -164,12 +144,9 @@ def info(
     import json
 
     from nmt.modelfile.card import describe, format_card
-    from nmt.modelfile.file import ModelFileError, load_model
+    from nmt.modelfile.file import load_model
 
-    try:
-        card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
-    except (ModelFileError, ConfigError) as exc:
-        fail(str(exc))
+    card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
     architecture = card["architecture"]
     if architecture["attention"] == "bahdanau":  # its decoder feeds c_i, never h~ (nmt.model.seq2seq): n/a
         architecture["input_feeding"] = None

@@ -1,10 +1,6 @@
-"""Command-line options made from `DecodingConfig`'s fields, so that a decoding key is declared once.
-
-A field gives its option's name (`beam_size` -> `--beam-size`; a bool -> `--early-stop/--no-early-stop`),
-type (a Literal -> str: the config check names the allowed values), help (the field's `help`) and
-default (None: the model's own `decoding` setting). Ranges are checked where the YAML file's are
-(`nmt.config`), so an option and a YAML key give the same message. A command decorated with
-`decoding_options(...)` takes the values in `**decoding`, None for an option not given.
+"""Command-line options made from `DecodingConfig`'s fields, so that a decoding key is declared once: its name
+(`beam_size` -> `--beam-size`), type (a Literal -> str), help, and default None (the model's own setting). Ranges
+are checked where the YAML file's are, so an option and a YAML key give the same message.
 """
 
 from __future__ import annotations
@@ -26,20 +22,13 @@ def option_name(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def _option_type(hint: Any) -> Any:
-    return str if typing.get_origin(hint) is Literal else hint
-
-
 def decoding_parameters(keys: tuple[str, ...] = ()) -> list[inspect.Parameter]:
     """Keyword parameters with typer options for the DecodingConfig fields `keys` (all when empty)."""
     hints = typing.get_type_hints(DecodingConfig)
     fields = {f.name: f for f in dataclasses.fields(DecodingConfig)}
-    unknown = set(keys) - set(fields)
-    if unknown:
-        raise ValueError(f"DecodingConfig has no fields {sorted(unknown)}")
     params = []
     for name in keys or tuple(fields):
-        kind = _option_type(hints[name])
+        kind = str if typing.get_origin(hints[name]) is Literal else hints[name]
         flag = option_name(name)
         declaration = f"{flag}/--no-{flag[2:]}" if kind is bool else flag
         option = typer.Option(None, declaration, help=fields[name].metadata["help"], show_default=False)
@@ -49,7 +38,8 @@ def decoding_parameters(keys: tuple[str, ...] = ()) -> list[inspect.Parameter]:
 
 
 def decoding_options(*keys: str) -> Callable[[F], F]:
-    """Give a command the options of the DecodingConfig fields `keys` (all when none), in `**decoding`."""
+    """Give a command the options of the DecodingConfig fields `keys` (all when none), in `**decoding` (None: not
+    given)."""
     def decorate(command: F) -> F:
         signature = inspect.signature(command, eval_str=True)
         own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
@@ -61,5 +51,4 @@ def decoding_options(*keys: str) -> Callable[[F], F]:
 
 
 def given(decoding: dict[str, Any]) -> dict[str, Any]:
-    """The options the user gave (None means: not given)."""
     return {key: value for key, value in decoding.items() if value is not None}

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import typer
 
-from nmt.cli.common import MODEL_HELP, app, as_options, check_paths, fail, printable
-from nmt.config import ConfigError
-from nmt.fs.folders import FolderError
+from nmt.cli.common import MODEL_HELP, app, check_paths, fail, printable, user_errors
 from nmt.fs.outputs import check_outputs, open_output, output_target
 
 
@@ -44,36 +42,29 @@ def evaluate(
     if json_out is not None and str(json_out) != "-":
         inputs = [("--hyp", hyp), ("--src", src), ("--compare", compare), *(("--ref", r) for r in ref)]
         check_paths({"--json": json_out}, inputs, [checkpoint] if checkpoint else [])
-    try:
+    with user_errors():
         ev.bleu_metric(tokenize, lowercase)               # a tokenizer that cannot run here: before any work
         refs = [ev.read_text(path) for path in ref]
         if checkpoint is not None:
             if src is None or hyp is not None:
                 fail("--checkpoint needs --src (and no --hyp)")
             from nmt.decode.translator import Translator
-            from nmt.modelfile.file import ModelFileError
 
-            try:
-                translator = Translator.load(checkpoint, device, beam_size=beam_size)
-            except (ModelFileError, ConfigError) as exc:
-                fail(as_options(str(exc)))
+            translator = Translator.load(checkpoint, device, beam_size=beam_size)
             hyps = [t.text for t in translator.translate_stream(ev.read_text(src))]
             hyp_name = f"{checkpoint} on {src}"
         elif hyp is not None:
             hyps, hyp_name = ev.read_text(hyp), str(hyp)
         else:
             fail("give --hyp FILE, or --checkpoint C --src FILE")
-        for path, lines in zip(ref, refs, strict=True):
-            ev.check_lengths(hyps, lines, hyp_name, str(path))
+        systems = [(hyps, hyp_name)] + ([(ev.read_text(compare), str(compare))] if compare is not None else [])
+        for lines, name in systems:
+            for path, ref_lines in zip(ref, refs, strict=True):
+                ev.check_lengths(lines, ref_lines, name, str(path))
         results = ev.score(hyps, refs, ter=ter, tokenize=tokenize, lowercase=lowercase)
         if compare is not None:
-            other = ev.read_text(compare)
-            for path, lines in zip(ref, refs, strict=True):
-                ev.check_lengths(other, lines, str(compare), str(path))
-            results["comparison"] = ev.compare(hyps, other, refs, ter=ter, samples=bootstrap_samples,
+            results["comparison"] = ev.compare(hyps, systems[1][0], refs, ter=ter, samples=bootstrap_samples,
                                                tokenize=tokenize, lowercase=lowercase)
-    except ev.EvaluationError as exc:
-        fail(str(exc))
     ref_names = [str(path) for path in ref]
     references = ref_names[0] if len(ref_names) == 1 else ref_names      # a list only for several
     payload = json.dumps({"hypotheses": hyp_name, "references": references, **results}, indent=2)
@@ -92,8 +83,7 @@ def evaluate(
 
 
 plot_app = typer.Typer(help="Pictures: attention heatmaps and training curves (needs the plot extra: matplotlib).",
-                       rich_markup_mode=None,
-                       no_args_is_help=True)
+                       rich_markup_mode=None, no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
 
 
@@ -109,17 +99,13 @@ def plot_attention_command(
 ) -> None:
     """Translate sentences and draw each one's attention as a heatmap."""
     from nmt.decode.translator import OutputFiles, Translator
-    from nmt.modelfile.file import ModelFileError
-    from nmt.plot import PlotError, PlotUnavailable, attention_output, is_folder_target
+    from nmt.plot import attention_output, is_folder_target
 
     one_file = not is_folder_target(out)
-    try:
-        if one_file:
-            check_paths({"--out": Path(out)}, models=[checkpoint])
-        plotter = attention_output(out, len(src), "--out")
-        translator = Translator.load(checkpoint, device, beam_size=beam_size)
-    except (PlotUnavailable, PlotError, ModelFileError, ConfigError, FolderError) as exc:
-        fail(str(exc))
+    if one_file:
+        check_paths({"--out": Path(out)}, models=[checkpoint])
+    plotter = attention_output(out, len(src), "--out")
+    translator = Translator.load(checkpoint, device, beam_size=beam_size)
     translator.write_translations(src, OutputFiles(sys.stdout, plotter=plotter))
     skipped = len(src) - len(plotter.written)          # an empty sentence has no attention to draw
     if one_file and skipped:
@@ -134,14 +120,9 @@ def plot_curves_command(
     out: Path = typer.Option(Path("curves.png"), "--out", "-o", help="The PNG to write."),
 ) -> None:
     """Draw train loss, dev perplexity and dev BLEU of one or more runs."""
-    from nmt.plot import PlotError, PlotUnavailable, plot_curves
+    from nmt.plot import plot_curves
 
     inputs = [(str(run / name), run / name) for run in run_dirs for name in ("metrics.jsonl", "config.yaml")]
-    try:
-        check_outputs({"--out": out}, inputs)
-        plot_curves(run_dirs, out)
-    except (PlotUnavailable, PlotError, FileNotFoundError, FolderError) as exc:
-        fail(str(exc))
-    except OSError as exc:
-        fail(f"{exc.filename}: {exc.strerror}")
+    check_outputs({"--out": out}, inputs)
+    plot_curves(run_dirs, out)
     typer.echo(f"wrote {printable(out)}", err=True)

@@ -7,9 +7,7 @@ from pathlib import Path
 import typer
 
 from nmt.cli.common import ConfigOption, SetOption, app, fail
-from nmt.config import ConfigError, load_config
-from nmt.data.corpus import DataError
-from nmt.fs.folders import FolderError
+from nmt.config import load_config
 from nmt.process import configure_process
 
 InitFromOption = typer.Option(
@@ -18,8 +16,7 @@ InitFromOption = typer.Option(
 
 
 def _with_init(overrides: list[str] | None, init_from: Path | None, init_optimizer: bool = False) -> list[str]:
-    """The --set overrides plus those the fine-tuning options stand for (a path relative to the working
-    directory, where --set paths are relative to the config's folder)."""
+    """The --set overrides plus the fine-tuning options' (resolved: --set paths are relative to the config)."""
     extra = [f"training.init_from={init_from.resolve()}"] if init_from is not None else []
     return [*(overrides or []), *extra, *(["training.init_optimizer=true"] if init_optimizer else [])]
 
@@ -34,10 +31,7 @@ def preprocess(
     """Train SentencePiece and encode train/dev/test into id files with a manifest."""
     from nmt.data.preprocess import preprocess as run_preprocess
 
-    try:
-        run_preprocess(load_config(config, _with_init(overrides, init_from)), force=force, config_path=config)
-    except (ConfigError, DataError, FolderError) as exc:
-        fail(str(exc))
+    run_preprocess(load_config(config, _with_init(overrides, init_from)), force=force, config_path=config)
 
 
 @app.command()
@@ -57,8 +51,6 @@ def train(
     SIGINT/SIGTERM save last.pt at the current update and exit 130/143; --resume continues.
     """
     configure_process(training=True)             # before torch's first oneDNN call
-    from nmt.train.checkpoint import CheckpointError
-    from nmt.train.trainer import RunDirError
     from nmt.train.trainer import train as run_training
 
     if resume and overwrite:
@@ -69,8 +61,6 @@ def train(
     try:
         loaded = load_config(config, _with_init(overrides, init_from, init_optimizer))
         trainer = run_training(loaded, resume=resume, overwrite=overwrite, config_path=config)
-    except (ConfigError, DataError, CheckpointError, RunDirError, FolderError) as exc:
-        fail(str(exc))
     except FloatingPointError as exc:
         fail(f"{exc}; lower training.lr or raise training.clip_grad_norm, then --resume from last.pt")
     if trainer.stop_signal is not None:

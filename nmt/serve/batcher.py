@@ -1,10 +1,7 @@
-"""The model thread of `nmt serve` (nmt.serve.server): queued requests batched by search options, translated together.
-
-One thread takes the first waiting request, then up to `max_wait` seconds more to collect others
-with the same search options, until `max_batch_sentences`; their sentences are decoded as one
-length-sorted batch and each request gets its own results, in its own order. A request whose
-translation fails gets the error, and the requests batched with it are translated again on their
-own; should the thread itself stop, every waiting request gets the error.
+"""The model thread of `nmt serve`: it takes the first waiting request, then up to `max_wait` seconds more to
+collect others with the same search options (until `max_batch_sentences`), decodes their sentences as one batch
+and answers each request with its own results. A failed batch's requests are retried one by one; should the
+thread itself stop, every waiting request gets the error.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ log = logging.getLogger("nmt.serve")
 
 
 class RequestError(Exception):
-    """A request the server refuses; `status` is the HTTP status, the message goes to the client."""
+    """A request the server refuses with HTTP `status`; the message goes to the client."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -36,8 +33,6 @@ class RequestError(Exception):
 
 @dataclass
 class Job:
-    """One request's sentences and search options, and where its results go."""
-
     sentences: list[str]
     beam_size: int
     n_best: int
@@ -54,8 +49,6 @@ _STOP = object()
 
 
 class Batcher:
-    """The model thread: takes queued jobs, batches those with the same options, translates them together."""
-
     def __init__(self, translator: Translator, settings: ServeSettings) -> None:
         self.translator, self.settings = translator, settings
         self.jobs: queue.Queue = queue.Queue()
@@ -71,8 +64,7 @@ class Batcher:
         self.thread.start()
 
     def stop(self) -> None:
-        """Answer every job already queued (translated, or 503 once a drain's deadline has passed), then end
-        the thread."""
+        """Answer every job already queued, then end the thread."""
         if self.thread.is_alive():
             self.jobs.put(_STOP)
             self.thread.join()
@@ -82,8 +74,7 @@ class Batcher:
         self.drain_deadline = time.monotonic() + seconds
 
     def submit(self, job: Job) -> None:
-        """Queue a job; raises RequestError(503) when `max_queue` jobs are waiting or the model thread stopped.
-        Waiting counts the jobs held back for other options too, not only those in the queue."""
+        """Queue a job; RequestError(503) when `max_queue` jobs (held ones too) are waiting or the thread stopped."""
         with self._submitting:
             if self.failure is not None:
                 raise RequestError(503, f"the model thread stopped ({self.failure}); restart the server")
@@ -96,7 +87,6 @@ class Batcher:
             self.jobs.put_nowait(job)
 
     def _run(self) -> None:
-        """Serve jobs until stopped; should anything end the thread, every waiting request gets the error."""
         try:
             self._serve_jobs()
         except BaseException as exc:
@@ -141,18 +131,18 @@ class Batcher:
                 self._translate(batch)
 
     def _collect(self, first: Job, held: deque) -> tuple[list[Job], list]:
-        """`first` plus queued jobs with its options, waiting at most `max_wait` for more to arrive.
+        """`first` plus queued jobs with its options, waiting at most `max_wait` for more; the others taken.
         Should this fail, the jobs it took go back to the front of `held`, where `_close` answers them."""
         batch: list[Job] = [first]
         others: list = []
         try:
-            return self._gather(batch, others, held)
+            self._gather(batch, others, held)
         except BaseException:
             held.extendleft(reversed(batch + others))
             raise
+        return batch, others
 
-    def _gather(self, batch: list[Job], others: list, held: deque) -> tuple[list[Job], list]:
-        """`_collect`'s work: moves jobs into `batch` (same options as its first) and `others` as it takes them."""
+    def _gather(self, batch: list[Job], others: list, held: deque) -> None:
         first = batch[0]
         size = len(first.sentences)
         limit = self.settings.max_batch_sentences     # only a single larger request goes over it
@@ -165,16 +155,10 @@ class Batcher:
                 size += len(job.sentences)
         deadline = time.monotonic() + self.settings.max_wait
         while size < limit:
-            try:
-                job = self.jobs.get_nowait()
+            try:                              # timeout 0: a job already queued, else none
+                job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    break
-                try:
-                    job = self.jobs.get(timeout=wait)
-                except queue.Empty:
-                    break
+                break
             if job is _STOP or job.options != first.options or size + len(job.sentences) > limit:
                 others.append(job)
                 if job is _STOP or job.options == first.options:     # the batch is full (or stopping)
@@ -182,12 +166,10 @@ class Batcher:
                 continue
             batch.append(job)
             size += len(job.sentences)
-        return batch, others
 
     def _translate(self, batch: list[Job]) -> None:
         sentences = [s for job in batch for s in job.sentences]
         beam_size, n_best, attention = batch[0].options
-        error: Exception | None = None
         try:
             results = self.translator.translate(sentences, n_best=n_best, beam_size=beam_size,
                                                 return_attention=attention)
@@ -199,37 +181,36 @@ class Batcher:
             for job in batch:
                 _fail(job, exc)
             raise
-        if error is not None:
-            if len(batch) == 1:
-                _fail(batch[0], error)
-                return
-            for i, job in enumerate(batch):   # one request's failure (say, out of memory) is not the others'
-                try:
-                    self._translate([job])
-                except BaseException as ended:    # the thread ends: the rest of the batch hear why
-                    for rest in batch[i + 1:]:
-                        _fail(rest, ended)
-                    raise
+        else:
+            start = 0
+            for job in batch:
+                job.loop.call_soon_threadsafe(_settle, job.future, results[start:start + len(job.sentences)])
+                start += len(job.sentences)
             return
-        start = 0
-        for job in batch:
-            part = results[start:start + len(job.sentences)]
-            start += len(job.sentences)
-            job.loop.call_soon_threadsafe(_set_result, job.future, part)
+        if len(batch) == 1:
+            _fail(batch[0], error)
+            return
+        for i, job in enumerate(batch):       # one request's failure (say, out of memory) is not the others'
+            try:
+                self._translate([job])
+            except BaseException as ended:    # the thread ends: the rest of the batch hear why
+                for rest in batch[i + 1:]:
+                    _fail(rest, ended)
+                raise
 
 
 def _fail(job: Job, exc: BaseException) -> None:
     """Answer the job with `exc`; one that is not an Exception (it would end the event loop) as a RuntimeError."""
     if not isinstance(exc, Exception):
         exc = RuntimeError(f"the model thread stopped ({type(exc).__name__}: {exc})"[:200])
-    job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+    job.loop.call_soon_threadsafe(_settle, job.future, exc)
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():                     # a client that disconnected may have cancelled it
+def _settle(future: asyncio.Future, value: Any) -> None:
+    """Set the results, or the exception `value` is, unless a client that went away cancelled the future."""
+    if future.done():
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
         future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)

@@ -1,23 +1,6 @@
-"""LibreTranslate's API on `nmt serve` (nmt.serve.server), so that its clients work unchanged.
-
-    POST /translate  {"q": "Ein Hund läuft.", "source": "de", "target": "en", "format": "text"}
-                     -> {"translatedText": "A dog is running."}      (q a list: translatedText a list)
-    GET  /languages  -> [{"code": "de", "name": "German", "targets": ["en"]},
-                         {"code": "en", "name": "English", "targets": []}]
-
-A /translate body with the key "q" is a LibreTranslate request; any other is nmt's own. As in
-LibreTranslate, the fields may also come as a form (application/x-www-form-urlencoded or
-multipart/form-data, read by nmt.serve.requests), where q is one text whose CRLF line breaks are
-read as "\n" and alternatives may be a number in text; a field given twice, or as a file, is
-refused. `source` may be "auto" (it means the model's source language). A text in `q` may hold
-several lines: each line is translated as its own sentence (they count against --max-sentences)
-and the translations are joined with "\n" again. A text with a line over the model's input length
-is translated cut short, as `nmt translate` does, and the response says so: "truncated", shaped
-like translatedText (true for a string q; for a list, one true or false per text), present only
-when something was cut. Only `format: "text"` is served; "html", or a source or target the model
-does not translate, is refused with 400 and LibreTranslate's error shape {"error": "..."} (the
-server's own shape too). `api_key` (and the `apiKey` some clients send) is accepted and not
-needed; `alternatives` above 0 is refused (use nmt's own `n_best`).
+"""LibreTranslate's API on `nmt serve`, so that its clients work unchanged: POST /translate with "q" (JSON or a
+form; each line of a text is a sentence, the translations joined with "\n" again) and GET /languages. Its error
+shape {"error": ...} is the server's too; `api_key` is accepted and not needed, `alternatives` above 0 refused.
 """
 
 from __future__ import annotations
@@ -32,20 +15,15 @@ LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English"
 KEYS = {"q", "source", "target", "format", "api_key", "apiKey", "alternatives"}
 
 
-def is_libre(payload: Any) -> bool:
-    """Whether a parsed /translate body is a LibreTranslate request (an object with "q")."""
-    return isinstance(payload, dict) and "q" in payload
-
-
 def languages_list(languages: dict[str, str]) -> list[dict[str, Any]]:
-    """GET /languages: the model's source language with its one target, and the target language."""
+    """The model's source language with its one target, and the target language."""
     src, tgt = languages.get("src"), languages.get("tgt")
     listed = [(code, [tgt] if code == src and tgt else []) for code in (src, tgt) if code]
     return [{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets} for code, targets in listed]
 
 
 def form_fields(fields: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A LibreTranslate form's fields as the JSON object they stand for; raises RequestError(400)."""
+    """A form's fields as the JSON object they stand for (text only, each once); raises RequestError(400)."""
     payload: dict[str, Any] = {}
     for key, value in fields:
         shown = key[:40]
@@ -71,8 +49,8 @@ def _language(payload: dict[str, Any], key: str, expected: str | None, auto: boo
 
 def parse_libre(payload: dict[str, Any], languages: dict[str, str], max_sentences: int
                 ) -> tuple[list[str], list[int], bool]:
-    """A LibreTranslate body -> (the lines to translate, how many lines each text of q has, whether q was one
-    string); raises RequestError(400 or 413) in LibreTranslate's error shape."""
+    """-> (the lines to translate, how many lines each text of q has, whether q was one string); raises
+    RequestError(400 or 413)."""
     unknown = sorted(set(payload) - KEYS)
     if unknown:
         raise RequestError(400, f"Invalid request: unknown parameter {unknown[0][:40]!r}")
@@ -115,8 +93,7 @@ def parse_libre(payload: dict[str, Any], languages: dict[str, str], max_sentence
 
 
 def libre_response(translations: list[str], cut: list[bool], counts: list[int], single: bool) -> dict[str, Any]:
-    """{"translatedText": ...}: each text's lines joined again, one string for a string q; and "truncated"
-    in the same shape when a line (`cut`, one flag per line) was over the model's input length."""
+    """{"translatedText": ...}, and "truncated" in the same shape when a line (`cut`: a flag per line) was cut."""
     texts, truncated, start = [], [], 0
     for count in counts:
         texts.append("\n".join(translations[start:start + count]))

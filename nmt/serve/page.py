@@ -1,14 +1,6 @@
-"""The page of `nmt serve` (nmt.serve.server): translate in a browser, see each sentence's attention and the model card.
-
-    GET /                     the page (nmt/serve/static/index.html)
-    GET /page.js, /page.css   its script and style
-    GET /card                 {"card": what `nmt info --json` shows, "server": this server's search limits}
-
-Plain HTML, CSS and a little script, served by the same app with nothing fetched from elsewhere (a
-Content-Security-Policy of 'self' says so to the browser), so that it works offline. The page sends
-each line of the text as its own POST /translate with `attention: true`, so that translations
-appear one by one, and draws the attention of the chosen line on a <canvas>: the weights
-`--attention-out` writes and `--plot-attention` draws.
+"""The page of `nmt serve`: GET / (static/index.html, page.js, page.css) translates in a browser, line by line,
+and draws the chosen line's attention; GET /card is {"card": as `nmt info --json`, "server": the search limits}.
+Nothing is fetched from elsewhere (a Content-Security-Policy of 'self' says so), so that it works offline.
 """
 
 from __future__ import annotations
@@ -17,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from nmt.serve.settings import ServeSettings
@@ -29,8 +21,7 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 
 
 def model_card(model: str | Path) -> dict[str, Any]:
-    """The card of `nmt info` (nmt.modelfile.card.describe), with the file's name and size on disk instead
-    of its path on the server. Reads the model file once more: the Translator keeps no card."""
+    """The card of `nmt info`, with the file's name and size instead of its path on the server."""
     from nmt.runtime.folder import is_onnx_folder, read_manifest
 
     if is_onnx_folder(model):                  # exported with its card; no torch
@@ -58,17 +49,13 @@ def add_page(app: FastAPI, card: dict[str, Any], beam_size: int, settings: Serve
     server = {"beam_size": beam_size, "max_beam": settings.max_beam, "max_sentences": settings.max_sentences,
               "max_body_bytes": settings.max_body_bytes}
 
-    def static(route: str) -> Any:
-        content, media_type = pages[route]
-
-        async def serve_file() -> Response:
-            return Response(content, media_type=media_type, headers=HEADERS)
-        return serve_file
+    async def static(request: Request) -> Response:
+        content, media_type = pages[request.url.path]
+        return Response(content, media_type=media_type, headers=HEADERS)
 
     for route in STATIC:
-        app.add_api_route(route, static(route), methods=["GET"], include_in_schema=False)
+        app.add_api_route(route, static, methods=["GET"], include_in_schema=False)
 
     @app.get("/card")
     async def model_card_route() -> JSONResponse:
-        """The model card (as `nmt info --json`) and this server's search limits, for the page."""
         return JSONResponse({"card": card, "server": server})

@@ -1,8 +1,7 @@
-"""Reading and answering `nmt serve`'s requests (nmt.serve.server): bounded bodies, JSON or forms, nmt's own shapes.
+"""Reading and answering `nmt serve`'s requests: bounded bodies, JSON or forms, nmt's own shapes.
 
-A /translate body is JSON, whatever its Content-Type says (`curl -d` labels JSON as a form), except
-that LibreTranslate's clients may send a form: multipart/form-data always is one, and a
-form-urlencoded body that is not JSON is read as one (nmt.serve.libre then checks its fields).
+A body is JSON whatever its Content-Type says (`curl -d` labels JSON a form), except that LibreTranslate's
+clients may send a form: multipart/form-data always is one, and form-urlencoded that is not JSON is read as one.
 """
 
 from __future__ import annotations
@@ -22,36 +21,25 @@ from nmt.decode.outputs import Translation, attention_record, nbest_json
 from nmt.fs.bounded import loads_json
 from nmt.serve.batcher import RequestError
 from nmt.serve.libre import KEYS as LIBRE_KEYS
+from nmt.serve.libre import form_fields
 from nmt.serve.settings import ServeSettings
 
 MAX_FORM_FIELDS = 2 * len(LIBRE_KEYS)     # more is no LibreTranslate request: refused before it is all read
 
 
 @dataclass
-class Body:
-    """A parsed request body: JSON's value, or a form's fields in order (`form` True)."""
-
-    payload: Any
-    form: bool = False
-
-
-@dataclass
 class Options:
-    """An nmt /translate request's search options."""
-
     beam_size: int
     n_best: int
     attention: bool = False
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes, with 408 if it
-    has not all arrived within `timeout` seconds, and with 400 if the client goes away before the end."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    """The body, refused (413) as soon as it is known to exceed `limit` bytes, not waited for beyond `timeout`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
-    chunks: list[bytes] = []
-    size = 0
+    body = bytearray()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     stream = request.stream()
@@ -59,57 +47,42 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
         try:
             chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - loop.time()))
         except StopAsyncIteration:
-            return b"".join(chunks)
+            return bytes(body)
         except asyncio.TimeoutError:
             raise RequestError(408, f"the request body did not arrive within {timeout:g} s") from None
         except ClientDisconnect:
             raise RequestError(400, "the client disconnected before the end of the request body") from None
-        size += len(chunk)
-        if size > limit:
+        body += chunk
+        if len(body) > limit:
             raise RequestError(413, f"request body over {limit} bytes")
-        chunks.append(chunk)
 
 
-def parse_json(body: bytes) -> Any:
-    """A request body as JSON; raises RequestError(400)."""
-    try:
-        return loads_json(body)
-    except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
-
-
-async def parse_body(headers: Headers, body: bytes) -> Body:
-    """JSON, or a LibreTranslate form (see the module's docstring); raises RequestError(400 or 415)."""
+async def parse_body(headers: Headers, body: bytes) -> tuple[Any, bool]:
+    """(JSON's value, False), or (a LibreTranslate form as the object it stands for, True); RequestError(400, 415)."""
     media_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type == "multipart/form-data":
-        return Body(await parse_multipart(headers, body), form=True)
+        return form_fields(await parse_multipart(headers, body)), True
     try:
-        return Body(parse_json(body))
-    except RequestError:
+        return loads_json(body), False
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if media_type != "application/x-www-form-urlencoded":
-            raise
-        fields = parse_urlencoded(body)
-        if not any(key in LIBRE_KEYS for key, _ in fields):
-            raise RequestError(400, "the request body is neither valid JSON nor a LibreTranslate form (q, source, "
-                                    "target)") from None
-        return Body(fields, form=True)
-
-
-def parse_urlencoded(body: bytes) -> list[tuple[str, str]]:
-    """An application/x-www-form-urlencoded body's fields, UTF-8 as browsers send them; raises RequestError(400)."""
-    try:
-        return parse_qsl(body.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict",
-                         max_num_fields=MAX_FORM_FIELDS)
+            raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
+    try:                                          # UTF-8, as browsers send forms
+        fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict",
+                           max_num_fields=MAX_FORM_FIELDS)
     except UnicodeDecodeError:
         raise RequestError(400, "Invalid request: the form is not valid UTF-8") from None
-    except ValueError:                                # max_num_fields
+    except ValueError:                            # max_num_fields
         raise RequestError(400, f"Invalid request: more than {MAX_FORM_FIELDS} form fields") from None
+    if not any(key in LIBRE_KEYS for key, _ in fields):
+        raise RequestError(400, "the request body is neither valid JSON nor a LibreTranslate form (q, source, "
+                                "target)")
+    return form_fields(fields), True
 
 
 async def parse_multipart(headers: Headers, body: bytes) -> list[tuple[str, Any]]:
-    """A multipart/form-data body's fields, by python-multipart (through Starlette's parser, which files
-    uploads as UploadFile); raises RequestError(400), or 415 where python-multipart is not installed."""
+    """A multipart/form-data body's fields, by python-multipart through Starlette's parser; RequestError(400, 415)."""
     if formparsers.multipart is None:
         raise RequestError(415, "this server cannot read multipart/form-data: python-multipart is not installed "
                                 "(pip install 'nmt[serve]'); send JSON or a form-urlencoded body")
@@ -129,7 +102,7 @@ async def parse_multipart(headers: Headers, body: bytes) -> list[tuple[str, Any]
 
 
 def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> tuple[list[str], Options]:
-    """A parsed /translate body of nmt's own shape -> (sentences, options); raises RequestError(400 or 413)."""
+    """A /translate body of nmt's own shape -> (sentences, options); raises RequestError(400 or 413)."""
     options: dict[str, Any] = {}
     if isinstance(payload, dict):
         unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best", "attention"})
@@ -178,10 +151,8 @@ def _shown(value: Any) -> str:
 
 def format_response(results: list[Translation], n_best: int, vocabs: tuple[Vocab, Vocab] | None = None
                     ) -> dict[str, Any]:
-    """{"translations": [...]}, with "n_best" lists when n_best > 1 (exactly n_best entries each, by the rule
-    of nmt.decode.outputs that `nmt translate --n-best` follows too), "attention" records when `vocabs`
-    (source, target) are given (those of `--attention-out`), and, when a sentence was over the model's input
-    length and translated cut short, "truncated": the indices of those sentences."""
+    """{"translations": [...]}, "n_best" lists when n_best > 1 (as `nmt translate --n-best`), "attention" records
+    when `vocabs` (source, target) are given, "truncated": the sentences cut to the model's input length."""
     response: dict[str, Any] = {"translations": [r.text for r in results]}
     if n_best > 1:
         response["n_best"] = [nbest_json(r) for r in results]
@@ -194,8 +165,7 @@ def format_response(results: list[Translation], n_best: int, vocabs: tuple[Vocab
 
 
 def attention_json(number: int, result: Translation, src_vocab: Vocab, tgt_vocab: Vocab) -> dict[str, Any]:
-    """The best hypothesis's attention as `nmt translate --attention-out` writes it: {"line", "src", "tgt",
-    "attention"}, the pieces of both sides with </s> and the weights (tgt rows x src columns), 4 places."""
+    """The best hypothesis's attention as `nmt translate --attention-out` writes it."""
     hyp = result.hypotheses[0] if result.hypotheses else None
     src_pieces = src_vocab.to_pieces(result.src_ids.tolist())
     tgt_pieces = tgt_vocab.to_pieces(hyp.tokens) if hyp else []
