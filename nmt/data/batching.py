@@ -122,8 +122,7 @@ def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.nda
 
 
 class BucketBatchSampler:
-    """`corpora`: (start, end, weight) row ranges an epoch takes `weight` times (a seeded subset for the fraction);
-    None: every row once."""
+    """`corpora`: (start, end, weight) row ranges an epoch takes `weight` times (a seeded subset for the fraction)."""
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int = 2000,
                  batch_size: int = 0, pool_batches: int = 100, seed: int = 0, shuffle: bool = True,

@@ -65,8 +65,7 @@ def parallel_chunks(src_path: Path, tgt_path: Path, chunk_pairs: int) -> Iterato
 
 
 class ReservoirSample:
-    """A seeded uniform sample of at most `size` items from a stream, in one pass: every item gets an i.i.d.
-    random key and the `size` smallest win."""
+    """A seeded uniform sample of at most `size` items of a stream in one pass: those of the smallest random keys."""
 
     def __init__(self, size: int, seed: int | list[int]) -> None:
         self.size = size

@@ -5,7 +5,6 @@ id files, and whether it was built from the settings and input files a config na
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ SPLITS = ("train", "dev", "test")
 PATH_SETTINGS = ("dev", "test", "src_spm_model", "tgt_spm_model")
 
 
-@dataclass
+@dataclasses.dataclass
 class DataFolder:
     root: Path
     manifest: dict[str, Any]

@@ -40,8 +40,7 @@ def log(message: str) -> None:
 
 
 def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: Path) -> tuple[Path, Path]:
-    """Train (or copy) the SentencePiece model(s) into `out`; returns (src model, tgt model). Each model to train
-    gets a seeded sample of at most `data.spm_sample_sentences` non-blank sentences, all drawn in one pass."""
+    """Train (or copy) the SentencePiece model(s) into `out`, each on a seeded sample, all drawn in one pass."""
     sides = ("joint",) if data.joint_vocab else ("src", "tgt")
     given = {"joint": data.src_spm_model, "src": data.src_spm_model, "tgt": data.tgt_spm_model}
     samples = {side: ReservoirSample(data.spm_sample_sentences, [data.spm_sample_seed, i])
@@ -59,9 +58,25 @@ def _build_vocabs(data: DataConfig, train_files: list[tuple[Path, Path]], out: P
         models.append(out / f"{'spm' if side == 'joint' else side}.model")
         if path := given[side]:
             folders.copy_atomically(path, models[-1])
-        else:
-            sample = [line for line in samples.pop(side).sample() if line.strip()]
-            _train_model(data, sample, models[-1], side)
+            continue
+        sample = [line for line in samples.pop(side).sample() if line.strip()]
+        text = {"src": "source", "tgt": "target"}.get(side)       # None for the joint model
+        if not sample:
+            raise DataError(f"`data.train`: the training corpora hold no non-blank {f'{text} ' if text else ''}"
+                            "sentences to train SentencePiece on")
+        log(f"training {side} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
+            f"on {len(sample)} sampled sentences")
+        try:
+            train_sentencepiece(sample, models[-1], data.vocab_size, data.spm_model_type, data.character_coverage)
+        except RuntimeError as exc:
+            reason = str(exc).split("] ", 1)[-1].strip()
+            if "smaller than required_chars" in reason:
+                needed = reason.split(" vs ")[-1].rstrip(".").split(".")[0]
+                raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {text or 'joint'} training "
+                                f"text needs {needed} pieces for its characters and specials alone; raise it or "
+                                "lower `data.character_coverage`") from None
+            raise DataError(f"SentencePiece cannot train the {side} model ({reason}); check `data.vocab_size` and "
+                            "`data.spm_model_type`") from None
     return models[0], models[-1]
 
 
@@ -70,26 +85,6 @@ def _check_specials(vocab: Vocab, name: str) -> None:
     got = (vocab.sp.pad_id(), vocab.sp.unk_id(), vocab.sp.bos_id(), vocab.sp.eos_id())
     if got != expected:
         raise DataError(f"{name}: special ids pad/unk/bos/eos are {got}, expected {expected}")
-
-
-def _train_model(data: DataConfig, sample: list[str], path: Path, which: str) -> None:
-    side = {"src": "source", "tgt": "target"}.get(which)       # None for the joint model
-    if not sample:
-        raise DataError(f"`data.train`: the training corpora hold no non-blank {f'{side} ' if side else ''}"
-                        "sentences to train SentencePiece on")
-    log(f"training {which} SentencePiece {data.spm_model_type} model, vocab {data.vocab_size}, "
-        f"on {len(sample)} sampled sentences")
-    try:
-        train_sentencepiece(sample, path, data.vocab_size, data.spm_model_type, data.character_coverage)
-    except RuntimeError as exc:
-        reason = str(exc).split("] ", 1)[-1].strip()
-        if "smaller than required_chars" in reason:
-            needed = reason.split(" vs ")[-1].rstrip(".").split(".")[0]
-            raise DataError(f"`data.vocab_size` {data.vocab_size} is too small: the {side or 'joint'} training text "
-                            f"needs {needed} pieces for its characters and specials alone; raise it or lower "
-                            "`data.character_coverage`") from None
-        raise DataError(f"SentencePiece cannot train the {which} model ({reason}); check `data.vocab_size` and "
-                        "`data.spm_model_type`") from None
 
 
 def preprocess(config: Config, force: bool = False, config_path: str | Path | None = None) -> Path:

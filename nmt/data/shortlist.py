@@ -38,8 +38,7 @@ def cross_keys(src_ids: np.ndarray, src_counts: np.ndarray, tgt_ids: np.ndarray,
 
 
 class CooccurrenceCounts:
-    """c(s, t), c(s), c(t) over SentencePiece ids (the target vocabulary is only known at the end), kept as
-    sparse sorted counts."""
+    """c(s, t), c(s), c(t) over SentencePiece ids (the target vocabulary is only known at the end)."""
 
     def __init__(self, src_size: int, tgt_size: int, max_pairs: int) -> None:
         self.src_size, self.tgt_size, self.max_pairs = src_size, tgt_size, max_pairs
