@@ -1,10 +1,7 @@
-"""Bucketed, token-budget batches of padded tensors.
-
-Each epoch, its rows (every sentence once, or per corpus `weight` times) are permuted from a seed and cut
-into pools of `pool_batches` batches' worth; each pool is sorted by length and cut into batches whose
-padded size (sentences x longest side) stays within `batch_tokens`, and the batches are shuffled: little
-padding, different batches every epoch. Vectorised over sentences; with DDP every rank computes the same
-cut and takes every `world_size`-th batch, without communication.
+"""Bucketed, token-budget batches of padded tensors: each epoch's rows are permuted from a seed, cut into pools,
+each pool sorted by length and cut into batches of padded size (sentences x longest side) within `batch_tokens`,
+then the batches shuffled: little padding, new batches every epoch. With DDP every rank computes the same cut and
+takes every `world_size`-th batch, without communication.
 """
 
 from __future__ import annotations
@@ -66,7 +63,6 @@ def bucket_size(n: int, step: int) -> int:
 
 
 def pad_rows(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray, prefix: int | None, suffix: int | None) -> Tensor:
-    """Sentences `rows` of a flat id array as a padded (len(rows), max_len) tensor (`padded_ids`)."""
     return torch.from_numpy(padded_ids(ids, offsets, rows, prefix, suffix))
 
 
@@ -101,11 +97,11 @@ class ParallelIds:
 
 def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.ndarray, batch_tokens: int,
                  batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`nmt.data.rows.cut_by_budget` over pools [start, end) of `lengths`, each sorted by non-decreasing length, for all
-    pools at once (a vectorised binary search per batch); returns (starts, ends) in position order."""
+    """`nmt.data.rows.cut_by_budget` over all pools [start, end) of length-sorted `lengths` at once (a vectorised
+    binary search per batch); returns (starts, ends) in position order."""
     live = pool_starts < pool_ends
     start, end = pool_starts[live].astype(np.int64), pool_ends[live].astype(np.int64)
-    starts, ends = [], []
+    starts, ends = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     while len(start):
         if batch_tokens:
             lo, hi = start + 1, end.copy()                    # lo always fits: one sentence alone
@@ -120,16 +116,13 @@ def batch_bounds(lengths: np.ndarray, pool_starts: np.ndarray, pool_ends: np.nda
         ends.append(stop)
         more = stop < end
         start, end = stop[more], end[more]
-    if not starts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     all_starts, all_ends = np.concatenate(starts), np.concatenate(ends)
     order = np.argsort(all_starts, kind="stable")
     return all_starts[order], all_ends[order]
 
 
 class BucketBatchSampler:
-    """Token-budget batches over length-sorted pools, reshuffled every epoch from a seed. `corpora`: (start,
-    end, weight) row ranges an epoch takes `weight` times (a seeded subset for the fraction); None: once."""
+    """`corpora`: (start, end, weight) row ranges an epoch takes `weight` times (a seeded subset for the fraction)."""
 
     def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int = 2000,
                  batch_size: int = 0, pool_batches: int = 100, seed: int = 0, shuffle: bool = True,
@@ -139,14 +132,17 @@ class BucketBatchSampler:
             raise ValueError("one of batch_tokens and batch_size must be positive")
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         longest = np.maximum(self.src_lengths, self.tgt_lengths)           # padded size counts the longer side
-        self.scale = int(longest.max(initial=0)) + 1
-        self.key = self._length_key(longest)                                # (sentences,) sort key, once
+        self.scale = scale = int(longest.max(initial=0)) + 1
+        if scale**3 >= 2**62:
+            raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
+        # (sentences,) one sort key: (longer side, target, source) length
+        self.key = (longest.astype(np.int32 if scale**3 < 2**31 else np.int64) * scale + self.tgt_lengths) * scale
+        self.key += self.src_lengths
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
         per_batch = batch_tokens / max(float(longest.mean()), 1.0) if len(longest) and batch_tokens \
             else batch_size or 1
         self.pool_size = max(1, int(pool_batches * per_batch))
-        self.seed, self.shuffle = seed, shuffle
-        self.rank, self.world_size = rank, world_size
+        self.seed, self.shuffle, self.rank, self.world_size = seed, shuffle, rank, world_size
         self.corpora = list(corpora) if corpora is not None else None
 
     def epoch_rows(self, rng: np.random.Generator) -> np.ndarray:
@@ -163,35 +159,20 @@ class BucketBatchSampler:
                 parts.append((start + np.sort(rng.permutation(size)[:extra])).astype(index))
         return np.concatenate(parts) if parts else np.zeros(0, index)
 
-    def _length_key(self, longest: np.ndarray) -> np.ndarray:
-        """One integer per sentence: (longer side, target, source) length."""
-        scale = self.scale
-        if scale**3 >= 2**62:
-            raise ValueError(f"sentences of {scale - 1} tokens are too long to sort; lower data.max_len")
-        key = longest.astype(np.int32 if scale**3 < 2**31 else np.int64)
-        key *= scale
-        key += self.tgt_lengths
-        key *= scale
-        key += self.src_lengths
-        return key
-
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches for `epoch`, as arrays of sentence positions."""
         rng = np.random.default_rng([self.seed, epoch])
         rows = self.epoch_rows(rng)
+        pool_size = self.pool_size if self.shuffle else max(len(rows), 1)      # unshuffled: one pool
         if self.shuffle:
             rng.shuffle(rows)                                            # in place: no second array
-            key = self.key[rows]
-            for start in range(0, len(rows), self.pool_size):         # a loop over pools, not sentences
-                pool = slice(start, start + self.pool_size)
-                by_length = np.argsort(key[pool], kind="stable")
-                rows[pool], key[pool] = rows[pool][by_length], key[pool][by_length]
-            pool_starts = np.arange(0, len(rows), self.pool_size)
-            pool_ends = np.minimum(pool_starts + self.pool_size, len(rows))
-        else:
-            by_length = np.argsort(self.key[rows], kind="stable")
-            rows, key = rows[by_length], self.key[rows][by_length]
-            pool_starts, pool_ends = np.zeros(1, np.int64), np.array([len(rows)])
+        key = self.key[rows]
+        for start in range(0, len(rows), pool_size):                  # a loop over pools, not sentences
+            pool = slice(start, start + pool_size)
+            by_length = np.argsort(key[pool], kind="stable")
+            rows[pool], key[pool] = rows[pool][by_length], key[pool][by_length]
+        pool_starts = np.arange(0, len(rows), pool_size)
+        pool_ends = np.minimum(pool_starts + pool_size, len(rows))
         longest = np.floor_divide(key, self.scale**2, out=key)          # the longer side, sorted within pools
         starts, ends = batch_bounds(longest, pool_starts, pool_ends, self.batch_tokens, self.batch_size)
         picked = rng.permutation(len(starts)) if self.shuffle else np.arange(len(starts))

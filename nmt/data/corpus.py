@@ -1,18 +1,14 @@
-"""Streaming read of parallel text with checks, the length filter, and the binary id files.
-
-One split and side is `{split}.{lang}.ids` (the sentences' ids back to back, uint16 when the vocabulary
-fits, else int32) and `{split}.{lang}.offsets` (int64, n+1 entries: sentence i is ids[offsets[i]:
-offsets[i+1]]), appended chunk by chunk (`IdWriter`) and read memory-mapped (`IdFile`).
+"""Streaming read of parallel text, and the binary id files of one split and side:
+`{split}.{lang}.ids` (ids back to back, uint16 when the vocabulary fits, else int32) and `.offsets` (int64,
+n+1 entries: sentence i is ids[offsets[i]:offsets[i+1]]), appended by `IdWriter`, memory-mapped by `IdFile`.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -37,18 +33,10 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
 
 @contextmanager
 def open_lines(path: Path) -> Iterator[Iterator[str]]:
-    """The lines of a text file, plain or gzip (`nmt.fs.text`); its errors become `DataError`."""
+    """The lines of a text file, plain or gzip (`nmt.fs.text`); its errors, in the block too, become `DataError`."""
     try:
-        handle = text.open_text(path)
-    except text.TextInputError as exc:
-        raise DataError(str(exc)) from None
-    with handle:
-        yield _as_data_errors(text.iter_lines(handle, str(path)))
-
-
-def _as_data_errors(lines: Iterator[str]) -> Iterator[str]:
-    try:
-        yield from lines
+        with text.open_text(path) as handle:
+            yield text.iter_lines(handle, str(path))
     except text.TextInputError as exc:
         raise DataError(str(exc)) from None
 
@@ -77,8 +65,7 @@ def parallel_chunks(src_path: Path, tgt_path: Path, chunk_pairs: int) -> Iterato
 
 
 class ReservoirSample:
-    """A seeded uniform sample of at most `size` items from a stream, in one pass: every item gets an i.i.d.
-    random key and the `size` smallest win. Chunks are added whole, without a Python loop over items."""
+    """A seeded uniform sample of at most `size` items of a stream in one pass: those of the smallest random keys."""
 
     def __init__(self, size: int, seed: int | list[int]) -> None:
         self.size = size
@@ -88,9 +75,7 @@ class ReservoirSample:
         self.threshold = np.inf          # once full: the largest key kept; larger keys cannot win
 
     def add(self, items: list[str]) -> None:
-        keys = self.rng.random(len(items))
-        chunk = np.empty(len(items), dtype=object)
-        chunk[:] = items
+        keys, chunk = self.rng.random(len(items)), np.array(items, dtype=object)
         candidates = keys < self.threshold
         self.keys = np.concatenate([self.keys, keys[candidates]])
         self.items = np.concatenate([self.items, chunk[candidates]])
@@ -109,54 +94,10 @@ class ReservoirSample:
         return self.items[np.argsort(self.keys, kind="stable")].tolist()
 
 
-def file_digest(path: Path) -> dict[str, int | str]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
-
-
-@dataclass
-class FilterStats:
-    kept: int = 0
-    dropped: dict[str, int] = field(default_factory=lambda: {"too_short": 0, "too_long": 0, "ratio": 0})
-
-    def add(self, other: FilterStats) -> None:
-        self.kept += other.kept
-        for reason, count in other.dropped.items():
-            self.dropped[reason] += count
-
-
-def length_filter(src_lens: np.ndarray, tgt_lens: np.ndarray, min_len: int, max_len: int,
-                  max_ratio: float) -> tuple[np.ndarray, FilterStats]:
-    """Boolean keep-mask over pairs, and counts of dropped pairs by reason (first reason wins)."""
-    short = (src_lens < min_len) | (tgt_lens < min_len)
-    long = ~short & ((src_lens > max_len) | (tgt_lens > max_len))
-    longer = np.maximum(src_lens, tgt_lens)
-    shorter = np.maximum(np.minimum(src_lens, tgt_lens), 1)
-    ratio = ~short & ~long & (longer / shorter > max_ratio)
-    keep = ~(short | long | ratio)
-    return keep, FilterStats(int(keep.sum()), {"too_short": int(short.sum()), "too_long": int(long.sum()),
-                                                "ratio": int(ratio.sum())})
-
-
-def id_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
-
-
-def select_rows(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sentences of a flat (ids, lengths) chunk where `keep` is true, still flat."""
-    return flat[np.repeat(keep, lengths)], lengths[keep]
-
-
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def write_error(path: str | Path, exc: OSError) -> DataError:
     """A failed write as one line naming the file, saying so when the disk is full (numpy's short write, with
     no errno, is a full disk on a regular file)."""
-    if exc.errno in FULL_DISK or exc.errno is None:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, None):
         detail = exc.strerror if exc.errno is not None else str(exc)
         return DataError(f"cannot write {path}: the disk is full ({detail}); free some space and run it again")
     return DataError(f"cannot write {path}: {exc.strerror or exc}")
@@ -187,16 +128,14 @@ class IdWriter:
             raise write_error(handle.name, exc) from None
 
     def close(self) -> None:
-        error = None
+        errors = []
         for handle in (self.ids, self.offsets):
             try:
-                handle.flush()
+                handle.close()                  # flushes; the file is closed even when that fails
             except OSError as exc:
-                error = error or write_error(handle.name, exc)
-            with suppress(OSError):          # a failed flush fails again on close: already reported
-                handle.close()
-        if error is not None:
-            raise error
+                errors.append(write_error(handle.name, exc))
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> IdWriter:
         return self
@@ -214,24 +153,6 @@ def map_ids_in_place(stem: Path, dtype: np.dtype, table: np.ndarray, chunk_token
         ids[start : start + chunk_tokens] = table[ids[start : start + chunk_tokens]]
     ids.flush()
     del ids
-
-
-def compact_lengths(lengths: np.ndarray) -> np.ndarray:
-    longest = int(lengths.max(initial=0)) + 1
-    return lengths.astype(np.uint16 if longest <= np.iinfo(np.uint16).max else np.int32)
-
-
-def _read_lengths(offsets_path: Path, count: int, chunk: int = 1 << 20) -> np.ndarray:
-    """Sentence lengths from an offsets file, read in chunks, not through the memory map (which would keep
-    every page resident)."""
-    lengths = np.empty(max(count, 0), dtype=np.int32 if count < 2**31 else np.int64)
-    with open(offsets_path, "rb") as handle:
-        previous = np.fromfile(handle, dtype=np.int64, count=1)
-        for start in range(0, count, chunk):
-            block = np.fromfile(handle, dtype=np.int64, count=min(chunk, count - start))
-            lengths[start : start + len(block)] = np.diff(np.concatenate([previous, block]))
-            previous = block[-1:]
-    return lengths
 
 
 def _map(path: Path, dtype: np.dtype, maps: list[mmap.mmap]) -> np.ndarray:
@@ -257,24 +178,27 @@ class IdFile:
         if len(self.offsets) == 0 or self.offsets[-1] != len(self.ids):
             raise DataError(f"{ids_path}: size does not match {offsets_path}; rerun `nmt preprocess`")
         self._offsets_path = offsets_path
-        self._lengths: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     @property
     def lengths(self) -> np.ndarray:
-        """(sentences,) sentence lengths, read once and kept."""
-        if self._lengths is None:
-            self._lengths = self.read_lengths()
-        return self._lengths
+        return self.read_lengths()
 
-    def read_lengths(self, plus_one: bool = False) -> np.ndarray:
-        """(sentences,) sentence lengths (+ 1 for an EOS or BOS), not kept, in the smallest integer type."""
-        lengths = compact_lengths(_read_lengths(self._offsets_path, len(self)))
-        if plus_one:
-            lengths += 1
-        return lengths
+    def read_lengths(self, plus_one: bool = False, chunk: int = 1 << 20) -> np.ndarray:
+        """(sentences,) sentence lengths (+ 1 for an EOS or BOS) in the smallest integer type, read in chunks,
+        not through the memory map (which would keep every page resident)."""
+        count = len(self)
+        lengths = np.empty(count, dtype=np.int32 if count < 2**31 else np.int64)
+        with open(self._offsets_path, "rb") as handle:
+            previous = np.fromfile(handle, dtype=np.int64, count=1)
+            for start in range(0, count, chunk):
+                block = np.fromfile(handle, dtype=np.int64, count=min(chunk, count - start))
+                lengths[start : start + len(block)] = np.diff(np.concatenate([previous, block]))
+                previous = block[-1:]
+        compact = lengths.astype(np.uint16 if lengths.max(initial=0) < np.iinfo(np.uint16).max else np.int32)
+        return compact + 1 if plus_one else compact
 
     def release(self) -> None:
         """Drop the pages reads mapped in (MADV_DONTNEED; they stay in the page cache)."""

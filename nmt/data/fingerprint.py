@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import Config
-from nmt.data.corpus import file_digest
 from nmt.data.folder import FORMAT_VERSION
 from nmt.fs.bounded import read_json
 from nmt.fs.folders import FolderError, read_marker, refuse_foreign
@@ -27,14 +26,21 @@ class Inputs:
     parent: tuple | None
 
 
+def file_digest(path: Path) -> dict[str, int | str]:
+    with open(path, "rb") as handle:
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
 def inputs_of(config: Config, files: dict[str, tuple[Path, Path]]) -> Inputs:
-    """Hash the input files, given SentencePiece models and the settings."""
     data = config.data
     digests = {f"{split}.{side}": file_digest(path) | {"path": str(path)}
                for split, pair in files.items() for side, path in zip(("src", "tgt"), pair, strict=True)}
-    for model_key in ("src_spm_model", "tgt_spm_model"):
-        if getattr(data, model_key):
-            digests[model_key] = file_digest(Path(getattr(data, model_key)))
+    for key in ("src_spm_model", "tgt_spm_model"):
+        if getattr(data, key):
+            digests[key] = file_digest(Path(getattr(data, key)))
     parent = None
     if config.training.init_from:                   # fine-tuning: the parent's vocabularies, not new ones
         from nmt.modelfile.parent import parent_vocabularies, vocabulary_digest
@@ -47,7 +53,6 @@ def inputs_of(config: Config, files: dict[str, tuple[Path, Path]]) -> Inputs:
 
 
 def recorded_fingerprint(out_dir: Path) -> str | None:
-    """The fingerprint in `out_dir`'s manifest; None without a readable one."""
     try:
         manifest = read_json(out_dir / "manifest.json")
     except (OSError, ValueError):           # not JSON, not UTF-8, past a bound (nmt.fs.bounded)

@@ -5,7 +5,6 @@ id files, and whether it was built from the settings and input files a config na
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,11 @@ from nmt.fs.bounded import read_json
 
 FORMAT_VERSION = 2      # 2: the train split lists its corpora (rows, weights) for the batch sampler
 SPLITS = ("train", "dev", "test")
-MANIFEST_KEYS = ("langs", "dtype", "vocab", "splits")   # what readers of a data folder use
 PATH_SETTINGS = ("dev", "test", "src_spm_model", "tgt_spm_model")
 
 
-@dataclass
+@dataclasses.dataclass
 class DataFolder:
-    """A finished preprocessing output: manifest plus the paths inside it."""
-
     root: Path
     manifest: dict[str, Any]
 
@@ -42,14 +38,20 @@ class DataFolder:
         if not isinstance(manifest, dict):
             raise DataError(f"{path} is not an nmt manifest; rerun `nmt preprocess`")
         if manifest.get("format") != FORMAT_VERSION:
-            raise DataError(
-                f"{path}: data format {manifest.get('format')} is not {FORMAT_VERSION}; rerun `nmt preprocess`"
-            )
-        missing = [key for key in MANIFEST_KEYS if not isinstance(manifest.get(key), dict)]
+            raise DataError(f"{path}: data format {manifest.get('format')} is not {FORMAT_VERSION}; "
+                            "rerun `nmt preprocess`")
+        missing = [key for key in ("langs", "dtype", "vocab", "splits") if not isinstance(manifest.get(key), dict)]
         if missing:
             raise DataError(f"{path} lacks `{missing[0]}`: not a complete nmt manifest; rerun `nmt preprocess`")
-        try:
-            _check_manifest_entries(manifest)
+        try:                                        # a missing or mistyped entry that training reads raises
+            for side in ("src", "tgt"):
+                lang, model = manifest["langs"][side], manifest["vocab"][side]["model"]
+                if not isinstance(lang, str) or not isinstance(model, str):
+                    raise TypeError(f"langs.{side} and vocab.{side}.model must be strings")
+                np.dtype(manifest["dtype"][side])
+            for corpus in manifest["splits"]["train"]["corpora"]:
+                if not all(isinstance(corpus[key], (int, float)) for key in ("start", "end", "weight")):
+                    raise TypeError("splits.train.corpora: start, end and weight must be numbers")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"{path} is not a complete nmt manifest ({type(exc).__name__}: {exc}); "
                             "rerun `nmt preprocess`") from None
@@ -62,8 +64,7 @@ class DataFolder:
         if data.train is None or not isinstance(recorded, dict):
             return
         where = f"`data.out_dir` {self.root}"
-        mine = _comparable_settings(dataclasses.asdict(data))
-        theirs = _comparable_settings(recorded)
+        mine, theirs = _comparable_settings(dataclasses.asdict(data)), _comparable_settings(recorded)
         differ = [key for key in mine if key in theirs and mine[key] != theirs[key]]
         if differ:
             key = differ[0]
@@ -72,8 +73,12 @@ class DataFolder:
                             f"{_describe_setting(key, mine[key])}{more}; rerun `nmt preprocess` with this config")
         inputs = self.manifest.get("inputs")
         inputs = inputs if isinstance(inputs, dict) else {}
-        for name, (src, tgt) in _existing_input_files(data).items():
-            for side, path in (("src", src), ("tgt", tgt)):
+        for name, prefix in input_prefixes(data):
+            try:
+                files = text_files(data, name, prefix)
+            except DataError:           # gone or moved: only existing inputs are compared
+                continue
+            for side, path in zip(("src", "tgt"), files, strict=True):
                 entry = inputs.get(f"{name}.{side}")
                 if isinstance(entry, dict) and entry.get("size") != path.stat().st_size:
                     raise DataError(f"{path} has changed since {where} was preprocessed from it; "
@@ -114,17 +119,6 @@ def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
     return corpora
 
 
-def _check_manifest_entries(manifest: dict[str, Any]) -> None:
-    """A missing or mistyped manifest entry that training reads raises."""
-    for side in ("src", "tgt"):
-        if not isinstance(manifest["langs"][side], str) or not isinstance(manifest["vocab"][side]["model"], str):
-            raise TypeError(f"langs.{side} and vocab.{side}.model must be strings")
-        np.dtype(manifest["dtype"][side])
-    for corpus in manifest["splits"]["train"]["corpora"]:
-        if not all(isinstance(corpus[key], (int, float)) for key in ("start", "end", "weight")):
-            raise TypeError("splits.train.corpora: start, end and weight must be numbers")
-
-
 def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """The data settings a config and a folder must agree on: paths only as given or not, corpora as weights."""
     comparable = {}
@@ -150,7 +144,6 @@ def _describe_setting(key: str, value: Any) -> str:
 
 
 def input_prefixes(data: DataConfig) -> list[tuple[str, str]]:
-    """(name, prefix) of every input: the training corpora, dev, test."""
     return ([(name, prefix) for name, prefix, _ in train_corpora(data)]
             + [(split, getattr(data, split)) for split in SPLITS[1:] if getattr(data, split) is not None])
 
@@ -159,13 +152,3 @@ def text_files(data: DataConfig, name: str, prefix: str) -> tuple[Path, Path]:
     """(source, target) file of one input; a missing one is a `DataError` naming `data.{name}`."""
     return (resolve_text_file(prefix, data.src_lang, f"data.{name}"),
             resolve_text_file(prefix, data.tgt_lang, f"data.{name}"))
-
-
-def _existing_input_files(data: DataConfig) -> dict[str, tuple[Path, Path]]:
-    files = {}
-    for name, prefix in input_prefixes(data):
-        try:
-            files[name] = text_files(data, name, prefix)
-        except DataError:
-            continue
-    return files

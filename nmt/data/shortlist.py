@@ -1,11 +1,8 @@
-"""Vocabulary shortlist (Marian-style): the target pieces likely for each source piece.
-
-Over the first `data.shortlist_pairs` training pairs, c(s, t) counts the sentence pairs where source piece s
-and target piece t occur together, c(s) and c(t) those with each. Per source piece, the `data.shortlist_k`
-targets of best score are kept (dice 2 c(s,t) / (c(s) + c(t)) favours translation pairs, prob c(s,t) / c(s)
-frequent targets), the `data.shortlist_frequent` most frequent targets aside: decoding always keeps those
-(nmt.decode.shortlist). `shortlist.npz` holds `targets` (src_vocab, k), -1 padded, `frequent` (n,) and
-what identifies the vocabularies. Counting is vectorised per chunk into sparse sorted counts.
+"""Vocabulary shortlist (Marian-style): the target pieces likely for each source piece. c(s, t) counts the
+training pairs where source piece s and target piece t occur together, c(s) and c(t) those with each; per source
+piece the `data.shortlist_k` best targets by dice 2 c(s,t) / (c(s) + c(t)) (favours translation pairs) or prob
+c(s,t) / c(s) (frequent targets) are kept, the `data.shortlist_frequent` most frequent targets, which decoding
+always keeps, aside. `shortlist.npz`: `targets` (src_vocab, k), -1 padded, `frequent` (n,), the vocabularies' id.
 """
 
 from __future__ import annotations
@@ -17,30 +14,27 @@ from typing import Any
 
 import numpy as np
 
-SCORES = ("dice", "prob")
 SHORTLIST_FILE = "shortlist.npz"   # in a data folder, and copied into the run folders trained on it
 PAIRS_PER_BLOCK = 1 << 22       # (s, t) pairs expanded at a time: about 100 MB of temporaries at most
 
 
 def distinct_per_sentence(flat: np.ndarray, lengths: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """flat: (tokens,) ids of the sentences back to back; lengths: (sentences,). Returns each sentence's
-    distinct ids, ascending, sentence after sentence (ids,), and their counts (sentences,)."""
+    """flat (tokens,), lengths (sentences,) -> each sentence's distinct ids, ascending (ids,), and counts."""
     sentence = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)        # (tokens,)
     keys = np.unique(sentence * vocab_size + flat)                                 # (ids,) sorted
     owner, ids = np.divmod(keys, vocab_size)
     return ids, np.bincount(owner, minlength=len(lengths))
 
 
-def cross_pairs(src_ids: np.ndarray, src_counts: np.ndarray, tgt_ids: np.ndarray,
-                tgt_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (source id, target id) of each sentence pair's distinct ids (`distinct_per_sentence`): (pairs,) x 2."""
+def cross_keys(src_ids: np.ndarray, src_counts: np.ndarray, tgt_ids: np.ndarray, tgt_counts: np.ndarray,
+               tgt_size: int) -> np.ndarray:
+    """s * tgt_size + t for every (s, t) of each sentence pair's distinct ids: (pairs,)."""
     owner = np.repeat(np.arange(len(src_counts)), src_counts)      # (src ids,) sentence of each source id
     reps = tgt_counts[owner]                                       # (src ids,) pairs each one makes
-    total = int(reps.sum())
     pair_start = np.cumsum(reps) - reps                            # first pair of each source id
     tgt_start = np.cumsum(tgt_counts) - tgt_counts                 # first target id of each sentence
-    within = np.arange(total) - np.repeat(pair_start, reps)        # (pairs,) position in its target list
-    return np.repeat(src_ids, reps), tgt_ids[np.repeat(tgt_start[owner], reps) + within]
+    within = np.arange(int(reps.sum())) - np.repeat(pair_start, reps)   # (pairs,) position in its target list
+    return np.repeat(src_ids, reps) * tgt_size + tgt_ids[np.repeat(tgt_start[owner], reps) + within]
 
 
 class CooccurrenceCounts:
@@ -61,8 +55,6 @@ class CooccurrenceCounts:
     def add(self, src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_lens: np.ndarray) -> None:
         """A chunk of pairs as flat ids and lengths (`Vocab.encode_flat`), up to `max_pairs` in all."""
         take = min(len(src_lens), self.max_pairs - self.pairs)
-        if take <= 0:
-            return
         src, src_lens = src[: int(src_lens[:take].sum())], src_lens[:take]
         tgt, tgt_lens = tgt[: int(tgt_lens[:take].sum())], tgt_lens[:take]
         src_ids, src_counts = distinct_per_sentence(src.astype(np.int64), src_lens, self.src_size)
@@ -79,26 +71,20 @@ class CooccurrenceCounts:
         for start, end in zip([0, *cuts.tolist()], [*cuts.tolist(), take], strict=True):
             if end <= start:
                 continue
-            s, t = cross_pairs(src_ids[src_offsets[start] : src_offsets[end]], src_counts[start:end],
-                               tgt_ids[tgt_offsets[start] : tgt_offsets[end]], tgt_counts[start:end])
-            keys, counts = np.unique(s * self.tgt_size + t, return_counts=True)
-            self._merge(keys, counts)
-
-    def _merge(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Add sorted distinct `keys` with their `counts` into the running sorted counts."""
-        at = np.searchsorted(self.keys, keys)                              # (new,)
-        known = at < len(self.keys)
-        known[known] = self.keys[at[known]] == keys[known]
-        self.joint[at[known]] += counts[known]
-        self.keys = np.insert(self.keys, at[~known], keys[~known])
-        self.joint = np.insert(self.joint, at[~known], counts[~known])
+            keys, counts = np.unique(cross_keys(src_ids[src_offsets[start] : src_offsets[end]], src_counts[start:end],
+                                                tgt_ids[tgt_offsets[start] : tgt_offsets[end]], tgt_counts[start:end],
+                                                self.tgt_size), return_counts=True)
+            at = np.searchsorted(self.keys, keys)                  # (new,) merged into the running sorted counts
+            known = at < len(self.keys)
+            known[known] = self.keys[at[known]] == keys[known]
+            self.joint[at[known]] += counts[known]
+            self.keys = np.insert(self.keys, at[~known], keys[~known])
+            self.joint = np.insert(self.joint, at[~known], counts[~known])
 
     def table(self, tgt_to_side: np.ndarray, src_to_side: np.ndarray, src_side_size: int, k: int,
               n_frequent: int, score: str) -> tuple[np.ndarray, np.ndarray]:
         """targets (src_side_size, k), -1 padded, best first, and frequent (n,), in side ids (`*_to_side`:
         SentencePiece id -> side id)."""
-        if score not in SCORES:
-            raise ValueError(f"shortlist score {score!r} is not one of {', '.join(SCORES)}")
         tgt_count = np.zeros(int(tgt_to_side.max(initial=0)) + 1, dtype=np.int64)
         np.add.at(tgt_count, tgt_to_side, self.tgt)                         # (tgt side,) c(t)
         tgt_count[:4] = 0                                                   # specials: decoding adds them
@@ -107,10 +93,7 @@ class CooccurrenceCounts:
         s, t = np.divmod(self.keys, self.tgt_size)                          # (distinct,) SentencePiece ids
         s_side, t_side = src_to_side[s], tgt_to_side[t]
         joint = self.joint.astype(np.float64)
-        if score == "dice":
-            value = 2 * joint / (self.src[s] + self.tgt[t])
-        else:
-            value = joint / self.src[s]
+        value = 2 * joint / (self.src[s] + self.tgt[t]) if score == "dice" else joint / self.src[s]
         drop = np.isin(t_side, frequent) | (t_side < 4)
         s_side, t_side, value = s_side[~drop], t_side[~drop], value[~drop]
         order = np.lexsort((t_side, -value, s_side))                        # by source, best score first

@@ -1,9 +1,6 @@
-"""SentencePiece training, encoding and decoding, with an optional per-side vocabulary.
-
-Special ids are fixed for every model the toolkit trains and every vocabulary it builds (nmt.data.special).
-
-A joint SentencePiece model serves both sides; each side may still keep only the pieces it saw
-in training (`Vocab.pieces`), which shrinks the target output layer to the pieces it can emit.
+"""SentencePiece training, encoding and decoding, with the special ids of nmt.data.special. A side may keep only
+the pieces it saw in training (`Vocab.pieces`): a joint model's target output layer then holds only the pieces
+it can emit.
 """
 
 from __future__ import annotations
@@ -12,10 +9,9 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -25,21 +21,22 @@ from nmt.fs.folders import plain_name
 
 
 def cpu_count() -> int:
-    """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _interruptible(function: Callable[..., Any], **kwargs: Any) -> None:
-    """Run `function` in a worker thread so that SIGINT/SIGTERM reach the main thread within 0.2 s.
-
-    SentencePiece training runs in C++ for many seconds without returning to Python (it does
-    release the GIL), so a signal handler in the main thread would otherwise wait for the end.
-    """
-    failure: list[BaseException] = []
+def train_sentencepiece(sentences: Iterable[str], path: Path, vocab_size: int, model_type: str,
+                        character_coverage: float) -> None:
+    """Train a SentencePiece model file on all of `sentences` (pass a sample). It trains in a worker thread: in
+    C++ for many seconds, it would keep SIGINT/SIGTERM from the main thread till the end."""
+    model, failure = io.BytesIO(), list[BaseException]()
 
     def work() -> None:
         try:
-            function(**kwargs)
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+                hard_vocab_limit=False,       # small corpora may not support the full size
+                num_threads=cpu_count(), minloglevel=2)
         except BaseException as exc:      # handed to the main thread
             failure.append(exc)
 
@@ -49,43 +46,14 @@ def _interruptible(function: Callable[..., Any], **kwargs: Any) -> None:
         worker.join(0.2)
     if failure:
         raise failure[0]
-
-
-def train_sentencepiece(
-    sentences: Iterable[str],
-    model_prefix: Path,
-    vocab_size: int,
-    model_type: str,
-    character_coverage: float,
-) -> Path:
-    """Train a SentencePiece model on all of `sentences` (pass a sample); returns the `.model` path."""
-    model = io.BytesIO()
-    _interruptible(
-        spm.SentencePieceTrainer.train,
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-        hard_vocab_limit=False,       # small corpora may not support the full size
-        num_threads=cpu_count(),
-        minloglevel=2,
-    )
-    path = model_prefix.with_suffix(".model")
     path.write_bytes(model.getvalue())
-    return path
 
 
 class Vocab:
-    """A SentencePiece model plus the list of its pieces this side uses.
-
-    Side ids are positions in `pieces` (the SentencePiece ids kept, specials first). With
-    `pieces=None` the side uses every piece and side ids equal SentencePiece ids.
-    """
+    """A SentencePiece model (a file, or its bytes as a model file embeds them) plus the pieces this side uses:
+    side ids are positions in `pieces` (SentencePiece ids, specials first); None: every piece, side id = spm id."""
 
     def __init__(self, model: str | Path | bytes, pieces: Sequence[int] | None = None) -> None:
-        """`model`: a SentencePiece model file, or its bytes (as a model file embeds them)."""
         if isinstance(model, bytes):
             self.model_path = Path("<embedded SentencePiece model>")
             self.sp = spm.SentencePieceProcessor(model_proto=model)
@@ -93,9 +61,7 @@ class Vocab:
             self.model_path = Path(model)
             self.sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
         n = self.sp.get_piece_size()
-        if pieces is None:
-            pieces = range(n)
-        self.pieces = np.asarray(pieces, dtype=np.int64)               # side id -> spm id
+        self.pieces = np.asarray(range(n) if pieces is None else pieces, dtype=np.int64)     # side id -> spm id
         if self.pieces.ndim != 1 or (len(self.pieces) and not (self.pieces.min() >= 0 and self.pieces.max() < n)):
             raise ValueError(f"{self.model_path}: vocabulary piece ids must lie in 0..{n - 1}")
         if list(self.pieces[:4]) != [PAD, UNK, BOS, EOS]:
@@ -112,10 +78,7 @@ class Vocab:
         return [self.to_side[np.asarray(ids, dtype=np.int64)] for ids in encoded]
 
     def encode_flat(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Sentences -> (SentencePiece ids back to back (tokens,) int32, lengths (sentences,) int64).
-
-        Every core encodes; this side's piece subset is not applied (see `to_side`).
-        """
+        """Sentences -> (SentencePiece ids back to back (tokens,) int32, lengths (sentences,) int64), not side ids."""
         encoded = self.sp.encode(lines, out_type=int, num_threads=cpu_count())
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         flat = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
@@ -137,10 +100,8 @@ class Vocab:
 
     @classmethod
     def from_entry(cls, folder: Path, entry: dict) -> Vocab:
-        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`.
-
-        The names must be plain file names: an entry from a shared checkpoint never opens a file elsewhere
-        (ValueError)."""
+        """The vocabulary a manifest entry {"model": file, "pieces": file or None} describes in `folder`; plain
+        file names only: an entry from a shared checkpoint never opens a file elsewhere (ValueError)."""
         for key in ("model", "pieces"):
             name = entry.get(key)
             if name is not None and (not plain_name(name) or "\\" in name):      # no Windows separator either
@@ -148,7 +109,5 @@ class Vocab:
         model_path = folder / entry["model"]
         if not model_path.is_file():
             raise FileNotFoundError(f"{model_path} is missing: the SentencePiece model of {folder}")
-        pieces = None
-        if entry.get("pieces"):
-            pieces = [int(x) for x in (folder / entry["pieces"]).read_text(encoding="utf-8").split()]
-        return cls(model_path, pieces)
+        pieces_file = folder / entry["pieces"] if entry.get("pieces") else None
+        return cls(model_path, pieces_file and [int(x) for x in pieces_file.read_text(encoding="utf-8").split()])
