@@ -2,10 +2,9 @@
 
     loss = Σ_i [(1 - ε) (-log p(y_i)) + ε mean_v(-log p(v))],   p = softmax(W_s h̃_i + b)
 
-equal to `F.cross_entropy(F.linear(h̃, W_s, b), y, label_smoothing=ε, reduction="sum")`, which streams
-tokens x vocabulary tensors (32 MB at 2000 x 4000) through memory again and again. Here the forward pass
-walks row chunks that stay in cache and computes the gradients (softmax - target) with the loss; backward
-only scales them.
+equal to `F.cross_entropy(F.linear(h̃, W_s, b), y, label_smoothing=ε, reduction="sum")`, without its tokens x
+vocabulary tensors (32 MB at 2000 x 4000) streamed through memory again and again: the forward pass walks row
+chunks that stay in cache and computes the gradients (softmax - target) with the loss; backward only scales them.
 """
 
 from __future__ import annotations

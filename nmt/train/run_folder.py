@@ -31,11 +31,9 @@ from nmt.fs.folders import (
     register_file,
     remove_leftovers,
     remove_nmt_files,
-    write_marker,
 )
 from nmt.fs.locks import lock_folder, open_work_folder, release_folder
 
-# Keys whose change would move the data stream that a checkpoint's cursor points into.
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
 FIXED_FOR_A_RUN = {
     "training.optimizer": "the checkpoint holds the other optimizer's state",
@@ -53,8 +51,6 @@ class RunFolder:
     def __init__(self, path: Path, is_main: bool) -> None:
         self.path = Path(path)
         self.is_main = is_main
-        self.adopting = False          # resuming a run folder from before markers ...
-        self.lock_created = False      # ... whose lock file this process made
         self.locked = False            # this object took the folder's lock (and so lets go of it)
 
     def prepare(self, config: Config, data: DataFolder, resume: bool, overwrite: bool,
@@ -65,8 +61,7 @@ class RunFolder:
         inputs = [Path(prefix) for _, prefix, _ in train_corpora(d)] if d.train else []
         inputs += [Path(p) for p in (d.dev, d.test, d.src_spm_model, d.tgt_spm_model) if p]
         check_overlap(self.path, "training.run_dir", inputs, config_path)
-        data_root = data.root.resolve()
-        run = self.path.resolve()
+        data_root, run = data.root.resolve(), self.path.resolve()
         if run == data_root or data_root in run.parents or run in data_root.parents:
             raise RunDirError(f"`training.run_dir` {self.path} overlaps the data folder {data.root}; "
                               "choose a folder outside it")
@@ -75,8 +70,7 @@ class RunFolder:
             return
         refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
                              "a new run replaces (--overwrite clears it)")
-        ours = {MARKER, LOCK}
-        exists = self.path.is_dir() and any(p.name not in ours for p in self.path.iterdir())
+        exists = self.path.is_dir() and any(p.name not in (MARKER, LOCK) for p in self.path.iterdir())
         if exists and not overwrite:
             marker = read_marker(self.path)
             if marker is not None and marker.get("kind") == "run" and not (self.path / "last.pt").is_file():
@@ -104,24 +98,13 @@ class RunFolder:
         if not (self.path / "last.pt").is_file():
             raise RunDirError(f"cannot resume: {self.path / 'last.pt'} does not exist")
         marker = read_marker(self.path)
-        if marker is not None and marker.get("kind") != "run":
-            raise RunDirError(f"cannot resume: {self.path} is an nmt {marker.get('kind')} folder")
-        self.adopting, self.lock_created = marker is None, not (self.path / LOCK).exists()
+        if marker is None or marker.get("kind") != "run":
+            what = f"an nmt {marker.get('kind')} folder" if marker else f"not an nmt run folder (no {MARKER})"
+            raise RunDirError(f"cannot resume: {self.path} is {what}")
         lock_folder(self.path, "train")
         self.locked = True
         refuse_links(self.path, "training.run_dir")     # its files are rewritten, never through a link
         remove_leftovers(self.path)
-
-    def adopt(self) -> None:
-        """Mark a run folder from before markers, resumed successfully."""
-        if self.is_main and self.adopting:
-            write_marker(self.path, "run")
-
-    def abandon(self) -> None:
-        """Resuming failed: let go, and leave a folder that was not nmt's after all as it was."""
-        self.release()
-        if self.is_main and self.adopting and self.lock_created:
-            (self.path / LOCK).unlink(missing_ok=True)
 
     def release(self) -> None:
         if self.locked:
@@ -143,10 +126,8 @@ class RunFolder:
     def data_mismatch(self, data: DataFolder) -> str | None:
         """Why the data folder is not the one this run was trained on, if it is not."""
         recorded = self.path / "data_manifest.json"
-        if not recorded.is_file():
-            return None
         try:
-            fingerprint = read_json(recorded).get("fingerprint")
+            fingerprint = read_json(recorded).get("fingerprint") if recorded.is_file() else None
         except (OSError, ValueError, AttributeError):
             return None
         if fingerprint and fingerprint != data.manifest.get("fingerprint"):
@@ -159,20 +140,18 @@ class RunFolder:
         path = self.path / "metrics.jsonl"
         if not self.is_main or not path.is_file():
             return
-        kept, dropped = [], 0
-        for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
-            if not line:
-                continue
+
+        def kept(line: str) -> bool:
             try:
                 event = loads_json(line)
             except ValueError:
-                event = None
-            if not isinstance(event, dict) or event.get("step", 0) > step:
-                dropped += 1
-                continue
-            kept.append(line + "\n")
-        if dropped:
-            atomic_write(path, lambda h: h.writelines(kept), mode="w")
+                return False
+            return isinstance(event, dict) and event.get("step", 0) <= step
+
+        lines = [line for line in path.read_text(encoding="utf-8", errors="replace").split("\n") if line]
+        keep = [line + "\n" for line in lines if kept(line)]
+        if len(keep) < len(lines):
+            atomic_write(path, lambda h: h.writelines(keep), mode="w")
 
     def log(self, event: dict[str, Any]) -> None:
         if self.is_main:
@@ -181,24 +160,13 @@ class RunFolder:
 
 def resume_changes(saved: Config, config: Config) -> dict[str, tuple[Any, Any]]:
     """Refuse changes that move the data stream; return the others as {key: (before, after)}."""
-    old, new = _flatten(saved.to_dict()), _flatten(config.to_dict())
+    old, new = ({f"{section}.{key}": value for section, values in c.to_dict().items() for key, value in values.items()}
+                for c in (saved, config))
     changed = {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
                if old.get(k) != new.get(k) and k not in ("training.run_dir", "data.out_dir")}
     for key, (before, after) in changed.items():
-        if key.startswith("data.") or key in DATA_STREAM_KEYS:
-            raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): it changes the data "
-                              f"stream the checkpoint continues; keep it or start a new run")
-        if key in FIXED_FOR_A_RUN:
-            raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): {FIXED_FOR_A_RUN[key]}; "
-                              "keep it or start a new run")
+        if key.startswith("data.") or key in DATA_STREAM_KEYS or key in FIXED_FOR_A_RUN:
+            why = FIXED_FOR_A_RUN.get(key, "it changes the data stream the checkpoint continues")
+            raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): {why}; keep it or "
+                              "start a new run")
     return changed
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
