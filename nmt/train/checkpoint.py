@@ -1,4 +1,4 @@
-"""Training checkpoints: a model file's contents (nmt.modelfile.file) plus the training state; averaging.
+"""Training checkpoints: a model file's contents (nmt.model_file.file) plus the training state; averaging.
 
 Written atomically, so a crash never leaves a half-written checkpoint under a real name; it embeds its
 tokenizer, so it translates outside its run folder too.
@@ -10,7 +10,7 @@ import fnmatch
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +21,8 @@ from nmt.config import Config, stored_config
 from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
 from nmt.fs.folders import atomic_write, plain_name
-from nmt.modelfile.file import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_KEYS,
-    MODEL_KIND,
-    ModelFileError,
-    check_checksums,
-    check_keys,
-    embed_shortlist,
-    embed_tokenizer,
-    load_model,
-    read_file,
-    run_folder_card,
-)
+from nmt.modelfile import file as model_file
+from nmt.modelfile.file import ModelFileError
 
 BEST_K_FILES = "best-step*.pt"
 TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
@@ -73,31 +62,19 @@ class Progress:
 def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    schedule: Any, scaler: Any, progress: Progress, elapsed: float) -> dict[str, Any]:
     """The model and all that --resume needs to continue exactly; `elapsed`: the run's training seconds so far."""
-    p = progress
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    return {
-        "config": config.to_dict(),
-        "vocab": vocab,
-        "model": model.state_dict(),
-        "optimizer": _portable(optimizer.state_dict()),
-        "schedule": schedule.state_dict(),
-        "scaler": scaler.state_dict(),
-        "rng": rng,
-        "step": p.step,
-        "cursor": vars(p.cursor).copy(),
-        "progress": {"best_score": p.best_score, "bad_validations": p.bad_validations,
-                     "best_k": [list(x) for x in p.best_k], "elapsed": elapsed, "validation_due": p.validation_due,
-                     "validated_step": p.validated_step, "window_loss": p.window_loss,
-                     "window_tokens": p.window_tokens},
-    }
+    return {"config": config.to_dict(), "vocab": vocab, "model": model.state_dict(),
+            "optimizer": _portable(optimizer.state_dict()), "schedule": schedule.state_dict(),
+            "scaler": scaler.state_dict(), "rng": rng, "step": progress.step, "cursor": vars(progress.cursor).copy(),
+            "progress": {**{k: v for k, v in asdict(progress).items() if k not in ("step", "cursor")},
+                         "best_k": [list(x) for x in progress.best_k], "elapsed": elapsed}}
 
 
 def restore_training_state(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
                            schedule: Any, scaler: Any) -> Progress:
-    """Load what `training_state` saved (betas and weight decay from `config`); returns the progress. A missing
-    or malformed part is a `CheckpointError` naming `path`."""
+    """Load what `training_state` saved; returns the progress. A bad part is a `CheckpointError` naming `path`."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"{path} lacks the training state `{missing[0]}` that --resume "
@@ -115,11 +92,9 @@ def restore_training_state(path: Path, state: dict[str, Any], config: Config, op
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         prog = state["progress"]
-        return Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
-                        bad_validations=prog["bad_validations"], best_k=best_k_files(path, prog),
-                        elapsed=prog["elapsed"], validation_due=bool(prog["validation_due"]),
-                        validated_step=int(prog["validated_step"]), window_loss=float(prog["window_loss"]),
-                        window_tokens=int(prog["window_tokens"]))
+        restored = {f.name: prog[f.name] for f in fields(Progress) if f.name not in ("step", "cursor", "best_k")}
+        return Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_k=best_k_files(path, prog),
+                        **restored)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: its training state cannot be restored "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
@@ -180,19 +155,20 @@ def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write `state` with the format and nmt version, and (unless given) its run folder's tokenizer and card."""
     path = Path(path)
-    payload = {"format": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
+    payload = {"format": model_file.CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" not in payload:
         try:
-            payload["tokenizer"] = embed_tokenizer(*(Vocab.from_entry(path.parent, state["vocab"][side])
-                                                     for side in ("src", "tgt")))
+            vocabs = (Vocab.from_entry(path.parent, state["vocab"][side]) for side in ("src", "tgt"))
+            payload["tokenizer"] = model_file.embed_tokenizer(*vocabs)
         except FileNotFoundError as exc:
             raise CheckpointError(f"{exc}; a checkpoint embeds the tokenizer of its run folder") from None
         except ValueError as exc:
             raise CheckpointError(str(exc)) from None
     if "card" not in payload:
-        payload["card"] = run_folder_card(path.parent, state["step"], state["config"]["training"]["val_max_sentences"])
+        payload["card"] = model_file.run_folder_card(path.parent, state["step"],
+                                                     state["config"]["training"]["val_max_sentences"])
     if "shortlist" not in payload and (path.parent / SHORTLIST_FILE).is_file():
-        payload["shortlist"] = embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
+        payload["shortlist"] = model_file.embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
     try:
         atomic_write(path, lambda handle: torch.save(payload, handle))
     except (RuntimeError, OSError) as exc:  # torch's zip writer reports a failed write (a full disk) as RuntimeError
@@ -201,8 +177,8 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
-    """The kept best checkpoints as (score, file name); --resume deletes those that drop out, so each must be
-    a best-step*.pt file inside the run folder, or the checkpoint is refused."""
+    """The kept best checkpoints as (score, file name): each must be a best-step*.pt file of the run folder, as
+    those that drop out are deleted."""
     entries = progress.get("best_k", []) if isinstance(progress, dict) else []   # no progress: refused elsewhere
     if not isinstance(entries, list) or not all(isinstance(e, list | tuple) and len(e) == 2 for e in entries):
         raise CheckpointError(f"{path}: progress.best_k is not a list of (score, file) pairs; the checkpoint is "
@@ -218,11 +194,11 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint, checksums too; any problem is a `CheckpointError` naming the file."""
     path = Path(path)
     try:
-        state = read_file(path, "checkpoint", mmap=mmap)
-        if state.get("kind") == MODEL_KIND:
+        state = model_file.read_file(path, "checkpoint", mmap=mmap)
+        if state.get("kind") == model_file.MODEL_KIND:
             raise ModelFileError(f"{path} is a model file (nmt export), not a training checkpoint")
-        check_keys(path, state, "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
-        check_checksums(path, "checkpoint")
+        model_file.check_keys(path, state, "checkpoint", model_file.CHECKPOINT_KEYS, model_file.CHECKPOINT_FORMAT)
+        model_file.check_checksums(path, "checkpoint")
     except ModelFileError as exc:
         raise CheckpointError(str(exc)) from None
     return state
@@ -235,7 +211,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     states = [load_checkpoint(p) for p in paths]
     for path in paths:       # each one's weights fit its config, are finite and it embeds its tokenizer
         try:
-            load_model(path)
+            model_file.load_model(path)
         except ModelFileError as exc:
             raise CheckpointError(str(exc)) from None
     first = states[0]
@@ -251,6 +227,6 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
                 if first["model"][k].is_floating_point() else states[-1]["model"][k] for k in keys}
     last = states[-1]
     card = {k: v for k, v in (last.get("card") or {}).items() if k != "dev"}   # dev scores were of one checkpoint
-    kept = (*CHECKPOINT_KEYS, "tokenizer", "shortlist")
+    kept = (*model_file.CHECKPOINT_KEYS, "tokenizer", "shortlist")
     return {**{k: v for k, v in last.items() if k in kept and v is not None}, "model": averaged,
             "averaged_from": [str(p) for p in paths], "card": {**card, "averaged_from": [Path(p).name for p in paths]}}

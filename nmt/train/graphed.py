@@ -84,32 +84,29 @@ class GraphedUpdates:
     def update(self, batch: Batch) -> Tensor:
         """One optimiser update on `batch`; returns its summed loss, on the GPU."""
         with torch.cuda.device(self.device):                 # cuda:N's streams, whatever device is current
-            return self._update(batch)
-
-    def _update(self, batch: Batch) -> Tensor:
-        key = self.shape(batch)
-        if key in self.graphs:
-            self.graphs.move_to_end(key)
-            graph, static = self.graphs[key]
+            key = self.shape(batch)
+            if key in self.graphs:
+                self.graphs.move_to_end(key)
+                graph, static = self.graphs[key]
+                static.load(batch)
+                graph.replay()
+                return static.loss
+            while len(self.graphs) >= MAX_GRAPHS:          # least recently used first: memory stays bounded
+                self.graphs.popitem(last=False)
+            static = self._static(key)
             static.load(batch)
-            graph.replay()
-            return static.loss
-        while len(self.graphs) >= MAX_GRAPHS:          # least recently used first: memory stays bounded
-            self.graphs.popitem(last=False)
-        static = self._static(key)
-        static.load(batch)
-        side = torch.cuda.Stream()                     # warm-up on a side stream, as torch.cuda.graphs asks
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._run(static)                          # a real update
-        torch.cuda.current_stream().wait_stream(side)
-        loss = static.loss.clone()
-        graph = torch.cuda.CUDAGraph()
-        with capturing(graph, self.pool, self.capture_stream):
-            self._run(static)                          # recorded, not run
-        self.optimizer.zero_grad(set_to_none=True)     # the gradients live in the graph's pool
-        self.graphs[key] = (graph, static)
-        return loss
+            side = torch.cuda.Stream()                     # warm-up on a side stream, as torch.cuda.graphs asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._run(static)                          # a real update
+            torch.cuda.current_stream().wait_stream(side)
+            loss = static.loss.clone()
+            graph = torch.cuda.CUDAGraph()
+            with capturing(graph, self.pool, self.capture_stream):
+                self._run(static)                          # recorded, not run
+            self.optimizer.zero_grad(set_to_none=True)     # the gradients live in the graph's pool
+            self.graphs[key] = (graph, static)
+            return loss
 
     def _static(self, key: tuple[int, int, int]) -> _Static:
         rows, src_len, tgt_len = key

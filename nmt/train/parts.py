@@ -21,14 +21,7 @@ from nmt.fs.locks import lock_folder, release_folder
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.check import expected_weights
 from nmt.modelfile.parent import Parent, check_data_vocabularies, load_parent
-from nmt.train.checkpoint import (
-    CheckpointError,
-    Cursor,
-    Progress,
-    load_checkpoint,
-    load_optimizer_state,
-    restore_training_state,
-)
+from nmt.train import checkpoint
 from nmt.train.distributed import Ranks
 from nmt.train.graphed import GraphedUpdates, capturable_optimizer
 from nmt.train.graphed import applies as graphs_apply
@@ -60,7 +53,7 @@ class TrainingParts:
     train_ids: ParallelIds
     sampler: BucketBatchSampler
     dev_ids: ParallelIds | None
-    progress: Progress                   # fresh, or as the resumed checkpoint left it
+    progress: checkpoint.Progress                   # fresh, or as the resumed checkpoint left it
     parent: Parent | None = None         # the model a new fine-tuning run started from (`training.init_from`)
     tensorboard: TensorBoardLog | None = None   # on rank 0
 
@@ -153,7 +146,7 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool, data_d
                  else make_optimizer(optim_class, model.parameters(), lr=t.lr, **settings))
     if parent is not None and parent.optimizer is not None:
         try:
-            load_optimizer_state(optimizer, parent.optimizer, config)
+            checkpoint.load_optimizer_state(optimizer, parent.optimizer, config)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"`training.init_optimizer`: the optimiser state of {parent.loaded.path} does not "
                               f"fit this run's optimiser ({str(exc)[:200]})") from None
@@ -169,33 +162,30 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool, data_d
         model=model, train_model=train_model, optimizer=optimizer, schedule=LrSchedule(optimizer, t),
         scaler=torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16), train_ids=train_ids,
         graphed=GraphedUpdates(model, optimizer, amp_dtype, t.clip_grad_norm, t.label_smoothing) if graphed else None,
-        sampler=sampler, dev_ids=dev_ids, progress=Progress(cursor=Cursor(seed=t.seed)), parent=parent)
+        sampler=sampler, dev_ids=dev_ids, progress=checkpoint.Progress(cursor=checkpoint.Cursor(seed=t.seed)),
+        parent=parent)
 
 
 def _resume(parts: TrainingParts) -> None:
     """Restore last.pt into the pieces: model, optimiser, schedule, scaler, RNGs, progress."""
     config, run, t = parts.config, parts.run, parts.config.training
     path = run.path / "last.pt"
+    state = checkpoint.load_checkpoint(path)
+    saved = stored_config(state["config"])
+    if saved.model != config.model:
+        raise checkpoint.CheckpointError(f"{path} was trained with a different `model` section")
+    changed = resume_changes(saved, config)
     try:
-        state = load_checkpoint(path)
-        saved = stored_config(state["config"])
-        if saved.model != config.model:
-            raise CheckpointError(f"{path} was trained with a different `model` section")
-        changed = resume_changes(saved, config)
-        try:
-            parts.model.load_state_dict(state["model"])
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
-        parts.progress = restore_training_state(path, state, config, parts.optimizer, parts.schedule, parts.scaler)
-        mismatch = run.data_mismatch(parts.data)
-        if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
-            # a finished run reads no data (let it say it is done), unless it owes a validation
-            raise RunDirError(mismatch)
-        run.record_resume_changes(changed, config)
-    except BaseException:
-        run.release()
-        raise
+        parts.model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise checkpoint.CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
+    parts.progress = checkpoint.restore_training_state(path, state, config, parts.optimizer, parts.schedule,
+                                                       parts.scaler)
+    mismatch = run.data_mismatch(parts.data)
+    # a finished run reads no data (let it say it is done), unless it owes a validation
+    if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
+        raise RunDirError(mismatch)
+    run.record_resume_changes(changed, config)
     if parts.ranks.rank > 0:                            # last.pt holds rank 0's RNG state
         torch.manual_seed(t.seed + parts.ranks.rank * 1_000_003 + parts.progress.step)
     run.trim_metrics(parts.progress.step)
-

@@ -17,21 +17,8 @@ from tqdm import tqdm
 from nmt.config import Config, dump_config
 from nmt.data.folder import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
+from nmt.fs import folders
 from nmt.fs.bounded import loads_json, read_json
-from nmt.fs.folders import (
-    LOCK,
-    MARKER,
-    append_text,
-    atomic_write,
-    check_overlap,
-    copy_atomically,
-    read_marker,
-    refuse_inputs_inside,
-    refuse_links,
-    register_file,
-    remove_leftovers,
-    remove_nmt_files,
-)
 from nmt.fs.locks import lock_folder, open_work_folder, release_folder
 
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
@@ -60,7 +47,7 @@ class RunFolder:
         d = config.data
         inputs = [Path(prefix) for _, prefix, _ in train_corpora(d)] if d.train else []
         inputs += [Path(p) for p in (d.dev, d.test, d.src_spm_model, d.tgt_spm_model) if p]
-        check_overlap(self.path, "training.run_dir", inputs, config_path)
+        folders.check_overlap(self.path, "training.run_dir", inputs, config_path)
         data_root, run = data.root.resolve(), self.path.resolve()
         if run == data_root or data_root in run.parents or run in data_root.parents:
             raise RunDirError(f"`training.run_dir` {self.path} overlaps the data folder {data.root}; "
@@ -68,11 +55,11 @@ class RunFolder:
         if resume:
             self._open_for_resume()
             return
-        refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
-                             "a new run replaces (--overwrite clears it)")
-        exists = self.path.is_dir() and any(p.name not in (MARKER, LOCK) for p in self.path.iterdir())
+        folders.refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
+                                     "a new run replaces (--overwrite clears it)")
+        exists = self.path.is_dir() and any(p.name not in (folders.MARKER, folders.LOCK) for p in self.path.iterdir())
         if exists and not overwrite:
-            marker = read_marker(self.path)
+            marker = folders.read_marker(self.path)
             if marker is not None and marker.get("kind") == "run" and not (self.path / "last.pt").is_file():
                 raise RunDirError(f"run folder {self.path} holds no last.pt to resume (a run that stopped "
                                   "before its first checkpoint?); pass --overwrite to start over")
@@ -81,30 +68,28 @@ class RunFolder:
         _, marker = open_work_folder(self.path, "run", "training.run_dir", "train", "remove them yourself")
         self.locked = True
         if marker is not None:
-            remove_nmt_files(self.path, marker)
+            folders.remove_nmt_files(self.path, marker)
         self.write_config(config)
-        for side in ("src", "tgt"):
-            entry = data.manifest["vocab"][side]
-            for name in (entry["model"], entry.get("pieces")):
-                if name and not (self.path / name).exists():
-                    register_file(self.path / name)     # whatever the data folder calls its models
-                    copy_atomically(data.root / name, self.path / name)
-        if data.manifest.get("shortlist"):              # checkpoints embed it (nmt.train.checkpoint)
-            register_file(self.path / SHORTLIST_FILE)
-            copy_atomically(data.root / SHORTLIST_FILE, self.path / SHORTLIST_FILE)
-        copy_atomically(data.root / "manifest.json", self.path / "data_manifest.json")
+        entries = [data.manifest["vocab"][side] for side in ("src", "tgt")]
+        names = [name for entry in entries for name in (entry["model"], entry.get("pieces"))]
+        names += [SHORTLIST_FILE] if data.manifest.get("shortlist") else []     # checkpoints embed it
+        for name in names:
+            if name and not (self.path / name).exists():     # the two sides may share a model
+                folders.register_file(self.path / name)
+                folders.copy_atomically(data.root / name, self.path / name)
+        folders.copy_atomically(data.root / "manifest.json", self.path / "data_manifest.json")
 
     def _open_for_resume(self) -> None:
         if not (self.path / "last.pt").is_file():
             raise RunDirError(f"cannot resume: {self.path / 'last.pt'} does not exist")
-        marker = read_marker(self.path)
+        marker = folders.read_marker(self.path)
         if marker is None or marker.get("kind") != "run":
-            what = f"an nmt {marker.get('kind')} folder" if marker else f"not an nmt run folder (no {MARKER})"
+            what = f"an nmt {marker.get('kind')} folder" if marker else f"not an nmt run folder (no {folders.MARKER})"
             raise RunDirError(f"cannot resume: {self.path} is {what}")
         lock_folder(self.path, "train")
         self.locked = True
-        refuse_links(self.path, "training.run_dir")     # its files are rewritten, never through a link
-        remove_leftovers(self.path)
+        folders.refuse_links(self.path, "training.run_dir")     # its files are rewritten, never through a link
+        folders.remove_leftovers(self.path)
 
     def release(self) -> None:
         if self.locked:
@@ -112,7 +97,7 @@ class RunFolder:
             self.locked = False
 
     def write_config(self, config: Config) -> None:
-        atomic_write(self.path / "config.yaml", lambda h: h.writelines([dump_config(config)]), mode="w")
+        folders.atomic_write(self.path / "config.yaml", lambda h: h.writelines([dump_config(config)]), mode="w")
 
     def record_resume_changes(self, changed: dict[str, tuple[Any, Any]], config: Config) -> None:
         """Log the accepted changes and store the resulting config."""
@@ -151,11 +136,12 @@ class RunFolder:
         lines = [line for line in path.read_text(encoding="utf-8", errors="replace").split("\n") if line]
         keep = [line + "\n" for line in lines if kept(line)]
         if len(keep) < len(lines):
-            atomic_write(path, lambda h: h.writelines(keep), mode="w")
+            folders.atomic_write(path, lambda h: h.writelines(keep), mode="w")
 
     def log(self, event: dict[str, Any]) -> None:
         if self.is_main:
-            append_text(self.path / "metrics.jsonl", json.dumps({"time": round(time.time(), 3), **event}) + "\n")
+            line = json.dumps({"time": round(time.time(), 3), **event})
+            folders.append_text(self.path / "metrics.jsonl", line + "\n")
 
 
 def resume_changes(saved: Config, config: Config) -> dict[str, tuple[Any, Any]]:

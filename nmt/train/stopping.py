@@ -25,8 +25,8 @@ EXIT_SECONDS = 0.5
 
 
 class StopSignals:
-    """The first SIGINT/SIGTERM stops the loop after this update, or abandons a validation at once (it is
-    pure computation); a second gives up at once (temporaries are removed)."""
+    """The first SIGINT/SIGTERM stops after this update or abandons a validation (pure computation) at once; a
+    second gives up at once (temporaries are removed)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -38,9 +38,7 @@ class StopSignals:
         return signal.Signals(self.received).name if self.received is not None else None
 
     def __enter__(self) -> StopSignals:
-        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in self._previous:
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -133,14 +131,12 @@ def after_validation(training: TrainingConfig, progress: Progress, schedule: LrS
 def finished_reason(training: TrainingConfig, progress: Progress, schedule: LrSchedule) -> str | None:
     """Why a resumed run has nothing left to do (its budget is spent or it stopped early), if it has not."""
     t, p = training, progress
-    if t.max_updates and p.step >= t.max_updates:
-        return f"max_updates {t.max_updates}"
-    if p.cursor.epoch >= t.max_epochs:
-        return f"max_epochs {t.max_epochs}"
-    if t.max_minutes and p.elapsed / 60 >= t.max_minutes:
-        return f"max_minutes {t.max_minutes}"
-    if t.patience and p.bad_validations >= t.patience:
-        return f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"
-    if schedule.floor_reached:
-        return f"the plateau schedule took the learning rate below min_lr {t.min_lr}"
-    return None
+    reasons = [
+        (t.max_updates and p.step >= t.max_updates, f"max_updates {t.max_updates}"),
+        (p.cursor.epoch >= t.max_epochs, f"max_epochs {t.max_epochs}"),
+        (t.max_minutes and p.elapsed / 60 >= t.max_minutes, f"max_minutes {t.max_minutes}"),
+        (t.patience and p.bad_validations >= t.patience,
+         f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"),
+        (schedule.floor_reached, f"the plateau schedule took the learning rate below min_lr {t.min_lr}"),
+    ]
+    return next((reason for hit, reason in reasons if hit), None)

@@ -22,20 +22,13 @@ from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.device import autocast
 from nmt.progress import progress_bar
+from nmt.train import validation
 from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
 from nmt.train.parts import TrainingParts, build_parts
 from nmt.train.run_folder import RunDirError
 from nmt.train.schedules import teacher_forcing_ratio
 from nmt.train.stopping import Budget, StopSignals, after_validation, finished_reason
-from nmt.train.validation import (
-    ValidationAbandoned,
-    estimate_dev_seconds,
-    evaluate_dev,
-    example_lines,
-    first_sentence_attention,
-    peak_rss_mb,
-)
 
 __all__ = ["RunDirError", "Trainer", "train", "train_step"]
 
@@ -76,8 +69,8 @@ def train_step(parts: TrainingParts, batches: list[Batch], teacher_forcing: floa
 
 
 class Window:
-    """This process's logging window: target tokens per second, and PAD's share of the source and target
-    batch tensors, which bucketing exists to keep low."""
+    """This process's logging window: target tokens per second, and PAD's share of the batch tensors (bucketing
+    exists to keep it low)."""
 
     def __init__(self) -> None:
         self.tokens = self.src_real = self.src_cells = self.tgt_cells = 0
@@ -121,7 +114,6 @@ class Trainer:
         return self.signals.received
 
     def close(self) -> None:
-        """Let go of the run folder's and data folder's locks (a process that ends lets go anyway)."""
         self.parts.close()
 
     def finished_reason(self) -> str | None:
@@ -172,8 +164,7 @@ class Trainer:
         return self.last_metrics
 
     def _stream(self) -> Iterator[list[np.ndarray]]:
-        """Each update's `training.accumulate` batches of rows, from the data cursor to the last epoch (the
-        loop moves the cursor past those it trained on)."""
+        """Each update's `training.accumulate` batches of rows, from the data cursor to the last epoch."""
         t, p = self.config.training, self.progress
         while p.cursor.epoch < t.max_epochs:
             batches = self.sampler.batches(p.cursor.epoch)
@@ -241,15 +232,14 @@ class Trainer:
         return signal_stop
 
     def _validate_owed(self, save: bool = False) -> str | None:
-        """A scheduled or budget-end validation; returns a reason to stop, if any. One a signal abandons leaves
-        no metrics, and stays owed."""
+        """A scheduled or budget-end validation; returns a reason to stop. One a signal abandons stays owed."""
         p = self.progress
         p.validation_due, p.validated_step = False, p.step      # as best.pt, saved inside, must record them
         start = time.monotonic()
         try:
             self.last_metrics = self.validate()
             self.budget.validated(time.monotonic() - start)
-        except ValidationAbandoned:
+        except validation.ValidationAbandoned:
             self.last_metrics, p.validation_due = {}, True
         if self.ranks.world_size > 1:            # only rank 0 validates: its plateau schedule sets every rank's lr
             self.schedule.load_state_dict(self.ranks.from_rank0(self.schedule.state_dict()))
@@ -267,15 +257,16 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):
             self.signals.evaluating = True
             try:
-                metrics = evaluate_dev(self.model, self.dev_ids, self.data, self.parts.vocabs, self.config,
-                                       self.device, self.amp_dtype, lambda: self.stop_signal is not None)
+                metrics = validation.evaluate_dev(self.model, self.dev_ids, self.data, self.parts.vocabs, self.config,
+                                                  self.device, self.amp_dtype, lambda: self.stop_signal is not None)
                 if self.tensorboard is not None:
-                    attention = first_sentence_attention(self.model, self.dev_ids, self.parts.vocabs, self.device,
-                                                         self.amp_dtype, self.config.decoding.max_len_ratio)
+                    attention = validation.first_sentence_attention(self.model, self.dev_ids, self.parts.vocabs,
+                                                                    self.device, self.amp_dtype,
+                                                                    self.config.decoding.max_len_ratio)
             finally:
                 self.signals.evaluating = False
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=float(self.optimizer.param_groups[0]["lr"]),
-                       wall_time=self.budget.run_seconds(), peak_rss_mb=peak_rss_mb())
+                       wall_time=self.budget.run_seconds(), peak_rss_mb=validation.peak_rss_mb())
         score, higher = metrics[t.early_stopping_metric], t.early_stopping_metric == "bleu"
         improved = p.best_score is None or (score > p.best_score if higher else score < p.best_score)
         p.best_score, p.bad_validations = (score, 0) if improved else (p.best_score, p.bad_validations + 1)
@@ -298,7 +289,7 @@ class Trainer:
                    f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}{'  (best)' if improved else ''}",
                    file=sys.stderr)
         for example in metrics.get("examples", []):
-            tqdm.write(example_lines(*example), file=sys.stderr)
+            tqdm.write(validation.example_lines(*example), file=sys.stderr)
         return metrics
 
     def _dev_seconds(self) -> float:
@@ -306,7 +297,7 @@ class Trainer:
         if self.dev_ids is None or not self.is_main:
             return 0.0
         with torch.random.fork_rng(devices=[]):
-            return estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
+            return validation.estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
 
     def _save(self, name: str) -> None:
         start = time.monotonic()
