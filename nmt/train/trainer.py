@@ -139,7 +139,7 @@ class Trainer:
         window, self.budget.last_saved, self.stopped_by = Window(), time.monotonic(), "max_epochs"
         try:
             with self.signals, bar:
-                stop = self._validate_owed(save=True) if p.validation_due else None
+                stop = self._validate_and_save(None) if p.validation_due else None     # as the stopped run owed
                 for rows in self._stream() if not stop else ():
                     tf_ratio = teacher_forcing_ratio(t, p.step)
                     lr = self.schedule.step(p.step + 1, self.budget.run_seconds() / 60)
@@ -206,7 +206,7 @@ class Trainer:
         return self.ranks.from_rank0(self.signals.reason or self.budget.spent())
 
     def _validate_and_save(self, stop: str | None) -> str | None:
-        """Validate on schedule, and once more when a budget ends; then save last.pt. A signal skips the
+        """Validate (on schedule, when a budget ends, or as owed), then save last.pt. A signal skips the
         validation (exit fast) or cuts it short; it then stays due, for --resume to run first."""
         p = self.progress
         if stop and stop.startswith("SIG"):
@@ -231,7 +231,7 @@ class Trainer:
         self._save("last.pt")
         return signal_stop
 
-    def _validate_owed(self, save: bool = False) -> str | None:
+    def _validate_owed(self) -> str | None:
         """A scheduled or budget-end validation; returns a reason to stop. One a signal abandons stays owed."""
         p = self.progress
         p.validation_due, p.validated_step = False, p.step      # as best.pt, saved inside, must record them
@@ -243,10 +243,7 @@ class Trainer:
             self.last_metrics, p.validation_due = {}, True
         if self.ranks.world_size > 1:            # only rank 0 validates: its plateau schedule sets every rank's lr
             self.schedule.load_state_dict(self.ranks.from_rank0(self.schedule.state_dict()))
-        stop = self._stop_reason() or self.ranks.from_rank0(after_validation(self.config.training, p, self.schedule))
-        if save:
-            self._save("last.pt")
-        return stop
+        return self._stop_reason() or self.ranks.from_rank0(after_validation(self.config.training, p, self.schedule))
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:

@@ -56,8 +56,7 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
         batch_loss, results = _dev_batch(decoding, batch, config, device, amp_dtype)
         loss_sum += batch_loss
         tokens += batch.n_tgt_tokens
-        for index, hyp in zip(batch.indices.tolist(), results, strict=True):
-            hyps[index] = hyp.tokens
+        hyps.update(zip(batch.indices.tolist(), [hyp.tokens for hyp in results], strict=True))
     hypotheses = vocabs[1].decode([hyps[i] for i in rows.tolist()])
     references = read_lines(data.reference_path("dev"))[: len(rows)]   # only "\n" ends a line
     if len(references) != len(hypotheses):          # sacreBLEU would score the common prefix without a word
