@@ -93,7 +93,10 @@ class GraphedUpdates:
                 return static.loss
             while len(self.graphs) >= MAX_GRAPHS:          # least recently used first: memory stays bounded
                 self.graphs.popitem(last=False)
-            static = self._static(key)
+            rows, src_len, tgt_len = key
+            new = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
+            static = _Static(new(rows, src_len), new(rows), new(rows, tgt_len), new(rows, tgt_len),
+                             torch.ones((), device=self.device), torch.zeros((), device=self.device))
             static.load(batch)
             side = torch.cuda.Stream()                     # warm-up on a side stream, as torch.cuda.graphs asks
             side.wait_stream(torch.cuda.current_stream())
@@ -107,12 +110,6 @@ class GraphedUpdates:
             self.optimizer.zero_grad(set_to_none=True)     # the gradients live in the graph's pool
             self.graphs[key] = (graph, static)
             return loss
-
-    def _static(self, key: tuple[int, int, int]) -> _Static:
-        rows, src_len, tgt_len = key
-        new = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
-        return _Static(new(rows, src_len), new(rows), new(rows, tgt_len), new(rows, tgt_len),
-                       torch.ones((), device=self.device), torch.zeros((), device=self.device))
 
     def _run(self, s: _Static) -> None:
         """Forward, loss, backward, clipping and the optimiser step; static shapes, no host sync."""

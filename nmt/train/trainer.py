@@ -11,6 +11,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ class Trainer:
         self.run, self.ranks, self.run_dir, self.is_main = p.run, p.ranks, p.run.path, p.ranks.is_main
         self.progress, self.tensorboard = p.progress, p.tensorboard
         self.signals = StopSignals()
-        self.budget = Budget(self.config.training, self.progress, lambda: self._save("last.pt"), self._dev_seconds)
+        dev_seconds = partial(validation.estimate_dev_seconds, p.model, p.dev_ids if self.is_main else None, p.config,
+                              p.device, p.amp_dtype)
+        self.budget = Budget(self.config.training, self.progress, lambda: self._save("last.pt"), dev_seconds)
         self.last_metrics: dict[str, Any] = {}
 
     @property
@@ -121,23 +124,18 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Train until a stop rule ends it, then let go of the folders; returns the last validation's metrics."""
-        try:
-            return self._train()
-        finally:
-            self.close()
-
-    def _train(self) -> dict[str, Any]:
         t, p = self.config.training, self.progress
-        finished = self.finished_reason()
-        if finished and not p.validation_due:            # a run that owes a validation runs it first
-            if self.is_main:
-                tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
-                           "Raise that limit with --set to train on.", file=sys.stderr)
-            return {}
-        bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step, disable=not self.is_main,
-                           dynamic_ncols=True)
-        window, self.budget.last_saved, self.stopped_by = Window(), time.monotonic(), "max_epochs"
+        self.stopped_by: str | None = None
         try:
+            finished = self.finished_reason()
+            if finished and not p.validation_due:            # a run that owes a validation runs it first
+                if self.is_main:
+                    tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
+                               "Raise that limit with --set to train on.", file=sys.stderr)
+                return {}
+            bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step,
+                               disable=not self.is_main, dynamic_ncols=True)
+            window, self.budget.last_saved, self.stopped_by = Window(), time.monotonic(), "max_epochs"
             with self.signals, bar:
                 stop = self._validate_and_save(None) if p.validation_due else None     # as the stopped run owed
                 for rows in self._stream() if not stop else ():
@@ -158,9 +156,10 @@ class Trainer:
                         break
                 self.stopped_by = stop or self._last_epoch_done() or "max_epochs"
         finally:
-            if self.is_main:
+            if self.is_main and self.stopped_by:
                 tqdm.write(f"training stopped at update {p.step} ({self.stopped_by}); checkpoints in {self.run_dir}",
                            file=sys.stderr)
+            self.close()
         return self.last_metrics
 
     def _stream(self) -> Iterator[list[np.ndarray]]:
@@ -191,9 +190,8 @@ class Trainer:
         mean_loss, (speed, src_pad, tgt_pad) = p.window_loss / p.window_tokens, window.stats()
         bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}",
                         pad=f"{src_pad:.0%}/{tgt_pad:.0%}")
-        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
-                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
-                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch, "loss": mean_loss,
+                 "ppl": math.exp(min(mean_loss, 50)), "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
                  "src_padding": src_pad, "tgt_padding": tgt_pad, "wall_time": self.budget.run_seconds()}
         self.run.log(event)
         if self.tensorboard is not None:
@@ -288,13 +286,6 @@ class Trainer:
         for example in metrics.get("examples", []):
             tqdm.write(validation.example_lines(*example), file=sys.stderr)
         return metrics
-
-    def _dev_seconds(self) -> float:
-        """What decoding the dev set will take, from a few of its sentences (for max_minutes)."""
-        if self.dev_ids is None or not self.is_main:
-            return 0.0
-        with torch.random.fork_rng(devices=[]):
-            return validation.estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
 
     def _save(self, name: str) -> None:
         start = time.monotonic()

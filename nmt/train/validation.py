@@ -92,18 +92,21 @@ def _dev_batch(decoding: Decoding, batch: Batch, config: Config, device: torch.d
 
 
 @torch.no_grad()
-def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds, config: Config, device: torch.device,
+def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds | None, config: Config, device: torch.device,
                          amp_dtype: torch.dtype | None) -> float:
-    """Seconds `evaluate_dev` would take now: its longest `PROBE_SENTENCES` sentences timed, scaled by their
-    share of the dev tokens. It errs high: an early model's outputs run long, a few rows cost more each."""
+    """Seconds `evaluate_dev` would take now (0 without `dev`): its longest `PROBE_SENTENCES` sentences timed,
+    scaled by their share of the dev tokens. It errs high: an early model's outputs run long, a few rows cost
+    more each. The training RNG is left as it was."""
+    if dev is None:
+        return 0.0
     model.eval()
     rows, batches = _dev_batches(dev, config)
     lengths = dev.src_lengths[rows] + dev.tgt_lengths[rows]
     probe = batches[0][:PROBE_SENTENCES]
     start = time.perf_counter()
-    _dev_batch(Decoding(model), dev.collate(rows[probe]).to(device), config, device, amp_dtype)
-    seconds = time.perf_counter() - start
-    return seconds * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
+    with torch.random.fork_rng(devices=[]):
+        _dev_batch(Decoding(model), dev.collate(rows[probe]).to(device), config, device, amp_dtype)
+    return (time.perf_counter() - start) * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
 
 
 @torch.no_grad()
