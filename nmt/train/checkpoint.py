@@ -101,9 +101,8 @@ def restore_training_state(path: Path, state: dict[str, Any], config: Config, op
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], config: Config) -> None:
-    """Adam's moments and step counts from `saved`; betas and weight decay stay the config's, a capturable
-    optimiser keeps its lr tensor, and this optimiser's OPTIMIZER_KIND flags win (a state saved without CUDA
-    graphs would otherwise make a graphed run's optimiser non-capturable)."""
+    """Adam's moments and step counts from `saved`; the config's betas and weight decay, a capturable optimiser's
+    lr tensor and this optimiser's OPTIMIZER_KIND flags stay (or a graphed run's would turn non-capturable)."""
     check_optimizer_state(optimizer, saved)
     lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
     groups = [{**group, **{key: mine[key] for key in OPTIMIZER_KIND if key in mine}}

@@ -1,8 +1,7 @@
 """The training loop, on one screen: update, log, validate and save, stop (the stop rules: nmt.train.stopping).
 
 Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, RNG states and the data cursor
-(from which the sampler regenerates the epoch's batches), so on the CPU a resumed run ends with bitwise the
-same parameters as an uninterrupted one.
+(the sampler regenerates the epoch's batches), so on the CPU a resumed run ends bitwise equal to a straight one.
 """
 
 from __future__ import annotations

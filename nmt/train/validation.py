@@ -1,8 +1,8 @@
 """Validation during training: dev loss and perplexity, greedy decoding, BLEU and chrF.
 
-Early stopping, the plateau schedule and best.pt go by these scores, so they are computed as `nmt evaluate`
-scores a test set (detokenised hypotheses against the raw references, sacreBLEU's defaults); greedy decoding
-is a cheap, monotone proxy for beam search. Both run on an inference step built from the current parameters.
+Early stopping, the plateau schedule and best.pt go by these scores, computed as `nmt evaluate` scores a test
+set; greedy decoding (a cheap, monotone proxy for beam search) and the loss run on an inference step built
+from the current parameters.
 """
 
 from __future__ import annotations
