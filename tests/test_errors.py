@@ -356,6 +356,7 @@ def test_messages_name_the_thing_to_fix(world):
         "device without it": "device cuda:99 was asked for",
         "train on other settings' data": "was preprocessed with `data.vocab_size`",
         "resume without training state": f"{r}/norng/last.pt lacks the training state `rng`",
+        "resume a user folder": f"cannot resume: {r}/userrun is not an nmt run folder",
         "resume a step that is no number": f"{r}/badstep/last.pt: its training state cannot be restored",
         "train on a manifest without corpora": f"{r}/nocorpora/manifest.json is not a complete nmt manifest",
         "serve max-beam huge": "--max-beam",

@@ -1,7 +1,7 @@
-"""Training checkpoints: a model file's contents (nmt.modelfile.file) plus the training state; averaging.
+"""Training checkpoints: a model file's contents (nmt.model_file.file) plus the training state; averaging.
 
-Written to a temporary file, fsynced and renamed over the target: a crash never leaves a half-written
-checkpoint under a real name. It embeds its tokenizer, so it translates outside its run folder too.
+Written atomically, so a crash never leaves a half-written checkpoint under a real name; it embeds its
+tokenizer, so it translates outside its run folder too.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import fnmatch
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +21,13 @@ from nmt.config import Config, stored_config
 from nmt.data.shortlist import SHORTLIST_FILE, load_shortlist
 from nmt.data.tokenizer import Vocab
 from nmt.fs.folders import atomic_write, plain_name
-from nmt.modelfile.file import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_KEYS,
-    MODEL_KIND,
-    ModelFileError,
-    check_checksums,
-    check_keys,
-    embed_shortlist,
-    embed_tokenizer,
-    load_model,
-    read_file,
-    run_folder_card,
-)
+from nmt.modelfile import file as model_file
+from nmt.modelfile.file import ModelFileError
 
 BEST_K_FILES = "best-step*.pt"
 TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
+OPTIMIZER_KIND = ("capturable", "fused", "foreach", "differentiable")   # how this run's optimiser steps
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 
 class CheckpointError(ModelFileError):
@@ -45,7 +36,7 @@ class CheckpointError(ModelFileError):
 
 @dataclass
 class Cursor:
-    """Where the data stream stands: the next batch to train on."""
+    """The next batch to train on."""
 
     epoch: int = 0
     batch: int = 0
@@ -54,7 +45,7 @@ class Cursor:
 
 @dataclass
 class Progress:
-    """How far a run has come: what a resumed run continues from besides the model and optimiser."""
+    """What a resumed run continues from besides the model and optimiser."""
 
     step: int = 0
     cursor: Cursor = field(default_factory=Cursor)
@@ -70,87 +61,57 @@ class Progress:
 
 def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    schedule: Any, scaler: Any, progress: Progress, elapsed: float) -> dict[str, Any]:
-    """The model and all that --resume needs to continue exactly (every RNG state, the data cursor);
-    `elapsed`: the run's training seconds so far."""
-    p = progress
+    """The model and all that --resume needs to continue exactly; `elapsed`: the run's training seconds so far."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    return {
-        "config": config.to_dict(),
-        "vocab": vocab,
-        "model": model.state_dict(),
-        "optimizer": _portable(optimizer.state_dict()),
-        "schedule": schedule.state_dict(),
-        "scaler": scaler.state_dict(),
-        "rng": rng,
-        "step": p.step,
-        "cursor": vars(p.cursor).copy(),
-        "progress": {"best_score": p.best_score, "bad_validations": p.bad_validations,
-                     "best_k": [list(x) for x in p.best_k], "elapsed": elapsed,
-                     "validation_due": p.validation_due, "validated_step": p.validated_step,
-                     "window_loss": p.window_loss,
-                     "window_tokens": p.window_tokens},
-    }
+    return {"config": config.to_dict(), "vocab": vocab, "model": model.state_dict(),
+            "optimizer": _portable(optimizer.state_dict()), "schedule": schedule.state_dict(),
+            "scaler": scaler.state_dict(), "rng": rng, "step": progress.step, "cursor": vars(progress.cursor).copy(),
+            "progress": {**{k: v for k, v in asdict(progress).items() if k not in ("step", "cursor")},
+                         "best_k": [list(x) for x in progress.best_k], "elapsed": elapsed}}
 
 
 def restore_training_state(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
                            schedule: Any, scaler: Any) -> Progress:
-    """Load the optimiser (betas and weight decay from `config`), schedule, scaler and RNGs as `training_state`
-    saved them; returns the progress. A missing or malformed part is a `CheckpointError` naming `path`."""
+    """Load what `training_state` saved; returns the progress. A bad part is a `CheckpointError` naming `path`."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"{path} lacks the training state `{missing[0]}` that --resume "
                               "needs (an averaged checkpoint?); start a new run instead")
     try:
-        return _restore(path, state, config, optimizer, schedule, scaler)
+        if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
+            raise ValueError(f"step {state['step']!r} is not a count of updates")
+        load_optimizer_state(optimizer, state["optimizer"], config)
+        schedule.load_state_dict(state["schedule"])
+        scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        version, internal, gauss = rng["python"]        # torch.load gives lists where tuples were saved
+        random.setstate((version, tuple(internal), gauss))
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        prog = state["progress"]
+        restored = {f.name: prog[f.name] for f in fields(Progress) if f.name not in ("step", "cursor", "best_k")}
+        return Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_k=best_k_files(path, prog),
+                        **restored)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: its training state cannot be restored "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def _restore(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
-             schedule: Any, scaler: Any) -> Progress:
-    if not isinstance(state["step"], int) or isinstance(state["step"], bool) or state["step"] < 0:
-        raise ValueError(f"step {state['step']!r} is not a count of updates")
-    load_optimizer_state(optimizer, state["optimizer"], config)
-    schedule.load_state_dict(state["schedule"])
-    scaler.load_state_dict(state["scaler"])
-    rng = state["rng"]
-    torch.set_rng_state(rng["torch"])
-    random.setstate(_as_tuple(rng["python"]))
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    prog = state["progress"]
-    return Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_score=prog["best_score"],
-                    bad_validations=prog["bad_validations"], best_k=best_k_files(path, prog),
-                    elapsed=prog["elapsed"],
-                    validation_due=bool(prog.get("validation_due", False)),   # older checkpoints:
-                    validated_step=int(prog.get("validated_step", -1)),       # none due, none known,
-                    window_loss=float(prog.get("window_loss", 0.0)),          # window empty
-                    window_tokens=int(prog.get("window_tokens", 0)))
-
-
-OPTIMIZER_KIND = ("capturable", "fused", "foreach", "differentiable")   # how this run's optimiser steps
-
-
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], config: Config) -> None:
-    """Adam's moments and step counts from `saved`; betas and weight decay stay the config's, and a capturable
-    optimiser keeps its lr tensor. The saved OPTIMIZER_KIND flags give way to this optimiser's: a state saved
-    without CUDA graphs would otherwise make a graphed run's optimiser non-capturable."""
+    """Adam's moments and step counts from `saved`; the config's betas and weight decay, a capturable optimiser's
+    lr tensor and this optimiser's OPTIMIZER_KIND flags stay (or a graphed run's would turn non-capturable)."""
     check_optimizer_state(optimizer, saved)
     lr_tensors = [g["lr"] for g in optimizer.param_groups if isinstance(g["lr"], torch.Tensor)]
     groups = [{**group, **{key: mine[key] for key in OPTIMIZER_KIND if key in mine}}
               for group, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False)]
     optimizer.load_state_dict({**saved, "param_groups": groups})
-    t = config.training
-    for group in optimizer.param_groups:           # the state brings back the saved ones; the config wins
-        group["betas"], group["weight_decay"] = tuple(t.adam_betas), t.weight_decay
+    for group in optimizer.param_groups:
+        group["betas"], group["weight_decay"] = tuple(config.training.adam_betas), config.training.weight_decay
     for group, lr in zip(optimizer.param_groups, lr_tensors, strict=False):
         group["lr"] = lr.fill_(float(group["lr"]))
-
-
-ADAM_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
@@ -190,36 +151,33 @@ def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
     return {**optimizer_state, "param_groups": groups}
 
 
-def _as_tuple(value: Any) -> Any:
-    """RNG states come back from torch.load with lists where tuples were saved."""
-    if isinstance(value, list):
-        return tuple(_as_tuple(v) for v in value)
-    return value
-
-
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write `state` with the format and nmt version, and (unless given) its run folder's tokenizer and card."""
     path = Path(path)
-    payload = {"format": CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
+    payload = {"format": model_file.CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" not in payload:
-        payload["tokenizer"] = embedded_tokenizer(path.parent, state["vocab"])
+        try:
+            vocabs = (Vocab.from_entry(path.parent, state["vocab"][side]) for side in ("src", "tgt"))
+            payload["tokenizer"] = model_file.embed_tokenizer(*vocabs)
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{exc}; a checkpoint embeds the tokenizer of its run folder") from None
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     if "card" not in payload:
-        payload["card"] = run_folder_card(path.parent, state["step"], state["config"]["training"]["val_max_sentences"])
+        payload["card"] = model_file.run_folder_card(path.parent, state["step"],
+                                                     state["config"]["training"]["val_max_sentences"])
     if "shortlist" not in payload and (path.parent / SHORTLIST_FILE).is_file():
-        payload["shortlist"] = embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
+        payload["shortlist"] = model_file.embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
     try:
         atomic_write(path, lambda handle: torch.save(payload, handle))
-    except RuntimeError as exc:         # torch's zip writer reports a failed write (e.g. a full disk) this way
-        reason = " ".join(str(exc).split())[:200]
+    except (RuntimeError, OSError) as exc:  # torch's zip writer reports a failed write (a full disk) as RuntimeError
+        reason = (isinstance(exc, OSError) and exc.strerror) or " ".join(str(exc).split())[:200]
         raise CheckpointError(f"cannot write checkpoint {path} ({reason}); the previous one is unchanged") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint {path} ({exc.strerror or exc}); "
-                              "the previous one is unchanged") from None
 
 
 def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
-    """The kept best checkpoints as (score, file name); --resume deletes those that drop out, so each must be
-    a best-step*.pt file inside the run folder, or the checkpoint is refused."""
+    """The kept best checkpoints as (score, file name): each must be a best-step*.pt file of the run folder, as
+    those that drop out are deleted."""
     entries = progress.get("best_k", []) if isinstance(progress, dict) else []   # no progress: refused elsewhere
     if not isinstance(entries, list) or not all(isinstance(e, list | tuple) and len(e) == 2 for e in entries):
         raise CheckpointError(f"{path}: progress.best_k is not a list of (score, file) pairs; the checkpoint is "
@@ -231,24 +189,15 @@ def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
     return [(float(score), name) for score, name in entries]
 
 
-def embedded_tokenizer(run_dir: Path, vocab_entries: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return embed_tokenizer(*(Vocab.from_entry(run_dir, vocab_entries[side]) for side in ("src", "tgt")))
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{exc}; a checkpoint embeds the tokenizer of its run folder") from None
-    except ValueError as exc:
-        raise CheckpointError(str(exc)) from None
-
-
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint, checksums too; any problem is a `CheckpointError` naming the file."""
     path = Path(path)
     try:
-        state = read_file(path, "checkpoint", mmap=mmap)
-        if state.get("kind") == MODEL_KIND:
+        state = model_file.read_file(path, "checkpoint", mmap=mmap)
+        if state.get("kind") == model_file.MODEL_KIND:
             raise ModelFileError(f"{path} is a model file (nmt export), not a training checkpoint")
-        check_keys(path, state, "checkpoint", CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
-        check_checksums(path, "checkpoint")
+        model_file.check_keys(path, state, "checkpoint", model_file.CHECKPOINT_KEYS, model_file.CHECKPOINT_FORMAT)
+        model_file.check_checksums(path, "checkpoint")
     except ModelFileError as exc:
         raise CheckpointError(str(exc)) from None
     return state
@@ -259,9 +208,9 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]
-    for path in paths:                  # each one's weights fit its config and are finite (nmt.modelfile.check)
+    for path in paths:       # each one's weights fit its config, are finite and it embeds its tokenizer
         try:
-            load_model(path)
+            model_file.load_model(path)
         except ModelFileError as exc:
             raise CheckpointError(str(exc)) from None
     first = states[0]
@@ -270,25 +219,13 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
         if (state["model"].keys() != keys or any(state["model"][k].shape != first["model"][k].shape for k in keys)
                 or stored_config(state["config"]).model != model_section):
             raise CheckpointError(f"checkpoint {path} holds a different model than {paths[0]}; cannot average")
-        same_vocab = (state["tokenizer"] == first["tokenizer"] if "tokenizer" in state and "tokenizer" in first
-                      else state["vocab"] == first["vocab"])
-        if not same_vocab:
+        if state["tokenizer"] != first["tokenizer"]:
             raise CheckpointError(f"checkpoint {path} has another vocabulary than {paths[0]}; "
                                   "only checkpoints of one model (one run, or runs on one data folder) average")
-    averaged = {}
-    for key in keys:
-        tensors = [s["model"][key] for s in states]
-        if tensors[0].is_floating_point():
-            averaged[key] = torch.stack([t.float() for t in tensors]).mean(0).to(tensors[0].dtype)
-        else:
-            averaged[key] = tensors[-1]
+    averaged = {k: torch.stack([s["model"][k].float() for s in states]).mean(0).to(first["model"][k].dtype)
+                if first["model"][k].is_floating_point() else states[-1]["model"][k] for k in keys}
     last = states[-1]
-    result = {k: v for k, v in last.items() if k in CHECKPOINT_KEYS or k in ("metrics",)}
-    result["model"] = averaged
-    result["averaged_from"] = [str(p) for p in paths]
-    result["tokenizer"] = last.get("tokenizer") or embedded_tokenizer(Path(paths[-1]).parent, last["vocab"])
     card = {k: v for k, v in (last.get("card") or {}).items() if k != "dev"}   # dev scores were of one checkpoint
-    result["card"] = {**card, "averaged_from": [Path(p).name for p in paths]}
-    if last.get("shortlist") is not None:
-        result["shortlist"] = last["shortlist"]
-    return result
+    kept = (*model_file.CHECKPOINT_KEYS, "tokenizer", "shortlist")
+    return {**{k: v for k, v in last.items() if k in kept and v is not None}, "model": averaged,
+            "averaged_from": [str(p) for p in paths], "card": {**card, "averaged_from": [Path(p).name for p in paths]}}

@@ -1,8 +1,7 @@
-"""Several training processes (torchrun: RANK, WORLD_SIZE, LOCAL_RANK): DDP set-up and teardown.
+"""Several training processes (torchrun: RANK, WORLD_SIZE, LOCAL_RANK) under DistributedDataParallel.
 
-Every rank builds the same model, trains on its shard of each epoch's batches and averages gradients
-(DistributedDataParallel); only rank 0 validates and writes the run folder, and broadcasts the decisions
-that depend on it (stop now, the plateau schedule's lr), so that all ranks take the same step.
+Each rank trains on its shard of each epoch's batches; only rank 0 validates and writes the run folder, and
+broadcasts the decisions that depend on it (stop now, the plateau schedule's lr), so all ranks step alike.
 """
 
 from __future__ import annotations
@@ -21,15 +20,14 @@ class Ranks:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self._started = False           # this process initialised the process group (and so tears it down)
+        self._started = False           # this process joined the process group (and so leaves it)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, torch.device]:
-        """Join the process group (NCCL, or gloo on CPUs) and wrap `model` in DDP; returns it and this rank's
-        device (on CUDA, LOCAL_RANK's)."""
+        """Join the process group (NCCL, or gloo on CPUs); returns `model` in DDP and this rank's device."""
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             self._started = True
@@ -50,9 +48,6 @@ class Ranks:
         return box[0]
 
     def close(self) -> None:
-        """Leave the process group this process joined (not one it found)."""
-        if not self._started:
-            return
-        if dist.is_initialized():
+        if self._started and dist.is_initialized():
             dist.destroy_process_group()
         self._started = False

@@ -1,12 +1,8 @@
-"""A training update on a GPU as one captured CUDA graph per padded batch shape.
-
-An update of the reference model launches about 1,750 kernels that compute for 6 ms of its 59 ms on an
-H200 (bench/profile_gpu_step.py); replayed as one graph, it is one launch. A graph needs static shapes and
-no host synchronisation, so batches are padded to buckets (padded rows: one source token, no target), the
-encoder runs unpacked (GRU only), the loss masks PAD instead of gathering, the capturable optimiser reads
-its lr and the loss its token count from GPU tensors. The first batch of a shape runs eagerly (a real
-update that also warms up), then is captured. Dropout's graph-safe offsets make a replay draw what the
-eager run would. `applies` says when: one CUDA device, fp32 or bf16, GRU, teacher forcing, no accumulation.
+"""A training update on a GPU as one captured CUDA graph per padded batch shape: about 1,750 kernel launches
+(6 ms of compute in 59 ms on an H200, bench/profile_gpu_step.py) become one. Static shapes, no host sync:
+batches padded to buckets, the encoder unpacked (GRU only), PAD masked in the loss, lr and token count on the
+GPU. The first batch of a shape runs eagerly (a real update and the warm-up), then is captured; dropout's
+graph-safe offsets make a replay draw what the eager run would.
 """
 
 from __future__ import annotations
@@ -53,22 +49,17 @@ class _Static:
     loss: Tensor         # () the summed loss of the last update
 
     def load(self, batch: Batch) -> None:
-        """Copy `batch` in, padding to the static shape (PAD; a padded row's source is EOS alone)."""
-        rows, src_len = batch.src.shape
-        tgt_len = batch.tgt_in.size(1)
-        src = torch.full(self.src.shape, PAD, dtype=torch.long)
-        src[:rows, :src_len] = batch.src
-        src[rows:, 0] = EOS
+        """Copy `batch` in, padded with PAD; a padded row's source is EOS alone, its target input BOS."""
+        rows = batch.src.size(0)
         lengths = torch.ones(self.src_lengths.shape, dtype=torch.long)
         lengths[:rows] = batch.src_lengths
-        tgt_in = torch.full(self.tgt_in.shape, PAD, dtype=torch.long)
-        tgt_in[:rows, :tgt_len] = batch.tgt_in
-        tgt_in[rows:, 0] = BOS
-        tgt_out = torch.full(self.tgt_out.shape, PAD, dtype=torch.long)
-        tgt_out[:rows, :tgt_len] = batch.tgt_out
-        for target, value in ((self.src, src), (self.src_lengths, lengths), (self.tgt_in, tgt_in),
-                              (self.tgt_out, tgt_out)):
-            target.copy_(value.pin_memory(), non_blocking=True)
+        for target, value, first in ((self.src, batch.src, EOS), (self.tgt_in, batch.tgt_in, BOS),
+                                     (self.tgt_out, batch.tgt_out, PAD)):
+            padded = torch.full(target.shape, PAD, dtype=torch.long)
+            padded[:rows, : value.size(1)] = value
+            padded[rows:, 0] = first
+            target.copy_(padded.pin_memory(), non_blocking=True)
+        self.src_lengths.copy_(lengths.pin_memory(), non_blocking=True)
         self.tokens.fill_(batch.n_tgt_tokens)
 
 
@@ -93,38 +84,32 @@ class GraphedUpdates:
     def update(self, batch: Batch) -> Tensor:
         """One optimiser update on `batch`; returns its summed loss, on the GPU."""
         with torch.cuda.device(self.device):                 # cuda:N's streams, whatever device is current
-            return self._update(batch)
-
-    def _update(self, batch: Batch) -> Tensor:
-        key = self.shape(batch)
-        if key in self.graphs:
-            self.graphs.move_to_end(key)
-            graph, static = self.graphs[key]
+            key = self.shape(batch)
+            if key in self.graphs:
+                self.graphs.move_to_end(key)
+                graph, static = self.graphs[key]
+                static.load(batch)
+                graph.replay()
+                return static.loss
+            while len(self.graphs) >= MAX_GRAPHS:          # least recently used first: memory stays bounded
+                self.graphs.popitem(last=False)
+            rows, src_len, tgt_len = key
+            new = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
+            static = _Static(new(rows, src_len), new(rows), new(rows, tgt_len), new(rows, tgt_len),
+                             torch.ones((), device=self.device), torch.zeros((), device=self.device))
             static.load(batch)
-            graph.replay()
-            return static.loss
-        while len(self.graphs) >= MAX_GRAPHS:          # least recently used first: memory stays bounded
-            self.graphs.popitem(last=False)
-        static = self._static(key)
-        static.load(batch)
-        side = torch.cuda.Stream()                     # warm-up on a side stream, as torch.cuda.graphs asks
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._run(static)                          # a real update
-        torch.cuda.current_stream().wait_stream(side)
-        loss = static.loss.clone()
-        graph = torch.cuda.CUDAGraph()
-        with capturing(graph, self.pool, self.capture_stream):
-            self._run(static)                          # recorded, not run
-        self.optimizer.zero_grad(set_to_none=True)     # the gradients live in the graph's pool
-        self.graphs[key] = (graph, static)
-        return loss
-
-    def _static(self, key: tuple[int, int, int]) -> _Static:
-        rows, src_len, tgt_len = key
-        new = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
-        return _Static(new(rows, src_len), new(rows), new(rows, tgt_len), new(rows, tgt_len),
-                       torch.ones((), device=self.device), torch.zeros((), device=self.device))
+            side = torch.cuda.Stream()                     # warm-up on a side stream, as torch.cuda.graphs asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._run(static)                          # a real update
+            torch.cuda.current_stream().wait_stream(side)
+            loss = static.loss.clone()
+            graph = torch.cuda.CUDAGraph()
+            with capturing(graph, self.pool, self.capture_stream):
+                self._run(static)                          # recorded, not run
+            self.optimizer.zero_grad(set_to_none=True)     # the gradients live in the graph's pool
+            self.graphs[key] = (graph, static)
+            return loss
 
     def _run(self, s: _Static) -> None:
         """Forward, loss, backward, clipping and the optimiser step; static shapes, no host sync."""

@@ -2,10 +2,9 @@
 
     loss = Σ_i [(1 - ε) (-log p(y_i)) + ε mean_v(-log p(v))],   p = softmax(W_s h̃_i + b)
 
-equal to `F.cross_entropy(F.linear(h̃, W_s, b), y, label_smoothing=ε, reduction="sum")`, which streams
-tokens x vocabulary tensors (32 MB at 2000 x 4000) through memory again and again. Here the forward pass
-walks row chunks that stay in cache and computes the gradients (softmax - target) with the loss; backward
-only scales them.
+equal to `F.cross_entropy(F.linear(h̃, W_s, b), y, label_smoothing=ε, reduction="sum")`, without its tokens x
+vocabulary tensors (32 MB at 2000 x 4000) streamed through memory again and again: the forward pass walks row
+chunks that stay in cache and computes the gradients (softmax - target) with the loss; backward only scales them.
 """
 
 from __future__ import annotations
@@ -73,15 +72,12 @@ def output_cross_entropy(features: Tensor, weight: Tensor, bias: Tensor | None, 
     dtype, softmax in float32. features: (batch, tgt_len, hidden); targets: (batch, tgt_len). `all_rows`
     masks PAD instead of gathering the real rows: static shapes, no host sync (a captured CUDA graph).
     """
-    flat_targets = targets.reshape(-1)
-    flat_features = features.reshape(-1, features.size(-1))
-    if all_rows:
-        picked, picked_targets = flat_features, flat_targets                    # (positions, hidden)
-    else:
-        rows = (flat_targets != PAD).nonzero().squeeze(1)
-        picked, picked_targets = flat_features.index_select(0, rows), flat_targets.index_select(0, rows)
+    picked, picked_targets = features.reshape(-1, features.size(-1)), targets.reshape(-1)   # (positions, hidden)
+    if not all_rows:
+        rows = (picked_targets != PAD).nonzero().squeeze(1)
+        picked, picked_targets = picked.index_select(0, rows), picked_targets.index_select(0, rows)
     device = features.device.type
-    compute_dtype = active_autocast_dtype(device) or picked.dtype
+    compute_dtype = active_autocast_dtype(device) or picked.dtype      # read before autocast is turned off
     with torch.autocast(device, enabled=False):
         return _FusedOutputCrossEntropy.apply(picked, weight, bias, picked_targets, label_smoothing, chunk_rows,
                                               compute_dtype, all_rows)

@@ -1,7 +1,6 @@
-"""The pieces of a training run, built from its config: data, model, optimiser, schedule, run folder.
-
-Built in an order that fails early and leaves nothing behind: the data folder (shared lock) and a model this
-machine can hold first, the run folder once they have loaded, then a resumed run's checkpoint.
+"""The pieces of a training run, built from its config in an order that fails early and leaves nothing behind:
+the data folder (shared lock: `nmt preprocess` cannot rewrite it meanwhile) and a model this machine can hold
+first, the run folder once they have loaded, then a resumed run's checkpoint.
 """
 
 from __future__ import annotations
@@ -22,15 +21,7 @@ from nmt.fs.locks import lock_folder, release_folder
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.check import expected_weights
 from nmt.modelfile.parent import Parent, check_data_vocabularies, load_parent
-from nmt.train.checkpoint import (
-    CheckpointError,
-    Cursor,
-    Progress,
-    best_k_files,
-    load_checkpoint,
-    load_optimizer_state,
-    restore_training_state,
-)
+from nmt.train import checkpoint
 from nmt.train.distributed import Ranks
 from nmt.train.graphed import GraphedUpdates, capturable_optimizer
 from nmt.train.graphed import applies as graphs_apply
@@ -62,9 +53,9 @@ class TrainingParts:
     train_ids: ParallelIds
     sampler: BucketBatchSampler
     dev_ids: ParallelIds | None
-    progress: Progress                   # fresh, or as the resumed checkpoint left it
+    progress: checkpoint.Progress                   # fresh, or as the resumed checkpoint left it
     parent: Parent | None = None         # the model a new fine-tuning run started from (`training.init_from`)
-    tensorboard: TensorBoardLog | None = None   # `training.tensorboard`, on rank 0
+    tensorboard: TensorBoardLog | None = None   # on rank 0
 
     def close(self) -> None:
         """Let go of the folders' locks and the process group (idempotent)."""
@@ -86,7 +77,6 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
         raise ConfigError("`training.run_dir` is required: the folder for checkpoints and logs")
     if config.data.out_dir is None:
         raise ConfigError("`data.out_dir` is required: the preprocessed data folder (run `nmt preprocess`)")
-    # A shared lock on the data folder for the whole run: `nmt preprocess` cannot rewrite it meanwhile.
     data_dir = Path(config.data.out_dir)
     data_locked = (data_dir / "manifest.json").is_file() and lock_folder(data_dir, "train", shared=True)
     ranks = Ranks()
@@ -101,7 +91,6 @@ def build_parts(config: Config, resume: bool = False, overwrite: bool = False,
         if t.tensorboard:
             check_tensorboard()                         # the package is there, before the run folder is touched
         bleu_metric(t.bleu_tokenize, t.bleu_lowercase, "training.bleu_tokenize")   # e.g. MeCab there, before update 1
-        # The run folder is touched only now, once the config has built a model and the data have loaded.
         parts.run.prepare(config, parts.data, resume, overwrite, config_path)
         if t.deterministic:                             # process-wide, so only once the run is certain
             use_deterministic_algorithms()
@@ -152,17 +141,12 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool, data_d
                                              autocast_dtype(t.precision, device, graphed=True),
                                              config.model.rnn_type, t.accumulate)
     amp_dtype = autocast_dtype(t.precision, device, graphed)
-    graphs: GraphedUpdates | None = None            # CUDA: updates replayed as captured graphs
-    if graphed:
-        optimizer = capturable_optimizer(optim_class, model.parameters(), t.lr, device,
-                                         betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
-        graphs = GraphedUpdates(model, optimizer, amp_dtype, t.clip_grad_norm, t.label_smoothing)
-    else:
-        optimizer = make_optimizer(optim_class, model.parameters(), lr=t.lr,
-                                   betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    settings = {"betas": tuple(t.adam_betas), "weight_decay": t.weight_decay}
+    optimizer = (capturable_optimizer(optim_class, model.parameters(), t.lr, device, **settings) if graphed
+                 else make_optimizer(optim_class, model.parameters(), lr=t.lr, **settings))
     if parent is not None and parent.optimizer is not None:
         try:
-            load_optimizer_state(optimizer, parent.optimizer, config)
+            checkpoint.load_optimizer_state(optimizer, parent.optimizer, config)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"`training.init_optimizer`: the optimiser state of {parent.loaded.path} does not "
                               f"fit this run's optimiser ({str(exc)[:200]})") from None
@@ -176,36 +160,32 @@ def _build(config: Config, ranks: Ranks, data_locked: bool, resume: bool, data_d
         config=config, ranks=ranks, run=RunFolder(run_dir, ranks.is_main), data=data,
         data_locked=data_locked, vocabs=(src_vocab, tgt_vocab), device=device, amp_dtype=amp_dtype,
         model=model, train_model=train_model, optimizer=optimizer, schedule=LrSchedule(optimizer, t),
-        scaler=torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16), graphed=graphs, train_ids=train_ids,
-        sampler=sampler, dev_ids=dev_ids, progress=Progress(cursor=Cursor(seed=t.seed)), parent=parent)
+        scaler=torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16), train_ids=train_ids,
+        graphed=GraphedUpdates(model, optimizer, amp_dtype, t.clip_grad_norm, t.label_smoothing) if graphed else None,
+        sampler=sampler, dev_ids=dev_ids, progress=checkpoint.Progress(cursor=checkpoint.Cursor(seed=t.seed)),
+        parent=parent)
 
 
 def _resume(parts: TrainingParts) -> None:
     """Restore last.pt into the pieces: model, optimiser, schedule, scaler, RNGs, progress."""
     config, run, t = parts.config, parts.run, parts.config.training
     path = run.path / "last.pt"
+    state = checkpoint.load_checkpoint(path)
+    saved = stored_config(state["config"])
+    if saved.model != config.model:
+        raise checkpoint.CheckpointError(f"{path} was trained with a different `model` section")
+    changed = resume_changes(saved, config)
     try:
-        state = load_checkpoint(path)
-        saved = stored_config(state["config"])
-        if saved.model != config.model:
-            raise CheckpointError(f"{path} was trained with a different `model` section")
-        changed = resume_changes(saved, config)
-        best_k_files(path, state.get("progress"))       # names checked before any is deleted
-        try:
-            parts.model.load_state_dict(state["model"])
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
-        parts.progress = restore_training_state(path, state, config, parts.optimizer, parts.schedule, parts.scaler)
-        mismatch = run.data_mismatch(parts.data)
-        if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
-            # a finished run reads no data (let it say it is done), unless it owes a validation
-            raise RunDirError(mismatch)
-        run.record_resume_changes(changed, config)
-    except BaseException:
-        run.abandon()                                   # not a run folder after all: leave it as it was
-        raise
-    run.adopt()                                         # a run folder from before markers (rank 0)
+        parts.model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise checkpoint.CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
+    parts.progress = checkpoint.restore_training_state(path, state, config, parts.optimizer, parts.schedule,
+                                                       parts.scaler)
+    mismatch = run.data_mismatch(parts.data)
+    # a finished run reads no data (let it say it is done), unless it owes a validation
+    if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
+        raise RunDirError(mismatch)
+    run.record_resume_changes(changed, config)
     if parts.ranks.rank > 0:                            # last.pt holds rank 0's RNG state
         torch.manual_seed(t.seed + parts.ranks.rank * 1_000_003 + parts.progress.step)
     run.trim_metrics(parts.progress.step)
-

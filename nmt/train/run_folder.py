@@ -17,25 +17,10 @@ from tqdm import tqdm
 from nmt.config import Config, dump_config
 from nmt.data.folder import DataFolder, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE
+from nmt.fs import folders
 from nmt.fs.bounded import loads_json, read_json
-from nmt.fs.folders import (
-    LOCK,
-    MARKER,
-    append_text,
-    atomic_write,
-    check_overlap,
-    copy_atomically,
-    read_marker,
-    refuse_inputs_inside,
-    refuse_links,
-    register_file,
-    remove_leftovers,
-    remove_nmt_files,
-    write_marker,
-)
 from nmt.fs.locks import lock_folder, open_work_folder, release_folder
 
-# Keys whose change would move the data stream that a checkpoint's cursor points into.
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
 FIXED_FOR_A_RUN = {
     "training.optimizer": "the checkpoint holds the other optimizer's state",
@@ -53,8 +38,6 @@ class RunFolder:
     def __init__(self, path: Path, is_main: bool) -> None:
         self.path = Path(path)
         self.is_main = is_main
-        self.adopting = False          # resuming a run folder from before markers ...
-        self.lock_created = False      # ... whose lock file this process made
         self.locked = False            # this object took the folder's lock (and so lets go of it)
 
     def prepare(self, config: Config, data: DataFolder, resume: bool, overwrite: bool,
@@ -64,21 +47,19 @@ class RunFolder:
         d = config.data
         inputs = [Path(prefix) for _, prefix, _ in train_corpora(d)] if d.train else []
         inputs += [Path(p) for p in (d.dev, d.test, d.src_spm_model, d.tgt_spm_model) if p]
-        check_overlap(self.path, "training.run_dir", inputs, config_path)
-        data_root = data.root.resolve()
-        run = self.path.resolve()
+        folders.check_overlap(self.path, "training.run_dir", inputs, config_path)
+        data_root, run = data.root.resolve(), self.path.resolve()
         if run == data_root or data_root in run.parents or run in data_root.parents:
             raise RunDirError(f"`training.run_dir` {self.path} overlaps the data folder {data.root}; "
                               "choose a folder outside it")
         if resume:
             self._open_for_resume()
             return
-        refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
-                             "a new run replaces (--overwrite clears it)")
-        ours = {MARKER, LOCK}
-        exists = self.path.is_dir() and any(p.name not in ours for p in self.path.iterdir())
+        folders.refuse_inputs_inside(self.path, "training.run_dir", [("training.init_from", config.training.init_from)],
+                                     "a new run replaces (--overwrite clears it)")
+        exists = self.path.is_dir() and any(p.name not in (folders.MARKER, folders.LOCK) for p in self.path.iterdir())
         if exists and not overwrite:
-            marker = read_marker(self.path)
+            marker = folders.read_marker(self.path)
             if marker is not None and marker.get("kind") == "run" and not (self.path / "last.pt").is_file():
                 raise RunDirError(f"run folder {self.path} holds no last.pt to resume (a run that stopped "
                                   "before its first checkpoint?); pass --overwrite to start over")
@@ -87,41 +68,28 @@ class RunFolder:
         _, marker = open_work_folder(self.path, "run", "training.run_dir", "train", "remove them yourself")
         self.locked = True
         if marker is not None:
-            remove_nmt_files(self.path, marker)
+            folders.remove_nmt_files(self.path, marker)
         self.write_config(config)
-        for side in ("src", "tgt"):
-            entry = data.manifest["vocab"][side]
-            for name in (entry["model"], entry.get("pieces")):
-                if name and not (self.path / name).exists():
-                    register_file(self.path / name)     # whatever the data folder calls its models
-                    copy_atomically(data.root / name, self.path / name)
-        if data.manifest.get("shortlist"):              # checkpoints embed it (nmt.train.checkpoint)
-            register_file(self.path / SHORTLIST_FILE)
-            copy_atomically(data.root / SHORTLIST_FILE, self.path / SHORTLIST_FILE)
-        copy_atomically(data.root / "manifest.json", self.path / "data_manifest.json")
+        entries = [data.manifest["vocab"][side] for side in ("src", "tgt")]
+        names = [name for entry in entries for name in (entry["model"], entry.get("pieces"))]
+        names += [SHORTLIST_FILE] if data.manifest.get("shortlist") else []     # checkpoints embed it
+        for name in names:
+            if name and not (self.path / name).exists():     # the two sides may share a model
+                folders.register_file(self.path / name)
+                folders.copy_atomically(data.root / name, self.path / name)
+        folders.copy_atomically(data.root / "manifest.json", self.path / "data_manifest.json")
 
     def _open_for_resume(self) -> None:
         if not (self.path / "last.pt").is_file():
             raise RunDirError(f"cannot resume: {self.path / 'last.pt'} does not exist")
-        marker = read_marker(self.path)
-        if marker is not None and marker.get("kind") != "run":
-            raise RunDirError(f"cannot resume: {self.path} is an nmt {marker.get('kind')} folder")
-        self.adopting, self.lock_created = marker is None, not (self.path / LOCK).exists()
+        marker = folders.read_marker(self.path)
+        if marker is None or marker.get("kind") != "run":
+            what = f"an nmt {marker.get('kind')} folder" if marker else f"not an nmt run folder (no {folders.MARKER})"
+            raise RunDirError(f"cannot resume: {self.path} is {what}")
         lock_folder(self.path, "train")
         self.locked = True
-        refuse_links(self.path, "training.run_dir")     # its files are rewritten, never through a link
-        remove_leftovers(self.path)
-
-    def adopt(self) -> None:
-        """Mark a run folder from before markers, resumed successfully."""
-        if self.is_main and self.adopting:
-            write_marker(self.path, "run")
-
-    def abandon(self) -> None:
-        """Resuming failed: let go, and leave a folder that was not nmt's after all as it was."""
-        self.release()
-        if self.is_main and self.adopting and self.lock_created:
-            (self.path / LOCK).unlink(missing_ok=True)
+        folders.refuse_links(self.path, "training.run_dir")     # its files are rewritten, never through a link
+        folders.remove_leftovers(self.path)
 
     def release(self) -> None:
         if self.locked:
@@ -129,7 +97,7 @@ class RunFolder:
             self.locked = False
 
     def write_config(self, config: Config) -> None:
-        atomic_write(self.path / "config.yaml", lambda h: h.writelines([dump_config(config)]), mode="w")
+        folders.atomic_write(self.path / "config.yaml", lambda h: h.writelines([dump_config(config)]), mode="w")
 
     def record_resume_changes(self, changed: dict[str, tuple[Any, Any]], config: Config) -> None:
         """Log the accepted changes and store the resulting config."""
@@ -143,10 +111,8 @@ class RunFolder:
     def data_mismatch(self, data: DataFolder) -> str | None:
         """Why the data folder is not the one this run was trained on, if it is not."""
         recorded = self.path / "data_manifest.json"
-        if not recorded.is_file():
-            return None
         try:
-            fingerprint = read_json(recorded).get("fingerprint")
+            fingerprint = read_json(recorded).get("fingerprint") if recorded.is_file() else None
         except (OSError, ValueError, AttributeError):
             return None
         if fingerprint and fingerprint != data.manifest.get("fingerprint"):
@@ -159,46 +125,34 @@ class RunFolder:
         path = self.path / "metrics.jsonl"
         if not self.is_main or not path.is_file():
             return
-        kept, dropped = [], 0
-        for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
-            if not line:
-                continue
+
+        def kept(line: str) -> bool:
             try:
                 event = loads_json(line)
             except ValueError:
-                event = None
-            if not isinstance(event, dict) or event.get("step", 0) > step:
-                dropped += 1
-                continue
-            kept.append(line + "\n")
-        if dropped:
-            atomic_write(path, lambda h: h.writelines(kept), mode="w")
+                return False
+            return isinstance(event, dict) and event.get("step", 0) <= step
+
+        lines = [line for line in path.read_text(encoding="utf-8", errors="replace").split("\n") if line]
+        keep = [line + "\n" for line in lines if kept(line)]
+        if len(keep) < len(lines):
+            folders.atomic_write(path, lambda h: h.writelines(keep), mode="w")
 
     def log(self, event: dict[str, Any]) -> None:
         if self.is_main:
-            append_text(self.path / "metrics.jsonl", json.dumps({"time": round(time.time(), 3), **event}) + "\n")
+            line = json.dumps({"time": round(time.time(), 3), **event})
+            folders.append_text(self.path / "metrics.jsonl", line + "\n")
 
 
 def resume_changes(saved: Config, config: Config) -> dict[str, tuple[Any, Any]]:
     """Refuse changes that move the data stream; return the others as {key: (before, after)}."""
-    old, new = _flatten(saved.to_dict()), _flatten(config.to_dict())
+    old, new = ({f"{section}.{key}": value for section, values in c.to_dict().items() for key, value in values.items()}
+                for c in (saved, config))
     changed = {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
                if old.get(k) != new.get(k) and k not in ("training.run_dir", "data.out_dir")}
     for key, (before, after) in changed.items():
-        if key.startswith("data.") or key in DATA_STREAM_KEYS:
-            raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): it changes the data "
-                              f"stream the checkpoint continues; keep it or start a new run")
-        if key in FIXED_FOR_A_RUN:
-            raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): {FIXED_FOR_A_RUN[key]}; "
-                              "keep it or start a new run")
+        if key.startswith("data.") or key in DATA_STREAM_KEYS or key in FIXED_FOR_A_RUN:
+            why = FIXED_FOR_A_RUN.get(key, "it changes the data stream the checkpoint continues")
+            raise RunDirError(f"--resume cannot change `{key}` ({before!r} -> {after!r}): {why}; keep it or "
+                              "start a new run")
     return changed
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

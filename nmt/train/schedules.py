@@ -22,7 +22,6 @@ class LrSchedule:
             raise ConfigError("`training.lr_schedule: budget` decays over the training budget; set "
                               "training.max_minutes or training.max_updates")
         self.optimizer, self.config = optimizer, config
-        self.base_lr = config.lr
         self.plateau_scale = 1.0
         self.bad_validations = 0
         self.best: float | None = None
@@ -33,9 +32,9 @@ class LrSchedule:
         warmup = c.warmup_updates
         if c.lr_schedule == "inverse_sqrt":
             ramp = step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / max(step, 1))
-            lr = self.base_lr * ramp
+            lr = c.lr * ramp
         else:
-            lr = self.base_lr * (min(1.0, step / warmup) if warmup else 1.0)
+            lr = c.lr * (min(1.0, step / warmup) if warmup else 1.0)
         if c.lr_schedule == "budget":
             spent = min(1.0, max(step / c.max_updates if c.max_updates else 0.0,
                                  minutes / c.max_minutes if c.max_minutes else 0.0))
@@ -44,15 +43,13 @@ class LrSchedule:
 
     @property
     def floor_reached(self) -> bool:
-        """The plateau schedule took the lr below `min_lr`: training ends."""
-        c = self.config
-        return c.lr_schedule == "plateau" and self.base_lr * self.plateau_scale < c.min_lr
+        return self.config.lr_schedule == "plateau" and self.config.lr * self.plateau_scale < self.config.min_lr
 
     def step(self, step: int, minutes: float = 0.0) -> float:
-        """Set (and return) the lr of update `step`."""
+        """Set (and return) the lr of update `step`; a capturable optimiser's captured step reads its tensor."""
         lr = self.lr_at(step, minutes)
         for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], Tensor):           # a capturable optimiser: a captured step reads it there
+            if isinstance(group["lr"], Tensor):
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
@@ -61,8 +58,7 @@ class LrSchedule:
     def on_validation(self, score: float, higher_is_better: bool) -> None:
         if self.config.lr_schedule != "plateau":
             return
-        improved = self.best is None or (score > self.best if higher_is_better else score < self.best)
-        if improved:
+        if self.best is None or (score > self.best if higher_is_better else score < self.best):
             self.best, self.bad_validations = score, 0
             return
         self.bad_validations += 1

@@ -1,19 +1,8 @@
-"""When training stops, and why: the stop rules beside the loop (nmt.train.trainer) that asks them.
+"""When training stops, and why; the loop (nmt.train.trainer) asks these rules.
 
-    reason            rule                                                          checked
-    SIGINT / SIGTERM  a signal: stop after this update (exit 130 / 143); a second   after every update
-                      gives up at once; one during validation abandons it
-    max_updates       `training.max_updates` updates done                           after every update
-    max_minutes       one more update, the last validation and checkpoint and the   after every update
-                      exit no longer fit in `training.max_minutes` (`Budget`)
-    early_stopping    `training.patience` validations without improvement           after a validation
-    lr_below_min_lr   the plateau schedule took the lr below `training.min_lr`      after a validation
-    max_epochs        `training.max_epochs` epochs done                             at the end of the data
-
-A budget's end (max_*) validates the last update too; a signal leaves that validation owed to --resume.
-`max_minutes` bounds the wall time of the whole run: of `nmt train`, from the process's start; through the
-API, from the Trainer's making. Until a validation is measured, a few dev sentences are decoded and last.pt
-saved once to time it, again as the model learns. A resumed run spends what its earlier sessions left.
+After every update: SIGINT/SIGTERM (exit 130/143; a second gives up at once, one during validation abandons it),
+max_updates, max_minutes (`Budget`). After a validation: early_stopping, lr_below_min_lr. At the end of the data:
+max_epochs. A budget's end validates the last update too; a signal leaves that validation owed to --resume.
 """
 
 from __future__ import annotations
@@ -30,14 +19,14 @@ from nmt.train.checkpoint import Progress
 from nmt.train.schedules import LrSchedule
 from nmt.train.validation import ValidationAbandoned
 
-# What a budget keeps for the process to end once the last checkpoint is written (the progress bar,
-# the folders' locks, the interpreter's exit with torch loaded): measured at 0.2 to 0.4 s on 2 CPU cores.
+# Kept for the process to end after the last checkpoint (progress bar, locks, interpreter exit with torch):
+# measured at 0.2 to 0.4 s on 2 CPU cores.
 EXIT_SECONDS = 0.5
 
 
 class StopSignals:
-    """SIGINT/SIGTERM while training: the first asks the loop to stop after this update (or abandons a
-    validation at once: it is pure computation); a second gives up at once (temporaries are removed)."""
+    """The first SIGINT/SIGTERM stops after this update or abandons a validation (pure computation) at once; a
+    second gives up at once (temporaries are removed)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -49,9 +38,7 @@ class StopSignals:
         return signal.Signals(self.received).name if self.received is not None else None
 
     def __enter__(self) -> StopSignals:
-        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in self._previous:
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -70,48 +57,45 @@ class StopSignals:
 
 
 class Budget:
-    """`training.max_updates` and `training.max_minutes`, with the durations the second keeps time for: an
-    update (moving average), the last validation with its checkpoints (measured, or estimated), a save."""
+    """`training.max_updates` and `training.max_minutes`: the wall time of the whole run (from `nmt train`'s
+    start, or the Trainer's making; a resumed run spends what its earlier sessions left), keeping time for one
+    more update, the last validation with its checkpoints (measured; until then estimated from a few dev
+    sentences and one save of last.pt, again as the model learns) and the exit."""
 
     def __init__(self, training: TrainingConfig, progress: Progress, save_last: Callable[[], None],
                  dev_seconds: Callable[[], float]) -> None:
-        """`save_last` writes last.pt (its `saved` call times it); `dev_seconds` times a few dev sentences
-        and scales that to the dev set."""
         self.training, self.progress = training, progress
-        self.save_last, self.dev_seconds = save_last, dev_seconds
-        self.started = command_started() or time.monotonic()   # when this session began
+        self.save_last, self.dev_seconds = save_last, dev_seconds     # save_last's `saved` call times it
+        self.started = command_started() or time.monotonic()
         self.last_saved = time.monotonic()
-        self.update_seconds: float | None = None
+        self.update_seconds: float | None = None    # moving average
         self.save_seconds: float | None = None
         self.final_seconds: float | None = None
         self.final_estimated: float | None = None   # when final_seconds was last estimated; None: measured
         self.estimate_interval = 0.0
 
     def run_seconds(self) -> float:
-        """The run's training time: its earlier sessions' and this one's."""
         return self.progress.elapsed + time.monotonic() - self.started
 
     def updated(self, seconds: float) -> None:
-        """An update's duration into the moving average (the first, with its warm-up, starts it high)."""
+        """The first update, with its warm-up, starts the average high."""
         self.update_seconds = seconds if self.update_seconds is None else 0.9 * self.update_seconds + 0.1 * seconds
 
     def saved(self, start: float) -> None:
-        """last.pt was written, from `start` (time.monotonic()) until now."""
+        """last.pt was written from `start` (time.monotonic()) until now."""
         self.last_saved = time.monotonic()
         self.save_seconds = self.last_saved - start
 
     def validated(self, seconds: float) -> None:
-        """A validation took `seconds`: the last one will take as long, with its checkpoints and last.pt."""
+        """The last validation will take as long, with its checkpoints and last.pt."""
         self.final_seconds, self.final_estimated = seconds + (self.save_seconds or 0.0), None
 
     def save_due(self) -> bool:
-        """`training.save_every_minutes` of training have passed since last.pt was written."""
         minutes = self.training.save_every_minutes
         return bool(minutes) and time.monotonic() - self.last_saved >= minutes * 60
 
     def spent(self) -> str | None:
-        """"max_updates" once that many are done; "max_minutes" once one more update, the last validation and
-        checkpoint and the exit no longer fit (this process's view)."""
+        """This process's view of "max_updates" or "max_minutes"."""
         t = self.training
         if t.max_updates and self.progress.step >= t.max_updates:
             return "max_updates"
@@ -147,14 +131,12 @@ def after_validation(training: TrainingConfig, progress: Progress, schedule: LrS
 def finished_reason(training: TrainingConfig, progress: Progress, schedule: LrSchedule) -> str | None:
     """Why a resumed run has nothing left to do (its budget is spent or it stopped early), if it has not."""
     t, p = training, progress
-    if t.max_updates and p.step >= t.max_updates:
-        return f"max_updates {t.max_updates}"
-    if p.cursor.epoch >= t.max_epochs:
-        return f"max_epochs {t.max_epochs}"
-    if t.max_minutes and p.elapsed / 60 >= t.max_minutes:
-        return f"max_minutes {t.max_minutes}"
-    if t.patience and p.bad_validations >= t.patience:
-        return f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"
-    if schedule.floor_reached:
-        return f"the plateau schedule took the learning rate below min_lr {t.min_lr}"
-    return None
+    reasons = [
+        (t.max_updates and p.step >= t.max_updates, f"max_updates {t.max_updates}"),
+        (p.cursor.epoch >= t.max_epochs, f"max_epochs {t.max_epochs}"),
+        (t.max_minutes and p.elapsed / 60 >= t.max_minutes, f"max_minutes {t.max_minutes}"),
+        (t.patience and p.bad_validations >= t.patience,
+         f"early stopping after {p.bad_validations} validations without improvement (patience {t.patience})"),
+        (schedule.floor_reached, f"the plateau schedule took the learning rate below min_lr {t.min_lr}"),
+    ]
+    return next((reason for hit, reason in reasons if hit), None)

@@ -1,8 +1,7 @@
 """The training loop, on one screen: update, log, validate and save, stop (the stop rules: nmt.train.stopping).
 
-Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, every RNG state and the data
-cursor, from which the sampler regenerates the epoch's batches, so on the CPU an interrupted-then-resumed run
-ends with bitwise the same parameters as an uninterrupted one.
+Resuming is exact: a checkpoint holds the model, optimiser, schedule, scaler, RNG states and the data cursor
+(the sampler regenerates the epoch's batches), so on the CPU a resumed run ends bitwise equal to a straight one.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +22,28 @@ from nmt.config import Config
 from nmt.data.batching import Batch
 from nmt.device import autocast
 from nmt.progress import progress_bar
+from nmt.train import validation
 from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
 from nmt.train.parts import TrainingParts, build_parts
 from nmt.train.run_folder import RunDirError
 from nmt.train.schedules import teacher_forcing_ratio
 from nmt.train.stopping import Budget, StopSignals, after_validation, finished_reason
-from nmt.train.validation import (
-    ValidationAbandoned,
-    estimate_dev_seconds,
-    evaluate_dev,
-    example_lines,
-    first_sentence_attention,
-    higher_is_better,
-    peak_rss_mb,
-    rank_best_k,
-)
 
 __all__ = ["RunDirError", "Trainer", "train", "train_step"]
 
 
 def train(config: Config, resume: bool = False, overwrite: bool = False,
           config_path: str | Path | None = None) -> Trainer:
-    """Build a run from its config and train it; `stop_signal` of the trainer returned says if a signal ended it."""
-    trainer = Trainer(build_parts(config, resume, overwrite, config_path))
+    """Build a run from its config and train it; the Trainer's `stop_signal` says if a signal ended it."""
+    trainer = Trainer(config, resume, overwrite, config_path)
     trainer.train()
     return trainer
 
 
 def train_step(parts: TrainingParts, batches: list[Batch], teacher_forcing: float = 1.0) -> tuple[float, int]:
-    """One optimiser update over `batches` (gradient accumulation); returns (summed loss, target tokens).
-    The gradient is divided by the tokens of all batches: k accumulated batches update as their union would.
-    bench/ times this; with CUDA graphs it replays a captured update (nmt.train.graphed)."""
+    """One optimiser update over `batches`; returns (summed loss, target tokens). The gradient is divided by
+    the tokens of all batches: k accumulated batches update as their union would. bench/ times this."""
     t = parts.config.training
     if parts.graphed is not None and len(batches) == 1 and teacher_forcing >= 1.0:
         return float(parts.graphed.update(batches[0])), batches[0].n_tgt_tokens
@@ -80,27 +69,23 @@ def train_step(parts: TrainingParts, batches: list[Batch], teacher_forcing: floa
 
 
 class Window:
-    """This process's share of a logging window: target tokens per second, and PAD's share of the source
-    and target batch tensors (PAD positions / all positions), which bucketing exists to keep low."""
+    """This process's logging window: target tokens per second, and PAD's share of the batch tensors (bucketing
+    exists to keep it low)."""
 
     def __init__(self) -> None:
         self.tokens = self.src_real = self.src_cells = self.tgt_cells = 0
         self.start = time.monotonic()          # validation time does not count: it moves this on
 
     def add(self, batches: list[Batch], tgt_tokens: int) -> None:
-        """An update's batches (several with gradient accumulation), with the target tokens it counted."""
-        for batch in batches:
-            src_cells, tgt_cells = batch.cells
-            self.src_cells += src_cells
-            self.tgt_cells += tgt_cells
-            self.src_real += batch.n_src_tokens
         self.tokens += tgt_tokens
+        self.src_real += sum(b.n_src_tokens for b in batches)
+        self.src_cells += sum(b.cells[0] for b in batches)
+        self.tgt_cells += sum(b.cells[1] for b in batches)
 
-    def speed(self) -> float:
-        return self.tokens / max(time.monotonic() - self.start, 1e-9)
-
-    def padding(self) -> tuple[float, float]:
-        return 1 - self.src_real / max(self.src_cells, 1), 1 - self.tokens / max(self.tgt_cells, 1)
+    def stats(self) -> tuple[float, float, float]:
+        """(target tokens per second, source padding, target padding)"""
+        return (self.tokens / max(time.monotonic() - self.start, 1e-9), 1 - self.src_real / max(self.src_cells, 1),
+                1 - self.tokens / max(self.tgt_cells, 1))
 
 
 class Trainer:
@@ -113,17 +98,17 @@ class Trainer:
             parts = build_parts(parts, resume, overwrite, config_path)
         elif resume or overwrite or config_path is not None:
             raise TypeError("resume, overwrite and config_path apply when the Trainer builds its parts from a Config")
-        self.parts = parts
-        self.config, self.data, self.device, self.amp_dtype = parts.config, parts.data, parts.device, parts.amp_dtype
-        self.model, self.optimizer, self.schedule, self.scaler = (parts.model, parts.optimizer, parts.schedule,
-                                                                  parts.scaler)
-        self.graphed, self.sampler, self.train_ids, self.dev_ids = (parts.graphed, parts.sampler, parts.train_ids,
-                                                                    parts.dev_ids)
-        self.src_vocab, self.tgt_vocab = parts.vocabs
-        self.run, self.ranks, self.run_dir = parts.run, parts.ranks, parts.run.path
-        self.is_main, self.progress, self.tensorboard = parts.ranks.is_main, parts.progress, parts.tensorboard
+        self.parts = p = parts
+        self.config, self.data, self.device, self.amp_dtype = p.config, p.data, p.device, p.amp_dtype
+        self.model, self.optimizer, self.schedule, self.scaler = p.model, p.optimizer, p.schedule, p.scaler
+        self.graphed, self.sampler, self.train_ids, self.dev_ids = p.graphed, p.sampler, p.train_ids, p.dev_ids
+        self.src_vocab, self.tgt_vocab = p.vocabs
+        self.run, self.ranks, self.run_dir, self.is_main = p.run, p.ranks, p.run.path, p.ranks.is_main
+        self.progress, self.tensorboard = p.progress, p.tensorboard
         self.signals = StopSignals()
-        self.budget = Budget(self.config.training, self.progress, lambda: self._save("last.pt"), self._dev_seconds)
+        dev_seconds = partial(validation.estimate_dev_seconds, p.model, p.dev_ids if self.is_main else None, p.config,
+                              p.device, p.amp_dtype)
+        self.budget = Budget(self.config.training, self.progress, lambda: self._save("last.pt"), dev_seconds)
         self.last_metrics: dict[str, Any] = {}
 
     @property
@@ -131,72 +116,53 @@ class Trainer:
         return self.signals.received
 
     def close(self) -> None:
-        """Let go of the run folder's and data folder's locks (a process that ends lets go anyway)."""
         self.parts.close()
 
     def finished_reason(self) -> str | None:
-        """Why a resumed run has nothing left to do (its budget is spent or it stopped early), if it has not."""
         return finished_reason(self.config.training, self.progress, self.schedule)
 
     def train(self) -> dict[str, Any]:
         """Train until a stop rule ends it, then let go of the folders; returns the last validation's metrics."""
-        try:
-            return self._train()
-        finally:
-            self.close()
-
-    def _train(self) -> dict[str, Any]:
         t, p = self.config.training, self.progress
-        if self._finished():
-            return {}
-        bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step, disable=not self.is_main,
-                           dynamic_ncols=True)
-        window, self.budget.last_saved = Window(), time.monotonic()
-        with self._stop_message(), self.signals, bar:
-            stop = self._validate_owed(save=True) if p.validation_due else None    # the stopped run owes it
-            for rows in self._stream() if not stop else ():
-                tf_ratio = teacher_forcing_ratio(t, p.step)
-                lr = self.schedule.step(p.step + 1, self.budget.run_seconds() / 60)
-                batches = [self.train_ids.collate(r) for r in rows]
-                loss, tokens = self._update(batches, tf_ratio)
-                self._count(len(rows), batches, loss, tokens, window)
-                bar.update(1)
-                if p.step % t.log_every == 0:
-                    self._log_window(bar, lr, tf_ratio, window)
-                    window = Window()
-                stop = self._stop_reason()
-                if stop or p.step % t.validate_every == 0:
-                    stop = self._validate_and_save(stop)
-                    window.start = time.monotonic()
-                elif self._save_due():
-                    self._save("last.pt")
-                    stop = self._stop_reason()     # a signal during the save: last.pt is current, stop now
-                if stop:
-                    break
-            self.stopped_by = stop or self._last_epoch_done() or "max_epochs"
+        self.stopped_by: str | None = None
+        try:
+            finished = self.finished_reason()
+            if finished and not p.validation_due:            # a run that owes a validation runs it first
+                if self.is_main:
+                    tqdm.write(f"{self.run_dir} already finished at update {p.step} ({finished}); nothing to do. "
+                               "Raise that limit with --set to train on.", file=sys.stderr)
+                return {}
+            bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step,
+                               disable=not self.is_main, dynamic_ncols=True)
+            window, self.budget.last_saved, self.stopped_by = Window(), time.monotonic(), "max_epochs"
+            with self.signals, bar:
+                stop = self._validate_and_save(None) if p.validation_due else None     # as the stopped run owed
+                for rows in self._stream() if not stop else ():
+                    tf_ratio = teacher_forcing_ratio(t, p.step)
+                    lr = self.schedule.step(p.step + 1, self.budget.run_seconds() / 60)
+                    self._update([self.train_ids.collate(r) for r in rows], tf_ratio, window)
+                    bar.update(1)
+                    if p.step % t.log_every == 0:
+                        window = self._log_window(bar, lr, tf_ratio, window)
+                    stop = self._stop_reason()
+                    if stop or p.step % t.validate_every == 0:
+                        stop = self._validate_and_save(stop)
+                        window.start = time.monotonic()
+                    elif (t.save_every and p.step % t.save_every == 0) or self.ranks.from_rank0(self.budget.save_due()):
+                        self._save("last.pt")
+                        stop = self._stop_reason()     # a signal during the save: last.pt is current, stop now
+                    if stop:
+                        break
+                self.stopped_by = stop or self._last_epoch_done() or "max_epochs"
+        finally:
+            if self.is_main and self.stopped_by:
+                tqdm.write(f"training stopped at update {p.step} ({self.stopped_by}); checkpoints in {self.run_dir}",
+                           file=sys.stderr)
+            self.close()
         return self.last_metrics
 
-    @contextmanager
-    def _stop_message(self) -> Iterator[None]:
-        self.stopped_by = "max_epochs"
-        try:
-            yield
-        finally:
-            if self.is_main:
-                tqdm.write(f"training stopped at update {self.progress.step} ({self.stopped_by}); checkpoints in "
-                           f"{self.run_dir}", file=sys.stderr)
-
-    def _finished(self) -> bool:
-        """A resumed run with nothing left to do says so (unless it owes a validation)."""
-        finished = self.finished_reason()
-        if finished and not self.progress.validation_due and self.is_main:
-            tqdm.write(f"{self.run_dir} already finished at update {self.progress.step} ({finished}); nothing to "
-                       "do. Raise that limit with --set to train on.", file=sys.stderr)
-        return bool(finished) and not self.progress.validation_due
-
     def _stream(self) -> Iterator[list[np.ndarray]]:
-        """Each update's batches of rows (`training.accumulate` of them) from the data cursor to the last
-        epoch; the loop moves the cursor past the ones it trained on."""
+        """Each update's `training.accumulate` batches of rows, from the data cursor to the last epoch."""
         t, p = self.config.training, self.progress
         while p.cursor.epoch < t.max_epochs:
             batches = self.sampler.batches(p.cursor.epoch)
@@ -204,52 +170,40 @@ class Trainer:
                 yield batches[p.cursor.batch : p.cursor.batch + t.accumulate]
             p.cursor = Cursor(p.cursor.epoch + 1, 0, p.cursor.seed)
 
-    def _update(self, batches: list[Batch], teacher_forcing: float) -> tuple[float, int]:
-        start = time.monotonic()
-        result = train_step(self.parts, batches, teacher_forcing)
+    def _update(self, batches: list[Batch], teacher_forcing: float, window: Window) -> None:
+        """One update, counted: the step, the data cursor, the logging window."""
+        p, start = self.progress, time.monotonic()
+        loss, tokens = train_step(self.parts, batches, teacher_forcing)
         self.budget.updated(time.monotonic() - start)
-        return result
-
-    def _count(self, n_batches: int, batches: list[Batch], loss: float, tokens: int, window: Window) -> None:
-        """An update done: the step, the data cursor, the logging window's sums."""
-        p = self.progress
         window.add(batches, tokens)
         if not math.isfinite(loss):
             raise FloatingPointError(f"training loss became {loss} at update {p.step + 1}")
         p.step += 1
-        p.cursor.batch += n_batches
+        p.cursor.batch += len(batches)
         p.window_loss += loss
         p.window_tokens += tokens
 
-    def _log_window(self, bar: Any, lr: float, tf_ratio: float, window: Window) -> None:
-        """The logging window's train event (metrics.jsonl, TensorBoard) and progress line; starts a new window."""
+    def _log_window(self, bar: Any, lr: float, tf_ratio: float, window: Window) -> Window:
+        """The logging window's train event (metrics.jsonl, TensorBoard) and progress line; a new window."""
         p = self.progress
-        mean_loss, speed, (src_pad, tgt_pad) = p.window_loss / p.window_tokens, window.speed(), window.padding()
+        mean_loss, (speed, src_pad, tgt_pad) = p.window_loss / p.window_tokens, window.stats()
         bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}",
                         pad=f"{src_pad:.0%}/{tgt_pad:.0%}")
-        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch,
-                 "loss": mean_loss, "ppl": math.exp(min(mean_loss, 50)),
-                 "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
+        event = {"event": "train", "step": p.step, "epoch": p.cursor.epoch, "loss": mean_loss,
+                 "ppl": math.exp(min(mean_loss, 50)), "lr": lr, "teacher_forcing": tf_ratio, "tgt_tokens_per_s": speed,
                  "src_padding": src_pad, "tgt_padding": tgt_pad, "wall_time": self.budget.run_seconds()}
         self.run.log(event)
         if self.tensorboard is not None:
-            self.tensorboard.train(event)
+            self.tensorboard.scalars("train", event)
         p.window_loss, p.window_tokens = 0.0, 0
-
-    def _save_due(self) -> bool:
-        """An extra save of last.pt between validations: every `save_every` updates, `save_every_minutes`."""
-        t = self.config.training
-        return bool(t.save_every and self.progress.step % t.save_every == 0) or bool(
-            self.ranks.from_rank0(self.budget.save_due()))
+        return Window()
 
     def _stop_reason(self) -> str | None:
-        """Why to stop now, if at all; under DDP every rank gets rank 0's answer, so all stop together."""
+        """Under DDP every rank gets rank 0's answer, so all stop together."""
         return self.ranks.from_rank0(self.signals.reason or self.budget.spent())
 
-    # ------------------------------------------------------------------ validation
-
     def _validate_and_save(self, stop: str | None) -> str | None:
-        """Validate on schedule, and once more when a budget ends; then save last.pt. A signal skips the
+        """Validate (on schedule, when a budget ends, or as owed), then save last.pt. A signal skips the
         validation (exit fast) or cuts it short; it then stays due, for --resume to run first."""
         p = self.progress
         if stop and stop.startswith("SIG"):
@@ -266,7 +220,7 @@ class Trainer:
         the signal that leaves that validation owed, if one does."""
         p, signal_stop = self.progress, None
         if p.step % self.config.training.validate_every and p.step != p.validated_step:
-            stop = self._stop_reason()                                # (all ranks agree)
+            stop = self._stop_reason()
             if stop and stop.startswith("SIG"):
                 p.validation_due, signal_stop = True, stop
             else:
@@ -274,23 +228,19 @@ class Trainer:
         self._save("last.pt")
         return signal_stop
 
-    def _validate_owed(self, save: bool = False) -> str | None:
-        """Run a scheduled or budget-end validation (and save last.pt after it); returns a reason to stop, if
-        any. One a signal abandons leaves no metrics, and stays owed (`Progress.validation_due`)."""
+    def _validate_owed(self) -> str | None:
+        """A scheduled or budget-end validation; returns a reason to stop. One a signal abandons stays owed."""
         p = self.progress
         p.validation_due, p.validated_step = False, p.step      # as best.pt, saved inside, must record them
         start = time.monotonic()
         try:
             self.last_metrics = self.validate()
             self.budget.validated(time.monotonic() - start)
-        except ValidationAbandoned:
+        except validation.ValidationAbandoned:
             self.last_metrics, p.validation_due = {}, True
         if self.ranks.world_size > 1:            # only rank 0 validates: its plateau schedule sets every rank's lr
             self.schedule.load_state_dict(self.ranks.from_rank0(self.schedule.state_dict()))
-        stop = self._stop_reason() or self.ranks.from_rank0(after_validation(self.config.training, p, self.schedule))
-        if save:
-            self._save("last.pt")
-        return stop
+        return self._stop_reason() or self.ranks.from_rank0(after_validation(self.config.training, p, self.schedule))
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
@@ -298,51 +248,43 @@ class Trainer:
         if self.dev_ids is None or not self.is_main:
             return {}
         t, p = self.config.training, self.progress
-        vocabs = (self.src_vocab, self.tgt_vocab)
         with torch.random.fork_rng(devices=[]):
             self.signals.evaluating = True
             try:
-                metrics = evaluate_dev(self.model, self.dev_ids, self.data, vocabs, self.config, self.device,
-                                       self.amp_dtype, lambda: self.stop_signal is not None)
+                metrics = validation.evaluate_dev(self.model, self.dev_ids, self.data, self.parts.vocabs, self.config,
+                                                  self.device, self.amp_dtype, lambda: self.stop_signal is not None)
                 if self.tensorboard is not None:
-                    attention = first_sentence_attention(self.model, self.dev_ids, vocabs, self.device,
-                                                         self.amp_dtype, self.config.decoding.max_len_ratio)
+                    attention = validation.first_sentence_attention(self.model, self.dev_ids, self.parts.vocabs,
+                                                                    self.device, self.amp_dtype,
+                                                                    self.config.decoding.max_len_ratio)
             finally:
                 self.signals.evaluating = False
         metrics.update(step=p.step, epoch=p.cursor.epoch, lr=float(self.optimizer.param_groups[0]["lr"]),
-                       wall_time=self.budget.run_seconds(), peak_rss_mb=peak_rss_mb())
-        score = metrics[t.early_stopping_metric]
-        higher = higher_is_better(t.early_stopping_metric)
+                       wall_time=self.budget.run_seconds(), peak_rss_mb=validation.peak_rss_mb())
+        score, higher = metrics[t.early_stopping_metric], t.early_stopping_metric == "bleu"
         improved = p.best_score is None or (score > p.best_score if higher else score < p.best_score)
         p.best_score, p.bad_validations = (score, 0) if improved else (p.best_score, p.bad_validations + 1)
         self.schedule.on_validation(score, higher)
         metrics["best"] = improved
         self.run.log({"event": "validation", **{k: v for k, v in metrics.items() if k != "examples"}})
         if self.tensorboard is not None:
-            self.tensorboard.validation(metrics)
-            self.tensorboard.attention(p.step, *attention)
+            self.tensorboard.validation(metrics, *attention)
         if improved:
             self._save("best.pt")
-        if t.keep_best:
+        if t.keep_best:                          # the best `keep_best` as (score, file name), best first
             name = f"best-step{p.step}.pt"
-            p.best_k, dropped = rank_best_k(p.best_k, score, name, t.keep_best, higher)
+            ranked = sorted([*p.best_k, (score, name)], key=lambda x: -x[0] if higher else x[0])
+            p.best_k = ranked[: t.keep_best]
             if any(n == name for _, n in p.best_k):
                 self._save(name)
-            for old in dropped:
+            for _, old in ranked[t.keep_best :]:
                 (self.run_dir / old).unlink(missing_ok=True)
         tqdm.write(f"validation @ {p.step}: dev loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
                    f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}{'  (best)' if improved else ''}",
                    file=sys.stderr)
         for example in metrics.get("examples", []):
-            tqdm.write(example_lines(*example), file=sys.stderr)
+            tqdm.write(validation.example_lines(*example), file=sys.stderr)
         return metrics
-
-    def _dev_seconds(self) -> float:
-        """What decoding the dev set will take, from a few of its sentences (for max_minutes)."""
-        if self.dev_ids is None or not self.is_main:
-            return 0.0
-        with torch.random.fork_rng(devices=[]):
-            return estimate_dev_seconds(self.model, self.dev_ids, self.config, self.device, self.amp_dtype)
 
     def _save(self, name: str) -> None:
         start = time.monotonic()

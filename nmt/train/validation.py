@@ -1,10 +1,8 @@
-"""Validation during training: dev loss and perplexity, greedy decoding, BLEU and chrF, best-k ranking.
+"""Validation during training: dev loss and perplexity, greedy decoding, BLEU and chrF.
 
-Dev scores are what early stopping, the plateau schedule and best.pt go by, so they are computed
-the way `nmt evaluate` scores a test set: hypotheses detokenised by SentencePiece, against the raw
-reference lines, with sacreBLEU's default BLEU and chrF. Decoding is greedy (a cheap, monotone
-proxy for beam search) and the loss uses the fused output-layer cross-entropy in chunks. Both run on the
-inference step (nmt.decode.steps.Decoding), built anew for each validation from the current parameters.
+Early stopping, the plateau schedule and best.pt go by these scores, computed as `nmt evaluate` scores a test
+set; greedy decoding (a cheap, monotone proxy for beam search) and the loss run on an inference step built
+from the current parameters.
 """
 
 from __future__ import annotations
@@ -39,19 +37,13 @@ class ValidationAbandoned(Exception):
     """A stop signal arrived during validation: the loop saves last.pt and exits instead of finishing it."""
 
 
-def higher_is_better(metric: str) -> bool:
-    return metric == "bleu"
-
-
 @torch.no_grad()
 def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tuple[Vocab, Vocab], config: Config,
                  device: torch.device, amp_dtype: torch.dtype | None,
                  stopping: Callable[[], bool]) -> dict[str, Any]:
-    """Loss, perplexity, BLEU and chrF of greedy translations of the dev set (its first
-    `training.val_max_sentences` pairs), with `training.log_examples` (source, hypothesis, reference)
-    examples. Raises `ValidationAbandoned` between batches once `stopping()` says so."""
+    """Loss, perplexity, BLEU and chrF of greedy translations of the dev set, with `training.log_examples`
+    (source, hypothesis, reference) examples. Raises `ValidationAbandoned` between batches once `stopping()`."""
     t = config.training
-    src_vocab, tgt_vocab = vocabs
     model.eval()
     decoding = Decoding(model)
     rows, batches = _dev_batches(dev, config)
@@ -64,9 +56,8 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
         batch_loss, results = _dev_batch(decoding, batch, config, device, amp_dtype)
         loss_sum += batch_loss
         tokens += batch.n_tgt_tokens
-        for index, hyp in zip(batch.indices.tolist(), results, strict=True):
-            hyps[index] = hyp.tokens
-    hypotheses = tgt_vocab.decode([hyps[i] for i in rows.tolist()])
+        hyps.update(zip(batch.indices.tolist(), [hyp.tokens for hyp in results], strict=True))
+    hypotheses = vocabs[1].decode([hyps[i] for i in rows.tolist()])
     references = read_lines(data.reference_path("dev"))[: len(rows)]   # only "\n" ends a line
     if len(references) != len(hypotheses):          # sacreBLEU would score the common prefix without a word
         raise DataError(f"{data.reference_path('dev')} has {len(references)} lines for {len(hypotheses)} "
@@ -75,16 +66,14 @@ def evaluate_dev(model: Seq2Seq, dev: ParallelIds, data: DataFolder, vocabs: tup
     bleu = metric.corpus_score(hypotheses, [references])
     chrf = CHRF(lowercase=t.bleu_lowercase).corpus_score(hypotheses, [references])
     loss = loss_sum / max(tokens, 1)
-    examples = []
-    if t.log_examples:
-        sources = src_vocab.decode([dev.src[i].tolist() for i in range(min(t.log_examples, len(rows)))])
-        examples = list(zip(sources, hypotheses, references, strict=False))[: t.log_examples]
+    sources = vocabs[0].decode([dev.src[i].tolist() for i in range(min(t.log_examples, len(rows)))])
+    examples = list(zip(sources, hypotheses, references, strict=False))
     return {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu.score, "chrf": chrf.score,
             "bleu_signature": metric.get_signature().format(), "examples": examples}
 
 
 def _dev_batches(dev: ParallelIds, config: Config) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The dev rows validation reads (the first `training.val_max_sentences`) and its batches of them."""
+    """The dev rows validation reads (the first `training.val_max_sentences`) and its batches."""
     t = config.training
     rows = np.arange(len(dev) if not t.val_max_sentences else min(t.val_max_sentences, len(dev)))
     sampler = BucketBatchSampler(dev.src_lengths[rows], dev.tgt_lengths[rows], t.val_batch_tokens, shuffle=False)
@@ -93,7 +82,6 @@ def _dev_batches(dev: ParallelIds, config: Config) -> tuple[np.ndarray, list[np.
 
 def _dev_batch(decoding: Decoding, batch: Batch, config: Config, device: torch.device,
                amp_dtype: torch.dtype | None) -> tuple[float, list[Hypothesis]]:
-    """One dev batch's summed loss and greedy hypotheses."""
     with autocast(device, amp_dtype):
         features = decoding.forced_features(batch.src, batch.src_lengths, batch.tgt_in)
         output = decoding.model.decoder.output          # in 1024-token chunks: no tokens x vocab peak
@@ -104,45 +92,37 @@ def _dev_batch(decoding: Decoding, batch: Batch, config: Config, device: torch.d
 
 
 @torch.no_grad()
-def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds, config: Config, device: torch.device,
+def estimate_dev_seconds(model: Seq2Seq, dev: ParallelIds | None, config: Config, device: torch.device,
                          amp_dtype: torch.dtype | None) -> float:
-    """Seconds `evaluate_dev` would take now: its longest `PROBE_SENTENCES` sentences timed, scaled by the
-    share of the dev tokens they hold, for a budget (`training.max_minutes`) to keep for the last
-    validation. It errs high: an early model's outputs run long, and a few rows cost more per sentence."""
+    """Seconds `evaluate_dev` would take now (0 without `dev`): its longest `PROBE_SENTENCES` sentences timed,
+    scaled by their share of the dev tokens. It errs high: an early model's outputs run long, a few rows cost
+    more each. The training RNG is left as it was."""
+    if dev is None:
+        return 0.0
     model.eval()
     rows, batches = _dev_batches(dev, config)
     lengths = dev.src_lengths[rows] + dev.tgt_lengths[rows]
     probe = batches[0][:PROBE_SENTENCES]
     start = time.perf_counter()
-    _dev_batch(Decoding(model), dev.collate(rows[probe]).to(device), config, device, amp_dtype)
-    seconds = time.perf_counter() - start
-    return seconds * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
+    with torch.random.fork_rng(devices=[]):
+        _dev_batch(Decoding(model), dev.collate(rows[probe]).to(device), config, device, amp_dtype)
+    return (time.perf_counter() - start) * float(lengths.sum()) / max(float(lengths[probe].sum()), 1.0)
 
 
 @torch.no_grad()
 def first_sentence_attention(model: Seq2Seq, dev: ParallelIds, vocabs: tuple[Vocab, Vocab], device: torch.device,
                              amp_dtype: torch.dtype | None,
                              max_len_ratio: float) -> tuple[list[str], list[str], torch.Tensor]:
-    """The greedy translation of the first dev sentence: (source pieces, output pieces, attention weights
-    of shape (output pieces, source pieces)), </s> included on both sides."""
-    src_vocab, tgt_vocab = vocabs
+    """The first dev sentence's greedy translation: (source pieces, output pieces, attention weights of shape
+    (output pieces, source pieces)), </s> included on both sides."""
     model.eval()
     batch = dev.collate(np.arange(1)).to(device)
     with autocast(device, amp_dtype):
         hyp = greedy_search(Decoding(model), batch.src, batch.src_lengths,
                             SearchSettings(max_len_ratio=max_len_ratio, return_attention=True))[0]
-    src_pieces = [*src_vocab.to_pieces(dev.src[0].tolist()), "</s>"]
-    tgt_pieces = [*tgt_vocab.to_pieces(hyp.tokens), "</s>"]
     assert hyp.attention is not None                          # asked for: return_attention
-    return src_pieces, tgt_pieces, hyp.attention.float()      # (len(tgt_pieces), len(src_pieces))
-
-
-def rank_best_k(best_k: list[tuple[float, str]], score: float, name: str, keep: int,
-                higher: bool) -> tuple[list[tuple[float, str]], list[str]]:
-    """The best `keep` (score, file name) pairs with this validation's added, best first, and the
-    names of the files that drop out."""
-    ranked = sorted([*best_k, (score, name)], key=lambda x: -x[0] if higher else x[0])
-    return ranked[:keep], [old for _, old in ranked[keep:]]
+    return ([*vocabs[0].to_pieces(dev.src[0].tolist()), "</s>"], [*vocabs[1].to_pieces(hyp.tokens), "</s>"],
+            hyp.attention.float())                            # (tgt pieces, src pieces)
 
 
 def peak_rss_mb() -> float:
@@ -154,6 +134,5 @@ def peak_rss_mb() -> float:
 
 
 def example_lines(src: str, hyp: str, ref: str) -> str:
-    """A dev example as the training log shows it; the dev files' text escaped (nmt.fs.text.printable), so a
-    control character in them never reaches the terminal."""
+    """A dev example as the training log shows it, escaped: a control character never reaches the terminal."""
     return f"  src: {printable(src)}\n  hyp: {printable(hyp)}\n  ref: {printable(ref)}"
