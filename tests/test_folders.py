@@ -431,3 +431,67 @@ def test_a_failed_first_preprocess_leaves_a_file_someone_put_in_its_new_folder(t
         module.preprocess(config)
     assert sorted(p.name for p in out_dir.iterdir()) == ["notes.txt"]
     assert (out_dir / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------- a folder built beside its target
+
+
+def build_files(names: list[str]):
+    def build(tmp: Path) -> str:
+        for name in names:
+            (tmp / name).write_text(name)
+        write_marker(tmp, "onnx", names)
+        return "built"
+    return build
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_build_folder_renames_a_complete_folder_with_the_umask_mode(tmp_path, umask):
+    target = tmp_path / "out"
+    old = os.umask(umask)
+    try:
+        assert folders.build_folder(target, build_files(["a.onnx"]), lambda: None) == "built"
+    finally:
+        os.umask(old)
+    assert mode_of(target) == 0o777 & ~umask and sorted(p.name for p in target.iterdir()) == [MARKER, "a.onnx"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]              # no temporary folder left beside it
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, ValueError])
+def test_build_folder_that_fails_leaves_the_target_as_it_was(tmp_path, failure):
+    """A build or a final check that fails (a signal included): the old folder stays, nothing is left beside it."""
+    target = tmp_path / "out"
+    folders.build_folder(target, build_files(["old.onnx"]), lambda: None)
+
+    def broken(tmp: Path) -> None:
+        (tmp / "half.onnx").write_text("x")
+        raise failure()
+
+    def refuse() -> None:
+        raise failure()
+
+    for build, check in ((broken, lambda: None), (build_files(["new.onnx"]), refuse)):
+        with pytest.raises(failure):
+            folders.build_folder(target, build, check)
+        assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "old.onnx").read_text() == "old.onnx"
+
+
+def test_build_folder_replaces_a_marked_folder_and_restores_it_when_the_rename_fails(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    folders.build_folder(target, build_files(["old.onnx"]), lambda: None)
+    rename, calls = os.rename, []
+
+    def failing(source, destination):
+        calls.append(source)
+        if len(calls) == 2:                     # the new folder's rename, after the old one went aside
+            raise OSError(28, "No space left on device")
+        rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(OSError):
+        folders.build_folder(target, build_files(["new.onnx"]), lambda: None)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (target / "old.onnx").is_file()
+    folders.build_folder(target, build_files(["new.onnx"]), lambda: None)
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "new.onnx"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

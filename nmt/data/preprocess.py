@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
@@ -142,7 +141,7 @@ def _preprocess_locked(config: Config, files: dict[str, tuple[Path, Path]], out_
     # again under the exclusive lock: a caller that held it skipped the shared check, or another just finished
     if not force and recorded_fingerprint(out_dir) == built_from.fingerprint:
         return _up_to_date(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".build.{os.getpid()}-", suffix=folders.TEMP_SUFFIX, dir=out_dir))
+    tmp = folders.temp_folder(out_dir, "build")
     try:
         manifest = _write_folder(config, files, built_from.digests, built_from.fingerprint, tmp, built_from.parent)
         _replace_folder(tmp, out_dir)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +29,7 @@ from nmt.decode.onnx_graphs import (
     quantize_int8,
 )
 from nmt.decode.steps import Decoding
-from nmt.fs.folders import (
-    TEMP_SUFFIX,
-    fsync_folder,
-    new_file_mode,
-    read_marker,
-    refuse_foreign,
-    remove_leftovers,
-    write_marker,
-)
+from nmt.fs.folders import build_folder, new_file_mode, refuse_foreign, write_marker
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.card import describe
 from nmt.modelfile.file import LoadedModel, load_model
@@ -72,35 +62,18 @@ def export_onnx(source: str | Path, folder: str | Path, quantize: str = "none", 
         raise OnnxExportError(f"--quantize must be none or int8 for --format onnx, got {quantize!r}")
     check_folder(folder, force)
     loaded = load_model(source)
-    remove_leftovers(folder.parent, folder.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder.parent))
-    try:
-        mode = new_file_mode()
-        os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
+
+    def build(tmp: Path) -> dict[str, Any]:
         info = write_folder(loaded, tmp, quantize, source)
+        mode = new_file_mode()
         for path in tmp.iterdir():                          # each file as atomic_write leaves one
             os.chmod(path, mode)
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
         write_marker(tmp, KIND, [path.name for path in tmp.iterdir()])
-        check_folder(folder, force)                         # again: someone may have written there meanwhile
-        _place(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return info
+        return info
 
-
-def _place(tmp: Path, folder: Path) -> None:
-    """Rename `tmp` into place; an existing export (checked to be nmt's) goes aside first, then is removed."""
-    old = None
-    if folder.is_dir() and read_marker(folder) is not None:
-        old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder.parent))
-        os.rename(folder, old)                               # onto the empty temporary folder
-    os.rename(tmp, folder)                                   # replaces an empty folder, never a full one
-    fsync_folder(folder.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return build_folder(folder, build, lambda: check_folder(folder, force))
 
 
 def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str | Path) -> dict[str, Any]:

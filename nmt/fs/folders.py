@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from nmt.fs.bounded import loads_json, read_bytes
 
@@ -27,6 +27,7 @@ LOCK = ".nmt.lock"
 TEMP_SUFFIX = ".nmt-tmp"
 MAX_MARKER_BYTES = 1 << 20          # a marker lists file names: a few KB
 _TEMP_NAME = re.compile(r"^\..*\.(\d+)-[^./]+" + re.escape(TEMP_SUFFIX) + "$")
+T = TypeVar("T")
 
 # The files nmt writes into a run folder and an attention-plot folder (a data folder's marker lists its own).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "best-step*.pt", "spm.model", "src.model",
@@ -178,6 +179,38 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def temp_folder(parent: Path, name: str) -> Path:
+    """A new folder in `parent` with an unpredictable temporary name for `name` (`remove_leftovers` knows it)."""
+    return Path(tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=parent))
+
+
+def build_folder(folder: Path, build: Callable[[Path], T], check: Callable[[], object]) -> T:
+    """`build(tmp)` in a temporary folder beside `folder`, then `check()` (someone may have written there
+    meanwhile) and rename it into place: `folder` is absent, as it was, or complete. An existing `folder` that
+    `check` let through and nmt marked goes aside first, and back if the rename fails; `tmp` goes on any failure."""
+    remove_leftovers(folder.parent, folder.name)
+    tmp, old = temp_folder(folder.parent, folder.name), None
+    try:
+        mode = new_file_mode()
+        os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
+        result = build(tmp)
+        check()
+        if folder.is_dir() and read_marker(folder) is not None:
+            old = temp_folder(folder.parent, folder.name)
+            os.rename(folder, old)                          # onto the empty temporary folder
+        os.rename(tmp, folder)                              # replaces an empty folder, never a full one
+    except BaseException:
+        if old is not None:                                 # the old one back (fails harmlessly if it never left)
+            with contextlib.suppress(OSError):
+                os.rename(old, folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_folder(folder.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return result
 
 
 def _temp_owner(name: str) -> int | None:

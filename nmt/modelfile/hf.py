@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from operator import methodcaller
 from pathlib import Path
@@ -21,7 +18,7 @@ import yaml
 
 from nmt import __version__
 from nmt.fs.bounded import read_json
-from nmt.fs.folders import TEMP_SUFFIX, atomic_write, fsync_folder, new_file_mode, remove_leftovers
+from nmt.fs.folders import atomic_write, build_folder
 from nmt.modelfile.card import describe, format_card
 from nmt.modelfile.file import LoadedModel, export_model, load_model
 from nmt.modelfile.hub import MODEL_FILE
@@ -95,20 +92,14 @@ def export_hf(source: str | Path, folder: str | Path, dtype: str = "fp32", quant
     if len(set(names)) != len(names):
         raise ExportError(f"--score names the test set {next(n for n in names if names.count(n) > 1)} twice")
     check_target(folder)
-    remove_leftovers(folder.parent, folder.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder.parent))
-    try:
-        mode = new_file_mode()
-        os.chmod(tmp, mode | (mode & 0o444) >> 2)           # a folder as mkdir makes it: searchable where readable
+
+    def build(tmp: Path) -> LoadedModel:
         export_model(source, tmp / MODEL_FILE, dtype, quantize)
         loaded = load_model(tmp / MODEL_FILE)
         _write_files(tmp, loaded, folder.name, scores or [], license)
-        check_target(folder)                                # again: someone may have written there meanwhile
-        os.rename(tmp, folder)                              # replaces an empty folder, never a full one
-        fsync_folder(folder.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return loaded
+
+    loaded = build_folder(folder, build, lambda: check_target(folder))
     loaded.path = folder / MODEL_FILE
     return loaded
 
