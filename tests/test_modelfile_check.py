@@ -189,6 +189,20 @@ def test_a_checkpoint_with_flipped_weight_bytes_is_refused_everywhere(run_copy, 
     assert not averaged.exists()
 
 
+def test_average_reads_each_checkpoint_once_and_checks_it(run_copy, monkeypatch):
+    """Each checkpoint is read once (its optimiser state left unread), and that one read is checked as a model."""
+    best, last = run_copy / "best.pt", run_copy / "last.pt"
+    load, reads = torch.load, []
+
+    def counting(path, *args, **kwargs):
+        reads.append(Path(path).name)
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting)
+    averaged = average_checkpoints([best, last])
+    assert sorted(reads) == ["best.pt", "last.pt"] and "optimizer" not in averaged
+
+
 def test_average_refuses_a_checkpoint_with_nonfinite_weights(run_copy):
     best = run_copy / "best.pt"
     state = torch.load(best, weights_only=True)

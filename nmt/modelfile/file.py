@@ -107,6 +107,12 @@ def load_model(path: str | Path, decoding_overrides: dict[str, Any] | None = Non
         check_keys(path, state, kind, CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
     if pickled:                                   # a safetensors file's checksums were checked as it was read
         check_checksums(path, "model file" if kind == "model" else "checkpoint")
+    return checked_model(path, state, kind, decoding_overrides, allow_nonfinite)
+
+
+def checked_model(path: Path, state: dict[str, Any], kind: Literal["model", "checkpoint"] = "checkpoint",
+                  decoding_overrides: dict[str, Any] | None = None, allow_nonfinite: bool = False) -> LoadedModel:
+    """`load_model` of a dictionary already read, its keys and checksums checked (checkpoints to average)."""
     check_sections(path, state, kind)
     overrides = {k: v for k, v in (decoding_overrides or {}).items() if v is not None}
     check_decoding_overrides(overrides)

@@ -207,10 +207,10 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     """The mean parameters of checkpoints of one model; the rest comes from the last."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    states = [load_checkpoint(p) for p in paths]
-    for path in paths:       # each one's weights fit its config, are finite and it embeds its tokenizer
-        try:
-            model_file.load_model(path)
+    states = [load_checkpoint(p, mmap=True) for p in paths]     # mmap: the optimiser states stay unread
+    for path, state in zip(paths, states, strict=True):
+        try:            # each one's weights fit its config, are finite and it embeds its tokenizer: read once
+            model_file.checked_model(Path(path), {**state})
         except ModelFileError as exc:
             raise CheckpointError(str(exc)) from None
     first = states[0]
