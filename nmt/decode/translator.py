@@ -7,7 +7,7 @@ Every input line gives one result (an empty line an empty one, an over-long one 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -23,22 +23,22 @@ from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.graphs import SearchGraphs
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
+from nmt.decode.outputs import OutputFiles, Translation, translations
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, ShortlistError
 from nmt.decode.steps import Decoding
-from nmt.decode.streaming import Line, checked_call, translate_batches
+from nmt.decode.streaming import Translates, checked_call
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.fs.text import as_lines as _as_lines
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.file import LoadedModel, ModelFileError, load_model
 from nmt.process import configure_process
 
-__all__ = ["Translation", "Translator"]
+__all__ = ["OutputFiles", "Translation", "Translator"]   # OutputFiles: for write_translations
 
 
-class Translator:
+class Translator(Translates):
     """A loaded model with its tokenizers and decoding settings. It owns its model (moved, in eval mode) and
     keeps its inference steps (nmt.decode.steps) for life: rebuilding them would cost a one-line call half
     its time. Threads may share it: a shortlist is a per-call view; only the CUDA graphs are taken in turn.
@@ -158,15 +158,6 @@ class Translator:
         device = "cpu" if scoring else self.device.type
         return self.decoding.batch_tokens or DECODING_BATCH_TOKENS.get(device, DECODING_BATCH_TOKENS["cpu"])
 
-    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
-                     names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
-        """n_best hypotheses need n_best beams (samples do not). `names`: the caller's for the three settings."""
-        d = decoding or self.decoding
-        if not d.sampling and n_best > d.beam_size:
-            n, beam, sampling = names
-            raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
-                              f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
-
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
         """Each pair's teacher-forced log p(target + EOS | source), as the searches score it, that normalised,
         and the length with EOS. Over-long sources and targets are truncated with a warning naming the line."""
@@ -196,30 +187,6 @@ class Translator:
                                             out_lengths.tolist(), strict=True):
                     results[row] = (lp, norm, n)
         return results
-
-    def normalised_score(self, hyp: Hypothesis) -> float:
-        """log p / lp(|y|), the GNMT length normalisation with decoding.length_penalty, EOS counted."""
-        return normalised_score(hyp.log_prob, len(hyp.tokens) + 1, self.decoding.length_penalty)
-
-    def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                         return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
-                         ) -> Iterator[Translation]:
-        """Results in input order; an item may be a (source, target prefix) pair."""
-        for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
-            yield from batch
-
-    def translate_batches(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
-                          ) -> Iterator[list[Translation]]:
-        """Each micro-batch's results as soon as it is done (nmt.decode.streaming)."""
-        return translate_batches(self, lines, chunk_lines, n_best, return_attention, progress, max_wait)
-
-    def write_translations(self, lines: Iterable[Line], files: OutputFiles, n_best: int = 1,
-                           progress: Any = None) -> None:
-        """One line per input line into `files`, or `n_best` lines 'i ||| text ||| score' (nmt.decode.outputs)."""
-        batches = self.translate_batches(lines, n_best=n_best, return_attention=files.wants_attention,
-                                         progress=progress)
-        ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
 
     @torch.no_grad()
     def _search(self, src: Tensor, n_best: int, return_attention: bool, d: DecodingConfig,
