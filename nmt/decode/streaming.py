@@ -12,13 +12,18 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from itertools import islice, zip_longest
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, TextIO
 
+import numpy as np
+
 from nmt.config import MAX_BEAM, ConfigError, DecodingConfig
+from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
+from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, score_line
+from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, score_line, translations
 from nmt.fs.text import TextInputError, as_lines, iter_lines, open_text
 
 if TYPE_CHECKING:
@@ -28,17 +33,46 @@ Line = str | tuple[str, str]          # a source line, or a (source, target pref
 
 
 class Translates(ABC):
-    """What both translators share: streams, output files, the n-best check. Here, torch-free, for the PyTorch
-    one (nmt.decode.translator, which imports this module) and the onnxruntime one (nmt.runtime.translator)."""
+    """What both translators share around their own `_search`: lines to budgeted batches to Translations,
+    streams, output files, the n-best check. Torch-free: the PyTorch translator (nmt.decode.translator) and
+    the onnxruntime one (nmt.runtime.translator) both derive from it."""
 
     decoding: DecodingConfig
     src_vocab: Vocab
     tgt_vocab: Vocab
     samples: ClassVar[bool] = True                  # can sample instead of searching (the PyTorch one)
 
-    @abstractmethod
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
-                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]: ...
+                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
+        """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
+        `prefixes`: one forced target prefix per line ("" for none)."""
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
+        decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
+        self.check_n_best(n_best, decoding)
+        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
+        limit = decoding.max_input_len
+        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
+            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
+        results: list[list[Hypothesis]] = [[] for _ in lines]
+        offsets, flat = flatten(encoded)                                     # the chunk as one flat id array
+        rows_per_line = n_best if self.samples and decoding.sampling else decoding.beam_size
+        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
+                                  self.batch_tokens() // max(1, rows_per_line)):
+            src = padded_ids(flat, offsets, rows, None, EOS)                 # (rows, src_len)
+            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None   # (rows, prefix_len)
+            found = self._search(src, n_best, return_attention or decoding.replace_unk, decoding, prefix)
+            for row, hyps in zip(rows.tolist(), found, strict=True):
+                results[row] = hyps
+        return translations(lines, results, encoded, cut.tolist(), n_best, (self.src_vocab, self.tgt_vocab),
+                            decoding.replace_unk)
+
+    @abstractmethod
+    def _search(self, src: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
+                prefix: np.ndarray | None) -> list[list[Hypothesis]]:
+        """Each row's hypotheses, best first: (rows, src_len) ids with EOS, (rows, prefix_len) forced ids."""
+
+    @abstractmethod
+    def batch_tokens(self, scoring: bool = False) -> int: ...
 
     @abstractmethod
     def score(self, sources: list[str], targets: list[str],

@@ -4,7 +4,6 @@ n-best lists, attention, prefixes, the shortlist. Sampling, `score` and ensemble
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +11,9 @@ import numpy as np
 
 from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig, check_decoding, check_decoding_overrides
 from nmt.config_check import build
-from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
-from nmt.data.special import EOS, PAD
+from nmt.data.special import PAD
 from nmt.data.tokenizer import Vocab
-from nmt.decode.outputs import Translation, translations
-from nmt.decode.streaming import Translates, checked_call
+from nmt.decode.streaming import Translates
 from nmt.runtime.folder import OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, beam_search, greedy_search
 from nmt.runtime.session import OnnxModel, Shortlist
@@ -82,30 +79,8 @@ class Translator(Translates):
                                   f"{manifest.vocab_size}; export the model again")
         return cls(OnnxModel(manifest, threads), src_vocab, tgt_vocab, decoding, shortlist, manifest.languages)
 
-    def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
-                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
-        """One Translation per line, in order, as nmt.decode.translator.Translator.translate."""
-        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
-        decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
-        self.check_n_best(n_best, decoding)
-        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
-        limit = decoding.max_input_len
-        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
-            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
-        results: list[list[Hypothesis]] = [[] for _ in lines]
-        offsets, flat = flatten(encoded)
-        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
-                                  self.batch_tokens() // decoding.beam_size):
-            src = padded_ids(flat, offsets, rows, None, EOS)
-            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None
-            found = self._search(src, n_best, return_attention or decoding.replace_unk, decoding, prefix)
-            for row, hyps in zip(rows.tolist(), found, strict=True):
-                results[row] = hyps
-        return translations(lines, results, encoded, cut.tolist(), n_best,  # type: ignore[arg-type]
-                            (self.src_vocab, self.tgt_vocab), decoding.replace_unk)
-
-    def _search(self, src: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
-                prefix: np.ndarray | None) -> list[list[Hypothesis]]:
+    def _search(self, src: np.ndarray, n_best: int, return_attention: bool,  # type: ignore[override]
+                d: DecodingConfig, prefix: np.ndarray | None) -> list[list[Hypothesis]]:   # numpy attention
         src_lengths = (src != PAD).sum(1)
         max_len = d.max_len or None
         model: Any = self.model                              # an OnnxModel: a StepModel over its Tensors
