@@ -147,8 +147,5 @@ def info(
     from nmt.modelfile.file import load_model
 
     card = describe(load_model(model, allow_nonfinite=allow_nonfinite))
-    architecture = card["architecture"]
-    if architecture["attention"] == "bahdanau":  # its decoder feeds c_i, never h~ (nmt.model.seq2seq): n/a
-        architecture["input_feeding"] = None
     typer.echo(printable_json(json.dumps(card, indent=2, ensure_ascii=False)) if json_out
                else format_card(printable_data(card)))

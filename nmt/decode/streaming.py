@@ -8,28 +8,125 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from itertools import islice, zip_longest
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, TextIO
 
-from nmt.config import MAX_BEAM, DecodingConfig
-from nmt.decode.outputs import Translation, score_line
+import numpy as np
+
+from nmt.config import MAX_BEAM, ConfigError, DecodingConfig
+from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
+from nmt.data.special import EOS
+from nmt.data.tokenizer import Vocab
+from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, score_line, translations
 from nmt.fs.text import TextInputError, as_lines, iter_lines, open_text
+
+if TYPE_CHECKING:
+    from nmt.decode.rule import Hypothesis
 
 Line = str | tuple[str, str]          # a source line, or a (source, target prefix) pair
 
 
-class Translates(Protocol):                     # nmt.decode.translator.Translator, which imports this module
+class Translates(ABC):
+    """What both translators share around their own `_search`: lines to budgeted batches to Translations,
+    streams, output files, the n-best check. Torch-free: the PyTorch translator (nmt.decode.translator) and
+    the onnxruntime one (nmt.runtime.translator) both derive from it."""
+
     decoding: DecodingConfig
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    samples: ClassVar[bool] = True                  # can sample instead of searching (the PyTorch one)
 
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
-                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]: ...
+                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
+        """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
+        `prefixes`: one forced target prefix per line ("" for none)."""
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
+        decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
+        self.check_n_best(n_best, decoding)
+        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
+        limit = decoding.max_input_len
+        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
+            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
+        results: list[list[Hypothesis]] = [[] for _ in lines]
+        offsets, flat = flatten(encoded)                                     # the chunk as one flat id array
+        rows_per_line = n_best if self.samples and decoding.sampling else decoding.beam_size
+        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
+                                  self.batch_tokens() // max(1, rows_per_line)):
+            src = padded_ids(flat, offsets, rows, None, EOS)                 # (rows, src_len)
+            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None   # (rows, prefix_len)
+            found = self._search(src, n_best, return_attention or decoding.replace_unk, decoding, prefix)
+            for row, hyps in zip(rows.tolist(), found, strict=True):
+                results[row] = hyps
+        return translations(lines, results, encoded, cut.tolist(), n_best, (self.src_vocab, self.tgt_vocab),
+                            decoding.replace_unk)
 
+    @abstractmethod
+    def _search(self, src: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
+                prefix: np.ndarray | None) -> list[list[Hypothesis]]:
+        """Each row's hypotheses, best first: (rows, src_len) ids with EOS, (rows, prefix_len) forced ids."""
+
+    @abstractmethod
+    def batch_tokens(self, scoring: bool = False) -> int: ...
+
+    @abstractmethod
     def score(self, sources: list[str], targets: list[str],
               first_line: int = 1) -> list[tuple[float, float, int]]: ...
+
+    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
+                     names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
+        """n_best hypotheses need n_best beams (samples do not). `names`: the caller's for the three settings."""
+        d = decoding or self.decoding
+        if not (self.samples and d.sampling) and n_best > d.beam_size:
+            n, beam, sampling = names
+            raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
+                              f"{beam} hypotheses; raise {beam} to at least {n_best}"
+                              + (f" or use {sampling}" if self.samples else ""))
+
+    def normalised_score(self, hyp: Hypothesis) -> float:
+        """log p / lp(|y|), the GNMT length normalisation with decoding.length_penalty, EOS counted."""
+        return normalised_score(hyp.log_prob, len(hyp.tokens) + 1, self.decoding.length_penalty)
+
+    def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+                         return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
+                         ) -> Iterator[Translation]:
+        """Results in input order; an item may be a (source, target prefix) pair."""
+        for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
+            yield from batch
+
+    def translate_batches(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
+                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
+                          ) -> Iterator[list[Translation]]:
+        """Each micro-batch's results as soon as it is translated; a reading error after every earlier line's."""
+        if isinstance(lines, str):
+            raise TypeError("lines must be an iterable of lines (a list, a file), not one string")
+        first, inputs, empty = 1, 0, 0              # non-empty input lines, and those translated to nothing
+        for chunk in micro_batches(lines, chunk_lines, max_wait):
+            sources, prefixes = split_prefixes(chunk)
+            results = self.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
+            found = [bool(result.text.strip()) for source, result in zip(sources, results, strict=True)
+                     if source.strip()]
+            inputs, empty = inputs + len(found), empty + found.count(False)
+            yield results
+            first += len(chunk)
+            if progress is not None:
+                progress.update(len(chunk))
+        if empty > inputs / 2:
+            hint = "" if self.decoding.min_len else "; --min-len 1 forbids empty outputs"
+            print(f"warning: {empty} of {inputs} non-empty input lines translated to empty lines; the model may "
+                  f"be undertrained (train longer){hint}", file=sys.stderr, flush=True)
+
+    def write_translations(self, lines: Iterable[Line], files: OutputFiles, n_best: int = 1,
+                           progress: Any = None) -> None:
+        """One line per input line into `files`, or `n_best` lines 'i ||| text ||| score' (nmt.decode.outputs)."""
+        batches = self.translate_batches(lines, n_best=n_best, return_attention=files.wants_attention,
+                                         progress=progress)
+        ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
 
 
 def without_line_ending(line: str) -> str:
@@ -116,28 +213,6 @@ def split_prefixes(chunk: list[Line]) -> tuple[list[str], list[str] | None]:
         return chunk, None                                             # type: ignore[return-value]
     pairs = [item if isinstance(item, tuple) else (item, "") for item in chunk]
     return [source for source, _ in pairs], [prefix for _, prefix in pairs]
-
-
-def translate_batches(translator: Translates, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                      return_attention: bool = False, progress: Any = None,
-                      max_wait: float = 0.05) -> Iterator[list[Translation]]:
-    """Each micro-batch's results as soon as it is translated; a reading error after every earlier line's."""
-    if isinstance(lines, str):
-        raise TypeError("lines must be an iterable of lines (a list, a file), not one string")
-    first, inputs, empty = 1, 0, 0                  # non-empty input lines, and those translated to nothing
-    for chunk in micro_batches(lines, chunk_lines, max_wait):
-        sources, prefixes = split_prefixes(chunk)
-        results = translator.translate(sources, n_best, return_attention, first_line=first, prefixes=prefixes)
-        found = [bool(result.text.strip()) for source, result in zip(sources, results, strict=True) if source.strip()]
-        inputs, empty = inputs + len(found), empty + found.count(False)
-        yield results
-        first += len(chunk)
-        if progress is not None:
-            progress.update(len(chunk))
-    if empty > inputs / 2:
-        hint = "" if translator.decoding.min_len else "; --min-len 1 forbids empty outputs"
-        print(f"warning: {empty} of {inputs} non-empty input lines translated to empty lines; the model may be "
-              f"undertrained (train longer){hint}", file=sys.stderr, flush=True)
 
 
 def paired_lines(first: Iterator[str], second: Iterator[str], first_name: str,

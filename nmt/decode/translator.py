@@ -7,38 +7,36 @@ Every input line gives one result (an empty line an empty one, an over-long one 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig
-from nmt.data.rows import cut_by_budget, flatten, longest_first, padded_ids, padded_prefixes, truncated
+from nmt.data.rows import cut_by_budget, flatten, padded_ids, truncated
 from nmt.data.shortlist import load_shortlist
 from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.graphs import SearchGraphs
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
+from nmt.decode.outputs import OutputFiles, Translation
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, ShortlistError
 from nmt.decode.steps import Decoding
-from nmt.decode.streaming import Line, checked_call, translate_batches
+from nmt.decode.streaming import Translates
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.fs.text import as_lines as _as_lines
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.file import LoadedModel, ModelFileError, load_model
 from nmt.process import configure_process
 
-__all__ = ["Translation", "Translator"]
+__all__ = ["OutputFiles", "Translation", "Translator"]   # OutputFiles: for write_translations
 
 
-class Translator:
+class Translator(Translates):
     """A loaded model with its tokenizers and decoding settings. It owns its model (moved, in eval mode) and
     keeps its inference steps (nmt.decode.steps) for life: rebuilding them would cost a one-line call half
     its time. Threads may share it: a shortlist is a per-call view; only the CUDA graphs are taken in turn.
@@ -126,46 +124,10 @@ class Translator:
 
     from_checkpoints = load_ensemble
 
-    def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False,
-                  first_line: int = 1, beam_size: int | None = None,
-                  prefixes: list[str] | None = None) -> list[Translation]:
-        """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
-        `prefixes`: one forced target prefix per line ("" for none)."""
-        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
-        decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
-        self.check_n_best(n_best, decoding)
-        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
-        limit = self.decoding.max_input_len
-        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
-            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
-        results: list[list[Hypothesis]] = [[] for _ in lines]
-        offsets, flat = flatten(encoded)                                     # the chunk as one flat id array
-        rows_per_line = n_best if decoding.sampling else decoding.beam_size
-        wants_attention = return_attention or decoding.replace_unk
-        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
-                                  self.batch_tokens() // max(1, rows_per_line)):
-            src = torch.from_numpy(padded_ids(flat, offsets, rows, None, EOS))
-            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None
-            found = self._search(src, n_best, wants_attention, decoding,
-                                 None if prefix is None else torch.from_numpy(prefix))
-            for row, hyps in zip(rows.tolist(), found, strict=True):
-                results[row] = hyps
-        return translations(lines, results, encoded, cut.tolist(), n_best, (self.src_vocab, self.tgt_vocab),
-                            decoding.replace_unk)
-
     def batch_tokens(self, scoring: bool = False) -> int:
         """decoding.batch_tokens, or (0) the device's; scoring keeps the CPU's: it holds (target x vocabulary)."""
         device = "cpu" if scoring else self.device.type
         return self.decoding.batch_tokens or DECODING_BATCH_TOKENS.get(device, DECODING_BATCH_TOKENS["cpu"])
-
-    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
-                     names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
-        """n_best hypotheses need n_best beams (samples do not). `names`: the caller's for the three settings."""
-        d = decoding or self.decoding
-        if not d.sampling and n_best > d.beam_size:
-            n, beam, sampling = names
-            raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
-                              f"{beam} hypotheses; raise {beam} to at least {n_best} or use {sampling}")
 
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
         """Each pair's teacher-forced log p(target + EOS | source), as the searches score it, that normalised,
@@ -197,33 +159,11 @@ class Translator:
                     results[row] = (lp, norm, n)
         return results
 
-    def normalised_score(self, hyp: Hypothesis) -> float:
-        """log p / lp(|y|), the GNMT length normalisation with decoding.length_penalty, EOS counted."""
-        return normalised_score(hyp.log_prob, len(hyp.tokens) + 1, self.decoding.length_penalty)
-
-    def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                         return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
-                         ) -> Iterator[Translation]:
-        """Results in input order; an item may be a (source, target prefix) pair."""
-        for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
-            yield from batch
-
-    def translate_batches(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
-                          ) -> Iterator[list[Translation]]:
-        """Each micro-batch's results as soon as it is done (nmt.decode.streaming)."""
-        return translate_batches(self, lines, chunk_lines, n_best, return_attention, progress, max_wait)
-
-    def write_translations(self, lines: Iterable[Line], files: OutputFiles, n_best: int = 1,
-                           progress: Any = None) -> None:
-        """One line per input line into `files`, or `n_best` lines 'i ||| text ||| score' (nmt.decode.outputs)."""
-        batches = self.translate_batches(lines, n_best=n_best, return_attention=files.wants_attention,
-                                         progress=progress)
-        ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
-
     @torch.no_grad()
-    def _search(self, src: Tensor, n_best: int, return_attention: bool, d: DecodingConfig,
-                prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+    def _search(self, src_ids: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
+                prefix_ids: np.ndarray | None) -> list[list[Hypothesis]]:
+        src = torch.from_numpy(src_ids)
+        prefix = None if prefix_ids is None else torch.from_numpy(prefix_ids)
         if d.sampling and self.generator is None:
             self.generator = torch.Generator(device=self.device).manual_seed(d.seed)
         sampler = Sampler(d.temperature, d.top_k, d.top_p, self.generator) if d.sampling else None

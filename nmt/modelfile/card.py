@@ -10,7 +10,8 @@ from nmt.modelfile.file import LoadedModel
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:
-    """The model card as a dictionary: languages, vocabulary, architecture, parameters, data, scores."""
+    """The model card as a dictionary: languages, vocabulary, architecture, parameters, data, scores.
+    input_feeding is None (n/a) for Bahdanau: its decoder feeds c_i, never h~ (nmt.model.seq2seq)."""
     c, card, shortlist = loaded.config, loaded.card, loaded.shortlist
     return {
         "file": str(loaded.path),
@@ -21,8 +22,9 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
                        "src_size": len(loaded.src_vocab), "tgt_size": len(loaded.tgt_vocab)},
         "architecture": {k: getattr(c.model, k) for k in ("rnn_type", "attention", "embedding_dim", "encoder_hidden",
                                                           "encoder_layers", "bidirectional", "decoder_hidden",
-                                                          "decoder_layers", "input_feeding")},
-        "parameters": sum(t.numel() for t in loaded.weights.values()),
+                                                          "decoder_layers")}
+                        | {"input_feeding": None if c.model.attention == "bahdanau" else c.model.input_feeding},
+        "parameters": parameter_count(loaded),
         "nonfinite_weights": [name for name, t in loaded.weights.items() if not bool(torch.isfinite(t).all())],
         "dtype": loaded.dtype,
         "decoding": {k: getattr(c.decoding, k) for k in ("beam_size", "length_penalty", "max_len_ratio",
@@ -34,6 +36,11 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         **{key: card.get(key) for key in ("data", "data_files", "dev", "training")},
         **({"averaged_from": card["averaged_from"]} if "averaged_from" in card else {}),
     }
+
+
+def parameter_count(loaded: LoadedModel) -> int:
+    """The scalars of all weights: the card's `parameters`, and what config.json (nmt.modelfile.hf) can share."""
+    return sum(t.numel() for t in loaded.weights.values())
 
 
 def format_card(info: dict[str, Any]) -> str:

@@ -4,8 +4,6 @@ n-best lists, attention, prefixes, the shortlist. Sampling, `score` and ensemble
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +11,9 @@ import numpy as np
 
 from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig, check_decoding, check_decoding_overrides
 from nmt.config_check import build
-from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
-from nmt.data.special import EOS, PAD
+from nmt.data.special import PAD
 from nmt.data.tokenizer import Vocab
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, translations
-from nmt.decode.streaming import Line, checked_call, translate_batches
+from nmt.decode.streaming import Translates
 from nmt.runtime.folder import OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, beam_search, greedy_search
 from nmt.runtime.session import OnnxModel, Shortlist
@@ -26,8 +22,10 @@ __all__ = ["Translator"]
 NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
 
 
-class Translator:
+class Translator(Translates):
     """An exported model's sessions, tokenizers and decoding settings."""
+
+    samples = False                                     # sampling needs the PyTorch model file
 
     def __init__(self, model: OnnxModel, src_vocab: Vocab, tgt_vocab: Vocab, decoding: DecodingConfig,
                  shortlist: Shortlist | None = None, languages: dict[str, str] | None = None) -> None:
@@ -81,30 +79,8 @@ class Translator:
                                   f"{manifest.vocab_size}; export the model again")
         return cls(OnnxModel(manifest, threads), src_vocab, tgt_vocab, decoding, shortlist, manifest.languages)
 
-    def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
-                  beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
-        """One Translation per line, in order, as nmt.decode.translator.Translator.translate."""
-        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
-        decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
-        self.check_n_best(n_best, decoding)
-        prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
-        limit = decoding.max_input_len
-        encoded, cut = truncated(self.src_vocab.encode(lines), limit, lambda i, n: (
-            f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
-        results: list[list[Hypothesis]] = [[] for _ in lines]
-        offsets, flat = flatten(encoded)
-        for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
-                                  self.batch_tokens() // decoding.beam_size):
-            src = padded_ids(flat, offsets, rows, None, EOS)
-            prefix = padded_prefixes(prefix_ids, rows) if prefix_ids is not None else None
-            found = self._search(src, n_best, return_attention or decoding.replace_unk, decoding, prefix)
-            for row, hyps in zip(rows.tolist(), found, strict=True):
-                results[row] = hyps
-        return translations(lines, results, encoded, cut.tolist(), n_best,  # type: ignore[arg-type]
-                            (self.src_vocab, self.tgt_vocab), decoding.replace_unk)
-
-    def _search(self, src: np.ndarray, n_best: int, return_attention: bool, d: DecodingConfig,
-                prefix: np.ndarray | None) -> list[list[Hypothesis]]:
+    def _search(self, src: np.ndarray, n_best: int, return_attention: bool,  # type: ignore[override]
+                d: DecodingConfig, prefix: np.ndarray | None) -> list[list[Hypothesis]]:   # numpy attention
         src_lengths = (src != PAD).sum(1)
         max_len = d.max_len or None
         model: Any = self.model                              # an OnnxModel: a StepModel over its Tensors
@@ -122,37 +98,9 @@ class Translator:
     def batch_tokens(self, scoring: bool = False) -> int:
         return self.decoding.batch_tokens or DECODING_BATCH_TOKENS["cpu"]
 
-    def check_n_best(self, n_best: int, decoding: DecodingConfig | None = None,
-                     names: tuple[str, str, str] = ("n_best", "beam_size", "sampling")) -> None:
-        d = decoding or self.decoding
-        if n_best > d.beam_size:
-            n, beam, _ = names
-            raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
-                              f"{beam} hypotheses; raise {beam} to at least {n_best}")
-
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
         raise ConfigError("scoring given translations needs the PyTorch model file; an ONNX folder only translates")
 
-    def normalised_score(self, hyp: Hypothesis) -> float:
-        return normalised_score(hyp.log_prob, len(hyp.tokens) + 1, self.decoding.length_penalty)
-
-    def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                         return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
-                         ) -> Iterator[Translation]:
-        for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
-            yield from batch
-
-    def translate_batches(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
-                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
-                          ) -> Iterator[list[Translation]]:
-        return translate_batches(self, lines, chunk_lines, n_best, return_attention, progress,  # type: ignore[arg-type]
-                                 max_wait)
-
-    def write_translations(self, lines: Iterable[Line], files: OutputFiles, n_best: int = 1,
-                           progress: Any = None) -> None:
-        batches = self.translate_batches(lines, n_best=n_best, return_attention=files.wants_attention,
-                                         progress=progress)
-        ResultWriter(files, self.src_vocab, self.tgt_vocab, self.decoding.length_penalty).write(batches)
 
 
 def folder_inputs(folder: str | Path, option: str = "--model") -> list[tuple[str, Path]]:

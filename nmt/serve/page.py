@@ -36,9 +36,6 @@ def model_card(model: str | Path) -> dict[str, Any]:
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
     card["name"] = path.name
     card["size_bytes"] = sum(f.stat().st_size for f in files)
-    architecture = card.get("architecture")
-    if isinstance(architecture, dict) and architecture.get("attention") == "bahdanau":   # as `nmt info`: its
-        architecture["input_feeding"] = None                             # decoder has no input feeding
     return card
 
 
