@@ -98,7 +98,8 @@ def plot_attention_command(
     device: str = typer.Option("auto", "--device"),
 ) -> None:
     """Translate sentences and draw each one's attention as a heatmap."""
-    from nmt.decode.translator import OutputFiles, Translator
+    from nmt.decode.outputs import OutputFiles
+    from nmt.decode.translator import Translator
     from nmt.plot import attention_output, is_folder_target
 
     one_file = not is_folder_target(out)

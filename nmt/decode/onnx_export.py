@@ -114,8 +114,6 @@ def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[
     joint = loaded.src_vocab.sp.serialized_model_proto() == loaded.tgt_vocab.sp.serialized_model_proto()
     card = describe(loaded)
     card["file"] = Path(source).name                        # where it came from, not a path of this machine
-    if card["architecture"]["attention"] == "bahdanau":     # its decoder feeds c_i, never h̃: n/a (as `nmt info`)
-        card["architecture"]["input_feeding"] = None
     info: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "nmt_version": __version__, "precision": PRECISIONS[quantize],
         "special": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS}, "vocab_size": len(loaded.tgt_vocab),

@@ -21,7 +21,7 @@ from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
 from nmt.decode.ensemble import Ensemble
 from nmt.decode.graphs import SearchGraphs
-from nmt.decode.outputs import OutputFiles, Translation
+from nmt.decode.outputs import Translation
 from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, ShortlistError
@@ -33,7 +33,7 @@ from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.file import LoadedModel, ModelFileError, load_model
 from nmt.process import configure_process
 
-__all__ = ["OutputFiles", "Translation", "Translator"]   # OutputFiles: for write_translations
+__all__ = ["Translation", "Translator"]
 
 
 class Translator(Translates):

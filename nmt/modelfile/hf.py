@@ -19,7 +19,7 @@ import yaml
 from nmt import __version__
 from nmt.fs.bounded import read_json
 from nmt.fs.folders import atomic_write, build_folder
-from nmt.modelfile.card import describe, format_card
+from nmt.modelfile.card import describe, format_card, parameter_count
 from nmt.modelfile.file import LoadedModel, export_model, load_model
 from nmt.modelfile.hub import MODEL_FILE
 
@@ -123,7 +123,7 @@ def hf_config(loaded: LoadedModel) -> dict[str, Any]:
         "library_name": "nmt", "nmt_version": __version__, "model_type": "rnn-attention-seq2seq",
         "model_file": MODEL_FILE, "model_format": 2, "dtype": loaded.dtype,
         "source_language": languages["src"], "target_language": languages["tgt"],
-        "parameters": sum(t.numel() for t in loaded.weights.values()), "model": config["model"],
+        "parameters": parameter_count(loaded), "model": config["model"],
         "tokenizer": {"type": "sentencepiece", "joint": loaded.config.data.joint_vocab, "source": "source.spm",
                       "target": "target.spm", "vocab": "vocab.json", "source_vocab_size": len(loaded.src_vocab),
                       "target_vocab_size": len(loaded.tgt_vocab)},
