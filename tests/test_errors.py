@@ -87,7 +87,9 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
     torch.save(state, run / "mismatch.pt")
     shutil.copy(run / "best.pt", root / "model.pt")                      # a model outside any nmt folder
     for name, damage in (("norng", lambda st: st.pop("rng")), ("badrng", lambda st: st["rng"].update(torch="x")),
-                         ("badstep", lambda st: st.update(step="x"))):
+                         ("badstep", lambda st: st.update(step="x")),
+                         ("badwindow", lambda st: st["progress"].update(window_tokens="x")),
+                         ("oldprogress", lambda st: st["progress"].pop("validation_due"))):
         shutil.copytree(run, root / name, ignore=shutil.ignore_patterns("mismatch.pt"))
         state = torch.load(root / name / "last.pt", weights_only=False)
         damage(state)
@@ -191,6 +193,10 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "resume without training state": ([*resume[:4], f"training.run_dir={r / 'norng'}", "--resume"], None),
         "resume a damaged training state": ([*resume[:4], f"training.run_dir={r / 'badrng'}", "--resume"], None),
         "resume a step that is no number": ([*resume[:4], f"training.run_dir={r / 'badstep'}", "--resume"], None),
+        "resume a progress count that is no number": ([*resume[:4], f"training.run_dir={r / 'badwindow'}", "--resume"],
+                                                      None),
+        "resume an early version's progress": ([*resume[:4], f"training.run_dir={r / 'oldprogress'}", "--resume"],
+                                               None),
         "train on a manifest without corpora": (["train", "-c", cfg, "--set", f"data.out_dir={r / 'nocorpora'}",
                                                  "--set", "data.train=null"], None),     # the folder as it is
         "train without data folder": (["train", "-c", cfg], None),
@@ -285,7 +291,8 @@ CASES = [
     "run_dir is the corpus", "run_dir is the config folder",
     "run_dir is a data folder", "resume without last.pt", "resume changes seed", "resume changes batch_tokens",
     "resume changes data", "resume changes model", "resume without training state", "resume a damaged training state",
-    "resume a step that is no number", "train on a manifest without corpora",
+    "resume a step that is no number", "resume a progress count that is no number",
+    "resume an early version's progress", "train on a manifest without corpora",
     "train without data folder", "train on a tpu",
     "train on other settings' data", "train on a torn manifest", "train on a hollow manifest",
     "checkpoint missing", "checkpoint garbage", "checkpoint is a folder", "weights do not fit config", "device tpu",
@@ -358,6 +365,8 @@ def test_messages_name_the_thing_to_fix(world):
         "resume without training state": f"{r}/norng/last.pt lacks the training state `rng`",
         "resume a user folder": f"cannot resume: {r}/userrun is not an nmt run folder",
         "resume a step that is no number": f"{r}/badstep/last.pt: its training state cannot be restored",
+        "resume a progress count that is no number": f"{r}/badwindow/last.pt: its training state cannot be restored",
+        "resume an early version's progress": f"{r}/oldprogress/last.pt lacks the progress field `validation_due`",
         "train on a manifest without corpora": f"{r}/nocorpora/manifest.json is not a complete nmt manifest",
         "serve max-beam huge": "--max-beam",
         "resume a damaged training state": f"{r}/badrng/last.pt: its training state cannot be restored",

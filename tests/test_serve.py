@@ -688,3 +688,37 @@ def test_the_page_and_its_model_card_are_served(server, model_file):
         k: v for k, v in info.items() if k != "file"}
     assert body["server"] == {"beam_size": info["decoding"]["beam_size"], "max_beam": 8, "max_sentences": 20,
                               "max_body_bytes": 4096}
+
+
+def asgi_get(app, path: str) -> tuple[int, bytes]:
+    """One GET through an ASGI app, without a server or an HTTP client library."""
+    messages: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        messages.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": [],
+             "server": ("test", 80), "client": ("test", 1)}
+    asyncio.run(app(scope, receive, send))
+    return messages[0]["status"], b"".join(message.get("body", b"") for message in messages[1:])
+
+
+def test_the_page_is_served_where_its_app_is_mounted():
+    from importlib import resources
+
+    from fastapi import FastAPI
+
+    from nmt.serve.page import add_page
+
+    page = FastAPI()
+    add_page(page, {}, 5, ServeSettings())
+    outer = FastAPI()
+    outer.mount("/nmt", page)
+    static = resources.files("nmt.serve").joinpath("static")
+    assert asgi_get(outer, "/nmt/page.js") == (200, static.joinpath("page.js").read_bytes())
+    assert asgi_get(outer, "/nmt/") == (200, static.joinpath("index.html").read_bytes())
+    assert asgi_get(page, "/page.css") == (200, static.joinpath("page.css").read_bytes())

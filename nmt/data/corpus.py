@@ -6,6 +6,7 @@ n+1 entries: sentence i is ids[offsets[i]:offsets[i+1]]), appended by `IdWriter`
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -182,7 +183,7 @@ class IdFile:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    @property
+    @functools.cached_property
     def lengths(self) -> np.ndarray:
         return self.read_lengths()
 

@@ -1,9 +1,10 @@
 """Greedy and beam search on a GPU, `STEPS_PER_GRAPH` decoder steps captured as one CUDA graph per shape: one
 launch and one host sync per chunk, not dozens of tiny kernels launched from Python per step. The rule of
 nmt.decode.rule with static books: the batch padded to a bucket (padded rows start ended), no row dropped (a done
-beam sentence decodes on unmasked, its n best final but with early_stop), a step only records tokens, parent rows
-and finishing scores, the hypotheses put together after the last step. Outputs equal the eager searches'
-(tests/test_graphed.py, tests/test_cuda.py) up to last bits another batch shape may change."""
+beam sentence decodes on unmasked: nothing it finishes later can enter its n best, except with early_stop), a step
+only records tokens, parent rows and finishing scores, the hypotheses put together after the last step. Outputs
+equal the eager searches' (tests/test_graphed.py, tests/test_cuda.py) up to last bits another batch shape may
+change."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The inference step a trained decoder builds once from its parameters, beside the model's equations:
 the token table W E y + b, Bahdanau's fused [W_h; W_a] and folded [W_ctx; W_cc] h_j, W_s padded to 16s
 rows, int8 products (nmt.decode.quantize) and shortlist views. Training rebuilds them at every update; a
-`Decoding` builds them once per autocast dtype, so its model's parameters must not change while it lives.
+`Decoding` builds them once per autocast dtype, so its model's parameters must not change while it lives
+(validation builds one per validation: fused optimizers update in place without bumping versions).
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ def download(spec: str) -> Path:
 def model_files(path: str | Path) -> list[Path]:
     """The files the model `path` is made of, which no output may replace (nmt.fs.outputs): the file; every file
     of a folder (the card and SentencePiece models are the model too); for hf://, its files in the Hub cache
-    (snapshot links and blobs). Nothing is downloaded; a name that does not resolve gives []."""
+    (snapshot links and blobs). Nothing is downloaded; a name that does not resolve gives what it would read once
+    it does (its load reports the problem)."""
     if is_hub_name(path):
         try:
             repo, _ = parse_hub_name(hub_name(path)[len("hf://"):])

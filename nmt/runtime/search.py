@@ -255,7 +255,7 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
                 max_len_ratio: float = 2.0, min_len: int = 1, n_best: int = 1, no_repeat_ngram: int = 0,
                 return_attention: bool = False, max_len: int | None = None, prefix: np.ndarray | None = None,
                 coverage: float = 0.0, early_stop: bool = False) -> list[list[Hypothesis]]:
-    """The `n_best` hypotheses of every sentence, best first (see the module's docstring)."""
+    """The `n_best` hypotheses of every sentence, best first; when a sentence stops is nmt.decode.rule's rule."""
     batch, k = src.shape[0], beam_size
     n_best = min(n_best, k)
     memory, state = model.encode(src, src_lengths, greedy=False)       # one memory row per sentence

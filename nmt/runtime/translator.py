@@ -31,6 +31,7 @@ class Translator(Translates):
                  shortlist: Shortlist | None = None, languages: dict[str, str] | None = None) -> None:
         self.model, self.src_vocab, self.tgt_vocab, self.decoding = model, src_vocab, tgt_vocab, decoding
         self.shortlist, self.languages = shortlist, languages or {}
+        self.card = model.manifest.card
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", shortlist_file: str | Path | None = None,

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from nmt.serve.settings import ServeSettings
@@ -46,12 +46,13 @@ def add_page(app: FastAPI, card: dict[str, Any], beam_size: int, settings: Serve
     server = {"beam_size": beam_size, "max_beam": settings.max_beam, "max_sentences": settings.max_sentences,
               "max_body_bytes": settings.max_body_bytes}
 
-    async def static(request: Request) -> Response:
-        content, media_type = pages[request.url.path]
-        return Response(content, media_type=media_type, headers=HEADERS)
+    def static(content: bytes, media_type: str) -> Any:     # by route, not by URL: the app may be mounted
+        async def serve_file() -> Response:
+            return Response(content, media_type=media_type, headers=HEADERS)
+        return serve_file
 
-    for route in STATIC:
-        app.add_api_route(route, static, methods=["GET"], include_in_schema=False)
+    for route, (content, media_type) in pages.items():
+        app.add_api_route(route, static(content, media_type), methods=["GET"], include_in_schema=False)
 
     @app.get("/card")
     async def model_card_route() -> JSONResponse:

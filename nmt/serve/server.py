@@ -39,10 +39,10 @@ __all__ = ["Batcher", "Job", "RequestError", "ServeSettings", "create_app", "for
 log = logging.getLogger("nmt.serve")
 
 
-
-def create_app(translator: Translator, settings: ServeSettings, card: dict[str, Any]) -> FastAPI:
-    """The ASGI app; its model thread starts and stops with the app's lifespan. A `max_beam` below the
-    model's beam size is a ConfigError: every request without beam_size would be refused."""
+def create_app(translator: Translator, settings: ServeSettings, *, card: dict[str, Any] | None = None) -> FastAPI:
+    """The ASGI app; its model thread starts and stops with the app's lifespan. `card`: what the page shows
+    (nmt.serve.page.model_card). A `max_beam` below the model's beam size is a ConfigError: every request
+    without beam_size would be refused."""
     settings.check()
     beam_size, languages = translator.decoding.beam_size, translator.languages
     if beam_size > settings.max_beam:
@@ -114,7 +114,7 @@ def create_app(translator: Translator, settings: ServeSettings, card: dict[str, 
         vocabs = (translator.src_vocab, translator.tgt_vocab) if options.attention else None
         return JSONResponse(format_response(results, options.n_best, vocabs))
 
-    add_page(app, card, beam_size, settings)
+    add_page(app, card or {"languages": languages}, beam_size, settings)
     return app
 
 
@@ -140,7 +140,7 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
     settings.check()                            # before minutes of loading a model
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     translator = load_translator(model, device, threads=threads, precision=precision, quantize=quantize)
-    app = create_app(translator, settings, model_card(model))
+    app = create_app(translator, settings, card=model_card(model))
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,4 +1,4 @@
-"""Training checkpoints: a model file's contents (nmt.model_file.file) plus the training state; averaging.
+"""Training checkpoints: a model file's contents (nmt.modelfile.file) plus the training state; averaging.
 
 Written atomically, so a crash never leaves a half-written checkpoint under a real name; it embeds its
 tokenizer, so it translates outside its run folder too.
@@ -92,9 +92,17 @@ def restore_training_state(path: Path, state: dict[str, Any], config: Config, op
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         prog = state["progress"]
-        restored = {f.name: prog[f.name] for f in fields(Progress) if f.name not in ("step", "cursor", "best_k")}
+        names = [f.name for f in fields(Progress) if f.name not in ("step", "cursor", "best_k")]
+        if absent := [name for name in names if name not in prog]:
+            raise CheckpointError(f"{path} lacks the progress field `{absent[0]}`: an earlier development "
+                                  "version of nmt wrote it; start a new run instead")
+        blank = Progress()          # each field's type, from its default: another value is converted or refused
+        restored = {name: prog[name] if getattr(blank, name) is None else type(getattr(blank, name))(prog[name])
+                    for name in names}
         return Progress(step=state["step"], cursor=Cursor(**state["cursor"]), best_k=best_k_files(path, prog),
                         **restored)
+    except CheckpointError:
+        raise
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: its training state cannot be restored "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
