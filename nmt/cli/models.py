@@ -66,16 +66,19 @@ def export(
     given = [name for name, value in (("--score", score), ("--license", card_license)) if value]
     if given and layout != "hf":
         fail(f"{given[0]} applies only to --format hf (the model card of a Hugging Face folder)")
-    write = {"nmt": _export_file, "hf": _export_hf, "onnx": _export_onnx}[layout]
     try:
-        message = write(checkpoint, output, dtype, quantize, force, score or [], card_license or "unknown")
+        if layout == "hf":
+            message = _export_hf(checkpoint, output, dtype, quantize, force, score or [], card_license or "unknown")
+        elif layout == "onnx":
+            message = _export_onnx(checkpoint, output, dtype, quantize, force)
+        else:
+            message = _export_file(checkpoint, output, dtype, quantize, force)
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
     typer.echo(message, err=True)
 
 
-def _export_file(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, _scores: list[str],
-                 _license: str) -> str:
+def _export_file(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool) -> str:
     """`nmt export`: one model file, replacing only an nmt model file (with --force)."""
     from nmt.modelfile.card import describe, format_card
     from nmt.modelfile.file import ModelFileError, export_model, load_model
@@ -115,8 +118,7 @@ def _export_hf(checkpoint: Path, output: Path, dtype: str, quantize: str | None,
             f"vocab.json, README.md with {len(read)} test scores)\n\n{card}")
 
 
-def _export_onnx(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool, _scores: list[str],
-                 _license: str) -> str:
+def _export_onnx(checkpoint: Path, output: Path, dtype: str, quantize: str | None, force: bool) -> str:
     """`nmt export --format onnx`: a folder of ONNX graphs (nmt.decode.onnx_export)."""
     if dtype != "fp32":
         fail(f"--dtype {dtype} does not apply to --format onnx: its graphs compute in float32 "
