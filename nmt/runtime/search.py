@@ -211,7 +211,7 @@ def _merged(pool: np.ndarray, new: Any, from_new: np.ndarray, old: np.ndarray) -
 
 
 def _finish(b: _Beams, t: int, top_scores: np.ndarray, top_token: np.ndarray, source_rows: np.ndarray,
-            weights: np.ndarray, alpha: float, cov_scores: np.ndarray | None) -> np.ndarray:
+            alpha: float, cov_scores: np.ndarray | None) -> np.ndarray:
     """EOS candidates ranked within the top k join the finished pool, which keeps its best k.
     returns the pool's scores (active, k), best first."""
     k, a = b.k, b.active
@@ -229,14 +229,13 @@ def _finish(b: _Beams, t: int, top_scores: np.ndarray, top_token: np.ndarray, so
     b.fin_tokens[a] = _merged(b.fin_tokens[a], ended[rows], from_new, old)
     b.fin_lengths[a] = _merged(b.fin_lengths[a], t + 1, from_new, old)
     if b.fin_attn is not None and b.alive_attn is not None:
-        attn = np.concatenate([b.alive_attn, weights[:, None]], 1)                          # (rows, t+1, src_len)
-        b.fin_attn[a] = _merged(b.fin_attn[a], attn[rows], from_new, old)
+        b.fin_attn[a] = _merged(b.fin_attn[a], b.alive_attn[rows], from_new, old)
     b.fin_scores[a] = fin_best
     return fin_best
 
 
-def _continue(b: _Beams, top_scores: np.ndarray, top_token: np.ndarray, source_rows: np.ndarray,
-              weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _continue(b: _Beams, top_scores: np.ndarray, top_token: np.ndarray,
+              source_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The best k candidates that do not end become the alive beams; returns their scores (active, k)
     and the rows of the step's output they continue (active*k,)."""
     alive_best, pick = top_candidates(np.where(top_token == EOS, NEG_INF, top_scores), b.k)
@@ -245,7 +244,7 @@ def _continue(b: _Beams, top_scores: np.ndarray, top_token: np.ndarray, source_r
     b.alive_scores = alive_best.reshape(-1)
     b.alive_tokens = np.concatenate([b.alive_tokens[rows], b.prev[:, None]], 1)
     if b.alive_attn is not None:
-        b.alive_attn = np.concatenate([b.alive_attn, weights[:, None]], 1)[rows]
+        b.alive_attn = b.alive_attn[rows]
     if b.alive_cov is not None:
         b.alive_cov = b.alive_cov[rows]
     return alive_best, rows
@@ -280,8 +279,10 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
         if b.alive_cov is not None:
             b.alive_cov = b.alive_cov + weights                        # this step's α included
             cov_scores = coverage_penalty(b.alive_cov, np.repeat(src_mask[b.active], width, 0), coverage)
-        fin_best = _finish(b, t, top_scores, top_token, source_rows, weights, alpha, cov_scores)
-        alive_best, rows = _continue(b, top_scores, top_token, source_rows, weights)
+        if b.alive_attn is not None:                                   # this step's α, once for both pools
+            b.alive_attn = np.concatenate([b.alive_attn, weights[:, None]], 1)      # (active*width, t+1, src_len)
+        fin_best = _finish(b, t, top_scores, top_token, source_rows, alpha, cov_scores)
+        alive_best, rows = _continue(b, top_scores, top_token, source_rows)
         state = state.take(rows)
         best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
         bound = best_alive / length_penalty(limits[b.active].astype(np.float32), alpha)
