@@ -103,7 +103,6 @@ def score(
     """
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_pairs, write_scores
-    from nmt.decode.translator import Translator
     from nmt.runtime.folder import is_onnx_folder
 
     for model in checkpoint:
@@ -113,11 +112,7 @@ def score(
     with ExitStack() as stack, user_errors():
         pairs = open_pairs(stack, src, tgt)
         outputs.check([("--src", src), ("--tgt", tgt), *model_inputs(checkpoint)], stdin=False)
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        scorer = Translator.load(checkpoint, device, **given(decoding))
+        scorer = load_translator(checkpoint, device, threads=threads, **given(decoding))
         write_scores(scorer, pairs, outputs.open(stack, sys.stdout).text, json_lines)
         sys.stdout.flush()
         outputs.commit()
