@@ -148,7 +148,8 @@ class Trainer:
                     if stop or p.step % t.validate_every == 0:
                         stop = self._validate_and_save(stop)
                         window.start = time.monotonic()
-                    elif (t.save_every and p.step % t.save_every == 0) or self.ranks.from_rank0(self.budget.save_due()):
+                    elif ((t.save_every and p.step % t.save_every == 0)        # rank 0's clock, asked only if used
+                          or (t.save_every_minutes and self.ranks.from_rank0(self.budget.save_due()))):
                         self._save("last.pt")
                         stop = self._stop_reason()     # a signal during the save: last.pt is current, stop now
                     if stop:
