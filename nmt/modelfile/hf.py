@@ -105,7 +105,7 @@ def export_hf(source: str | Path, folder: str | Path, dtype: str = "fp32", quant
 
 
 def _write_files(folder: Path, loaded: LoadedModel, name: str, scores: list[TestScore], license: str) -> None:
-    vocab = {side: [vocab.sp.id_to_piece(int(i)) for i in vocab.pieces]
+    vocab = {side: vocab.to_pieces(range(len(vocab)))
              for side, vocab in (("source", loaded.src_vocab), ("target", loaded.tgt_vocab))}
     files = {"source.spm": loaded.src_vocab.sp.serialized_model_proto(),
              "target.spm": loaded.tgt_vocab.sp.serialized_model_proto(),

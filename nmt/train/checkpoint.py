@@ -215,7 +215,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     """The mean parameters of checkpoints of one model; the rest comes from the last."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    states = [load_checkpoint(p, mmap=True) for p in paths]     # mmap: the optimiser states stay unread
+    states = [load_checkpoint(p, mmap=True) for p in paths]     # mmap: optimiser states read (CRC) but not loaded
     for path, state in zip(paths, states, strict=True):
         try:            # each one's weights fit its config, are finite and it embeds its tokenizer: read once
             model_file.checked_model(Path(path), {**state})
