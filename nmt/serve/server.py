@@ -68,7 +68,8 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
         start = time.perf_counter()
         request.state.sentences = 0
         response = await call_next(request)
-        log.info("%s %s %d %d sentences %.1f ms", request.method, request.url.path, response.status_code,
+        path = ascii(request.url.path[:200])[1:-1]        # a client's path: one printable line, bounded
+        log.info("%s %s %d %d sentences %.1f ms", request.method, path, response.status_code,
                  request.state.sentences, (time.perf_counter() - start) * 1000)
         return response
 
