@@ -17,7 +17,7 @@ import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -226,6 +226,22 @@ def test_one_log_line_per_request_with_latency(server):
     lines = [line for line in server.log[before:] if ours.search(line)]
     assert len(lines) == 2, server.log[before:]
     assert "200 2 sentences" in lines[0] and "400 0 sentences" in lines[1], lines
+
+
+def test_a_request_path_cannot_forge_or_flood_log_lines(server):
+    """The path is logged decoded: its control characters are escaped and it is cut, so one request is one line
+    that cannot drive a terminal (ESC) or split in a log viewer (VT, NEL, U+2028)."""
+    before = len(server.log)
+    forged = "/x" + quote("\x1b[2J\x0b\x85\u2028 GET /health 200") + "y" * 5000
+    assert server.request("GET", forged)[0] == 404
+    deadline = time.monotonic() + 60
+    while not any("GET /x" in line for line in server.log[before:]):
+        assert time.monotonic() < deadline, server.log[before:]
+        time.sleep(0.05)
+    time.sleep(0.2)
+    ours = [line for line in server.log[before:] if "GET /x" in line]
+    assert len(ours) == 1 and "/x\\x1b[2J\\x0b\\x85\\u2028 GET /health 200yyy" in ours[0], ours
+    assert len(ours[0]) < 300 and ours[0].rstrip("\n").isprintable()
 
 
 def test_full_queue_is_503_and_sigterm_finishes_in_flight_requests(model_file, offline, sources):
@@ -593,6 +609,23 @@ def test_libretranslate_forms_are_read_as_libretranslate_reads_them(server, offl
     assert status == 200 and answer == {"translatedText": "\n".join(expected)}
     status, _, answer = server.request("POST", "/translate", json.dumps(["Ein Hund."]).encode(), FORM)   # curl -d
     assert status == 200 and answer == {"translations": [offline.translate(["Ein Hund."])[0].text]}
+
+
+def test_libretranslate_fields_in_the_query_string_are_read_as_a_form(server, offline, sources):
+    """LibreTranslate reads `request.values`: the query string's fields with a form's, or alone."""
+    expected = offline.translate(sources[:1])[0].text
+    query = "/translate?" + urlencode({"q": sources[0], "source": "de", "target": "en"})
+    assert server.request("POST", query, b"", FORM)[::2] == (200, {"translatedText": expected})
+    assert server.request("POST", query, b"")[::2] == (200, {"translatedText": expected})
+    split = "/translate?" + urlencode({"source": "de", "target": "en"})
+    body = urlencode({"q": sources[0]}).encode()
+    assert server.request("POST", split, body, FORM)[::2] == (200, {"translatedText": expected})
+    body, headers = multipart([("q", sources[0], None)])
+    assert server.request("POST", split, body, headers)[::2] == (200, {"translatedText": expected})
+    twice = server.request("POST", query, urlencode({"q": "Katze"}).encode(), FORM)
+    assert twice[0] == 400 and "'q' given more than once" in twice[2]["error"]
+    with_json = server.request("POST", "/translate?beam_size=2", json.dumps({"sentences": ["Hund"]}).encode())
+    assert with_json[0] == 400 and "query-string field 'beam_size' with a JSON body" in with_json[2]["error"]
 
 
 @pytest.mark.parametrize(("fields", "status", "message"), [

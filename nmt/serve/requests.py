@@ -2,6 +2,8 @@
 
 A body is JSON whatever its Content-Type says (`curl -d` labels JSON a form), except that LibreTranslate's
 clients may send a form: multipart/form-data always is one, and form-urlencoded that is not JSON is read as one.
+LibreTranslate also reads its fields from the query string (`POST /translate?q=...`): they join a form's
+fields, or make the form when the body is empty.
 """
 
 from __future__ import annotations
@@ -57,17 +59,28 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
             raise RequestError(413, f"request body over {limit} bytes")
 
 
-async def parse_body(headers: Headers, body: bytes) -> tuple[Any, bool]:
-    """(JSON's value, False), or (a LibreTranslate form as the object it stands for, True); RequestError(400, 415)."""
+async def parse_body(headers: Headers, body: bytes, query: list[tuple[str, str]] | None = None) -> tuple[Any, bool]:
+    """(JSON's value, False), or (a LibreTranslate form, with the `query` string's fields, as the object it stands
+    for, True); RequestError(400, 415)."""
+    query = query or []
+    if len(query) > MAX_FORM_FIELDS:
+        raise RequestError(400, f"Invalid request: more than {MAX_FORM_FIELDS} query-string fields")
     media_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type == "multipart/form-data":
-        return form_fields(await parse_multipart(headers, body)), True
+        return form_fields(query + await parse_multipart(headers, body)), True
+    if query and not body.strip():
+        return form_fields(query), True
     try:
-        return loads_json(body), False
+        payload = loads_json(body)
     except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if media_type != "application/x-www-form-urlencoded":
             raise RequestError(400, f"the request body is not valid JSON ({reason})") from None
+    else:
+        if query:
+            raise RequestError(400, f"Invalid request: query-string field {query[0][0][:40]!r} with a JSON body; "
+                                    "send every field in the JSON body, or all as a form")
+        return payload, False
     try:                                          # UTF-8, as browsers send forms
         fields = parse_qsl(body.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict",
                            max_num_fields=MAX_FORM_FIELDS)
@@ -75,10 +88,10 @@ async def parse_body(headers: Headers, body: bytes) -> tuple[Any, bool]:
         raise RequestError(400, "Invalid request: the form is not valid UTF-8") from None
     except ValueError:                            # max_num_fields
         raise RequestError(400, f"Invalid request: more than {MAX_FORM_FIELDS} form fields") from None
-    if not any(key in LIBRE_KEYS for key, _ in fields):
+    if not any(key in LIBRE_KEYS for key, _ in query + fields):
         raise RequestError(400, "the request body is neither valid JSON nor a LibreTranslate form (q, source, "
                                 "target)")
-    return form_fields(fields), True
+    return form_fields(query + fields), True
 
 
 async def parse_multipart(headers: Headers, body: bytes) -> list[tuple[str, Any]]:

@@ -89,8 +89,8 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
     async def translate(request: Request) -> JSONResponse:
         if not state["accepting"]:
             raise RequestError(503, "the server is shutting down")
-        payload, form = await parse_body(request.headers, await read_body(request, settings.max_body_bytes,
-                                                                          settings.body_timeout))
+        body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+        payload, form = await parse_body(request.headers, body, request.query_params.multi_items())
         libre = form or (isinstance(payload, dict) and "q" in payload)     # LibreTranslate's request
         if libre:
             sentences, counts, single = parse_libre(payload, languages, settings.max_sentences)
