@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from nmt.fs.bounded import load_yaml, loads_json
-from nmt.fs.folders import atomic_write, refuse_foreign, write_marker
+from nmt.fs.folders import atomic_write, refuse_foreign, remove_nmt_files, write_marker
 from nmt.fs.outputs import output_target
 
 if TYPE_CHECKING:                  # weights may also be numpy arrays (nmt.runtime): no torch at run time
@@ -81,9 +81,12 @@ class AttentionPlotter:
             self.out, self.kind = Path(out), image_format(Path(out), option)
             return
         self.out, self.kind = output_target(out, option), "png"     # the folder the user named may be a link
-        if refuse_foreign(self.out, "attention", option, "empty it") is None:
+        marker = refuse_foreign(self.out, "attention", option, "empty it")
+        if marker is None:
             self.out.mkdir(parents=True, exist_ok=True)
             write_marker(self.out, "attention")
+        else:                                               # an earlier run's heatmaps would pass for this run's
+            remove_nmt_files(self.out, marker)
 
     def plot(self, number: int, src_pieces: Sequence[str], tgt_pieces: Sequence[str], weights: Tensor) -> Path:
         if self.one_file and self.written:

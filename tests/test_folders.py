@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -228,7 +229,7 @@ def test_a_copy_whose_source_cannot_be_read_names_the_source_and_keeps_the_targe
     assert target.read_bytes() == Path(__file__).read_bytes()
 
 
-def test_outputs_are_written_through_symlinks_and_pipes_are_refused(tmp_path):
+def test_outputs_are_written_through_symlinks_and_pipes_are_streams(tmp_path):
     target = tmp_path / "real.txt"
     target.write_text("old")
     link = tmp_path / "link.txt"
@@ -240,14 +241,17 @@ def test_outputs_are_written_through_symlinks_and_pipes_are_refused(tmp_path):
     assert link.is_symlink() and os.readlink(link) == "real.txt" and target.read_text() == "new"
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
-    with pytest.raises(FolderError, match="not a regular file"):
-        check_output_path(pipe, "--output")
-    with pytest.raises(OSError, match="not a regular file"):       # every atomic write, checked or not
+    assert check_output_path(pipe, "--output") == pipe                 # written directly (open_output)
+    with pytest.raises(OSError, match="not a regular file"):       # an atomic write never replaces one
         atomic_write(pipe, lambda h: h.write(b"x"))
     assert pipe.is_fifo()
     (tmp_path / "to_pipe").symlink_to(pipe)
-    with pytest.raises(FolderError, match="not a regular file"):
-        check_output_path(tmp_path / "to_pipe", "--output")
+    assert check_output_path(tmp_path / "to_pipe", "--output") == pipe
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "sock"))
+    with pytest.raises(FolderError, match="sock is a socket, not a regular file, a pipe or a character device"):
+        check_output_path(tmp_path / "sock", "--output")
+    server.close()
 
 
 def test_a_marker_that_is_a_link_or_names_outside_its_folder_makes_the_folder_foreign(tmp_path):

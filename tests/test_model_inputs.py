@@ -143,3 +143,20 @@ def test_dev_null_is_an_output(model_file, tmp_path):
     assert result.returncode == 0, result.stderr
     assert Path(os.devnull).is_char_device()
     one_error(run_cli("translate", "-m", str(model_file), "-i", os.devnull, "-o", os.devnull), "is also --input")
+
+
+def test_a_pipe_is_an_output_written_as_a_stream(model_file, tmp_path):
+    """`-o FIFO` and `--scores >(cmd)` are streams, as stdout is: the reader gets every line, nothing is renamed
+    over the pipe; one pipe may not take two outputs."""
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund läuft.\nZwei Männer.\n")
+    expected = run_cli("translate", "-m", str(model_file), "-i", str(source), "-q").stdout
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    result = run_cli("translate", "-m", str(model_file), "-i", str(source), "-o", str(fifo), "-q")
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    assert reader.communicate(timeout=60)[0] == expected and expected.count("\n") == 2
+    assert fifo.is_fifo() and sorted(os.listdir(tmp_path)) == ["in.de", "out.fifo"]
+    one_error(run_cli("translate", "-m", str(model_file), "-i", str(source), "-o", str(fifo), "--scores", str(fifo)),
+              "is also --output")

@@ -49,10 +49,10 @@ def test_attention_plots_never_replace_a_users_file(trained_run, tmp_path):
     assert result.returncode == 2 and "holds files nmt did not write (attention-00000.png)" in result.stderr
     assert (mine / "attention-00000.png").read_bytes() == b"my holiday photo"
     ours = tmp_path / "ours"
-    for _ in range(2):                                   # nmt's own folder: created, then written again
-        result = run_cli(*args, "-o", str(ours))
+    for sources in (["Ein Hund.", "Eine Katze."], ["", "Ein Mann."]):     # nmt's own folder: created, then replaced
+        result = run_cli(*args[:-2], *[arg for src in sources for arg in ("--src", src)], "-o", str(ours))
         assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in ours.iterdir()) == [".nmt-folder.json", "attention-00000.png"]
+    assert sorted(p.name for p in ours.iterdir()) == [".nmt-folder.json", "attention-00001.png"]   # line 0: empty
     (ours / "notes.txt").write_text("mine now")
     assert run_cli(*args, "-o", str(ours)).returncode == 2
 

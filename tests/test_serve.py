@@ -203,6 +203,9 @@ def test_empty_list_health_and_unknown_routes(server):
     assert status == 405 and body == {"error": "Method Not Allowed"}
     status, _, body = server.request("POST", "/nothing", b"[]")
     assert status == 404 and body == {"error": "Not Found"}
+    for method, path in (("GET", "/card/"), ("POST", "/translate/")):     # no redirect built from the Host header
+        status, headers, _ = server.raw(method, path, b"[]", {"Host": "attacker.test"})
+        assert status == 404 and "location" not in headers, (method, path, headers)
 
 
 def test_one_log_line_per_request_with_latency(server):

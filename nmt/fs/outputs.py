@@ -4,7 +4,8 @@ write lands, and what it may not land on (an input, stdin, another output, a fil
 A user's output may be a link: `output_target` follows it only as the kernel's `fs.protected_symlinks` would
 (whether that is on or not), so a link someone else planted in /tmp never redirects a write; a link inside an nmt
 folder is never followed. "Is the same file" compares real paths and (device, inode), catching hard links too.
-A character device (`-o /dev/null`, a terminal) is written directly, not renamed into place.
+A character device (`-o /dev/null`, a terminal) or a pipe (`mkfifo`, `--alignments >(gzip >a.gz)`) is a stream:
+written directly, as stdout is, not renamed into place.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from nmt.fs.bounded import file_kind
 from nmt.fs.folders import FolderError, PendingFile, is_nmt_file, own_marker, remove_leftovers, text_options
 
 MAX_LINKS = 40          # the kernel's limit on links followed in one path (ELOOP beyond it)
@@ -77,12 +79,17 @@ def output_target(path: str | Path, option: str | None = None) -> Path:
     return given if not links else here
 
 
-def is_device(path: str | Path) -> bool:
-    """A character device (/dev/null, a terminal): written directly, never replaced."""
+def _mode(path: str | Path) -> int:
     try:
-        return stat.S_ISCHR(os.stat(path).st_mode)
+        return os.stat(path).st_mode
     except OSError:
-        return False
+        return 0
+
+
+def is_device(path: str | Path) -> bool:
+    """A character device (/dev/null, a terminal) or a pipe: written directly, never replaced."""
+    mode = _mode(path)
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def check_output_path(path: str | Path, option: str) -> Path:
@@ -93,9 +100,9 @@ def check_output_path(path: str | Path, option: str) -> Path:
         raise FolderError(f"{option}: {path} is a folder; give a file name")
     if is_device(target):
         return target
-    if target.exists() and not target.is_file():      # a pipe or a block device: the rename would replace it
-        raise FolderError(f"{option}: {path} is not a regular file (a pipe or a device); nmt writes an output "
-                          "whole and renames it into place, so give a file name (or leave the option out for stdout)")
+    if target.exists() and not target.is_file():      # a block device or a socket: the rename would replace it
+        raise FolderError(f"{option}: {path} is {file_kind(_mode(target))}, not a regular file, a pipe or a "
+                          "character device; give a file name (or leave the option out for stdout)")
     if not target.parent.is_dir():
         raise FolderError(f"{option}: folder {target.parent} does not exist; create it first")
     if not os.access(target.parent, os.W_OK):
@@ -138,14 +145,15 @@ def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str
         for other, known in sources:
             if known & identity:
                 raise FolderError(f"{option} {path} is also {other}; write the output to another file")
-        if not is_device(target):                   # /dev/null may take several outputs
+        if not stat.S_ISCHR(_mode(target)):         # /dev/null may take several outputs, a pipe one
             sources.append((option, identity))
         targets[option] = target
     return targets
 
 
 class DeviceFile:
-    """A character device opened for writing, with PendingFile's interface: nothing to rename or discard."""
+    """A character device or a pipe opened for writing, with PendingFile's interface: nothing to rename or
+    discard."""
 
     def __init__(self, path: Path, mode: str) -> None:
         self.handle: IO[Any] = open(path, mode, **text_options(mode))  # noqa: SIM115 (closed by commit or discard)
@@ -157,7 +165,7 @@ class DeviceFile:
 
 
 def open_output(target: Path, mode: str = "w") -> PendingFile | DeviceFile:
-    """The writer for a checked output `target`: a device directly, a file as a `PendingFile` (after removing
+    """The writer for a checked output `target`: a stream directly, a file as a `PendingFile` (after removing
     leftovers of killed runs beside it)."""
     if is_device(target):
         return DeviceFile(target, mode)

@@ -95,7 +95,7 @@ def read_lines(path: str | Path) -> list[str]:
         return list(iter_lines(handle, str(path)))
 
 
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")        # C0, DEL and C1: ESC, BEL, CSI, OSC, newlines
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")    # C0, DEL, C1 (ESC, BEL, CSI, OSC, newlines), U+2028-9
 
 
 def printable(text: object) -> str:

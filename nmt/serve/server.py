@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nmt.config import ConfigError
 from nmt.decode.outputs import Translation
+from nmt.fs.text import printable
 from nmt.serve.batcher import Batcher, Job, RequestError
 from nmt.serve.libre import TRANSLATE_BODY, languages_list, libre_response, parse_libre
 from nmt.serve.page import add_page, model_card
@@ -60,7 +61,8 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
         state["accepting"] = False
         await asyncio.to_thread(batcher.stop)          # answer what is queued
 
-    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No redirect from "/card/" to "/card": Starlette builds it from the client's Host header (an open redirect).
+    app = FastAPI(title="nmt", lifespan=lifespan, docs_url=None, redoc_url=None, redirect_slashes=False)
     app.state.batcher = batcher
 
     @app.middleware("http")
@@ -68,7 +70,7 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
         start = time.perf_counter()
         request.state.sentences = 0
         response = await call_next(request)
-        path = ascii(request.url.path[:200])[1:-1]        # a client's path: one printable line, bounded
+        path = printable(request.url.path[:200])          # a client's path: one printable line, bounded
         log.info("%s %s %d %d sentences %.1f ms", request.method, path, response.status_code,
                  request.state.sentences, (time.perf_counter() - start) * 1000)
         return response
