@@ -5,8 +5,10 @@ compared by where links lead and by inode. And /dev/null is an output."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,24 @@ def test_a_pipe_is_an_output_written_as_a_stream(model_file, tmp_path):
     assert fifo.is_fifo() and sorted(os.listdir(tmp_path)) == ["in.de", "out.fifo"]
     one_error(run_cli("translate", "-m", str(model_file), "-i", str(source), "-o", str(fifo), "--scores", str(fifo)),
               "is also --output")
+
+
+def test_dev_stdout_is_written_through_the_open_descriptor(model_file, tmp_path):
+    """`-o /dev/stdout` into a file the shell appends to: the lines land after what is there, nothing is
+    truncated or renamed over it; into a pipe they stream. A second output on the same descriptor is refused."""
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund läuft.\nZwei Männer.\n")
+    expected = run_cli("translate", "-m", str(model_file), "-i", str(source), "-q").stdout
+    log = tmp_path / "log.txt"
+    log.write_text("day 1\n")
+    nmt = f"{shlex.quote(sys.executable)} -m nmt translate -m {shlex.quote(str(model_file))} -i {source} -q"
+    script = f"(echo day 2; {nmt} -o /dev/stdout; echo end) >> {log}; {nmt} --scores /dev/stderr 2>> {log} >/dev/null"
+    subprocess.run(["bash", "-c", script], check=True, timeout=300)
+    text = log.read_text()
+    assert text.startswith(f"day 1\nday 2\n{expected}end\n") and text.count("\n") == 7, text
+    piped = subprocess.run(["bash", "-c", f"{nmt} -o /dev/fd/1 | cat"], capture_output=True, text=True, timeout=300)
+    assert piped.returncode == 0 and piped.stdout == expected, piped.stderr
+    twice = subprocess.run(["bash", "-c", f"{nmt} -o /dev/stdout --scores /dev/fd/1 >> {log}"], capture_output=True,
+                           text=True, timeout=300)
+    assert twice.returncode == 2 and "--scores /dev/fd/1 is also --output" in twice.stderr
+    assert log.read_text() == text and sorted(os.listdir(tmp_path)) == ["in.de", "log.txt"]

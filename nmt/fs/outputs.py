@@ -5,7 +5,8 @@ A user's output may be a link: `output_target` follows it only as the kernel's `
 (whether that is on or not), so a link someone else planted in /tmp never redirects a write; a link inside an nmt
 folder is never followed. "Is the same file" compares real paths and (device, inode), catching hard links too.
 A character device (`-o /dev/null`, a terminal) or a pipe (`mkfifo`, `--alignments >(gzip >a.gz)`) is a stream:
-written directly, as stdout is, not renamed into place.
+written directly, as stdout is, not renamed into place. So is an open descriptor (`-o /dev/stdout`, /dev/fd/N),
+through a copy of it: reopening it would truncate what the shell appended there, and renaming would replace it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
@@ -23,6 +25,7 @@ from nmt.fs.bounded import file_kind
 from nmt.fs.folders import FolderError, PendingFile, is_nmt_file, own_marker, remove_leftovers, text_options
 
 MAX_LINKS = 40          # the kernel's limit on links followed in one path (ELOOP beyond it)
+_DESCRIPTORS = re.compile(r"/proc/(\d+)(/task/\d+)?/fd")      # where /dev/stdout and /dev/fd/N lead
 _STICKY_WORLD_WRITABLE = stat.S_ISVTX | stat.S_IWOTH
 
 
@@ -68,6 +71,9 @@ def output_target(path: str | Path, option: str | None = None) -> Path:
         if not stat.S_ISLNK(info.st_mode):
             here = step
             continue
+        fds = _DESCRIPTORS.fullmatch(str(here))
+        if fds and int(fds.group(1)) == os.getpid() and part.isdigit() and not rest:
+            return Path("/proc/self/fd", part)     # an open descriptor of this process (`descriptor`)
         links += 1
         if links > MAX_LINKS:
             raise FolderError(f"{named}: too many levels of symbolic links")
@@ -86,10 +92,16 @@ def _mode(path: str | Path) -> int:
         return 0
 
 
+def descriptor(path: str | Path) -> int | None:
+    """N for the /proc/self/fd/N that `output_target` makes of /dev/stdout, /dev/fd/N and the like."""
+    match = re.fullmatch(r"/proc/self/fd/(\d+)", str(path))
+    return int(match.group(1)) if match else None
+
+
 def is_device(path: str | Path) -> bool:
-    """A character device (/dev/null, a terminal) or a pipe: written directly, never replaced."""
+    """A character device (/dev/null, a terminal), a pipe or an open descriptor: written directly, never replaced."""
     mode = _mode(path)
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+    return descriptor(path) is not None or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def check_output_path(path: str | Path, option: str) -> Path:
@@ -156,7 +168,9 @@ class DeviceFile:
     discard."""
 
     def __init__(self, path: Path, mode: str) -> None:
-        self.handle: IO[Any] = open(path, mode, **text_options(mode))  # noqa: SIM115 (closed by commit or discard)
+        number = descriptor(path)
+        self.handle: IO[Any] = (os.fdopen(os.dup(number), mode, **text_options(mode)) if number is not None
+                                else open(path, mode, **text_options(mode)))  # noqa: SIM115 (closed by commit)
 
     def commit(self) -> None:
         self.handle.close()
