@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -47,6 +48,25 @@ def test_atomic_write_gives_the_umask_mode_and_leaves_no_temporary(tmp_path, uma
     assert mode_of(tmp_path / "out.bin") == mode_of(tmp_path / "out.txt") == 0o666 & ~umask
     assert (tmp_path / "out.txt").read_bytes() == "ä\r\n".encode()     # no newline translation
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin", "out.txt"]
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_atomic_write_without_replace_never_replaces_a_file_that_appeared(tmp_path, monkeypatch, hard_links):
+    """Two `nmt export -o same.nmt` at once: the later rename must fail, not replace the other's file."""
+    if not hard_links:                                   # FAT, some network file systems
+        monkeypatch.setattr(os, "link", lambda *a: (_ for _ in ()).throw(PermissionError(errno.EPERM, "no links")))
+    target = tmp_path / "model.nmt"
+
+    def racing(handle):
+        handle.write(b"mine")
+        target.write_bytes(b"theirs")                  # another process finished first
+
+    with pytest.raises(FileExistsError):
+        atomic_write(target, racing, replace=False)
+    assert target.read_bytes() == b"theirs" and [p.name for p in tmp_path.iterdir()] == ["model.nmt"]
+    target.unlink()
+    atomic_write(target, lambda h: h.write(b"mine"), replace=False)
+    assert target.read_bytes() == b"mine" and [p.name for p in tmp_path.iterdir()] == ["model.nmt"]
 
 
 def test_atomic_write_failure_keeps_the_old_file_and_removes_the_temporary(tmp_path):

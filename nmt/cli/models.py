@@ -97,7 +97,11 @@ def _export_file(checkpoint: Path, output: Path, dtype: str, quantize: str | Non
                 raise ModelFileError("a checkpoint")
         except (ModelFileError, ConfigError):
             fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
-    export_model(checkpoint, target, dtype, quantize)
+    try:
+        export_model(checkpoint, target, dtype, quantize, replace=force)
+    except FileExistsError:
+        fail(f"{output} was created by another process meanwhile; choose a new name, or pass --force to replace "
+             "an nmt model file")
     card = format_card(printable_data(describe(load_model(target))))
     return f"wrote {printable(output)} ({target.stat().st_size / 2**20:.1f} MB)\n\n{card}"
 

@@ -115,12 +115,16 @@ class PendingFile:
             self.tmp.unlink(missing_ok=True)
             raise
 
-    def commit(self) -> None:
+    def commit(self, replace: bool = True) -> None:
+        """Rename into place; `replace=False`: a FileExistsError if `path` has appeared meanwhile (another process)."""
         try:
             self.handle.flush()
             os.fsync(self.handle.fileno())
             self.handle.close()
-            os.replace(self.tmp, self.path)
+            if replace:
+                os.replace(self.tmp, self.path)
+            else:
+                _link_new(self.tmp, self.path)
         except BaseException as exc:
             self.discard()
             if isinstance(exc, OSError):
@@ -134,17 +138,35 @@ class PendingFile:
         self.tmp.unlink(missing_ok=True)
 
 
+def _link_new(tmp: Path, path: Path) -> None:
+    """`tmp` renamed to `path` only if `path` does not exist: a hard link never replaces a file (checked first where
+    the file system has no hard links)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
+
+
 def text_options(mode: str) -> dict[str, Any]:
     """`open()`'s arguments for nmt's text files: UTF-8, lines written as given (no "\\r\\n" translation)."""
     return {} if "b" in mode else {"encoding": "utf-8", "newline": ""}
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], object], mode: str = "wb") -> None:
-    """Call `write(handle)` on an unpredictably named temporary file beside `path`, fsync, rename over `path`."""
+def atomic_write(path: str | Path, write: Callable[[IO], object], mode: str = "wb", replace: bool = True) -> None:
+    """Call `write(handle)` on an unpredictably named temporary file beside `path`, fsync, rename over `path`
+    (`replace=False`: a FileExistsError if `path` exists by then)."""
     pending = PendingFile(path, mode)
     try:
         write(pending.handle)
-        pending.commit()
+        pending.commit(replace)
     except BaseException as exc:
         pending.discard()
         if isinstance(exc, OSError):      # name the file (a full disk reports no file name)

@@ -196,9 +196,10 @@ def vocabs_from_tokenizer(path: Path, tokenizer: dict[str, Any]) -> tuple[Vocab,
 
 
 def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
-                 quantize: str | None = None) -> dict[str, Any]:
+                 quantize: str | None = None, replace: bool = True) -> dict[str, Any]:
     """Write the weights (no optimiser state) of a checkpoint or model file as a format-2 model file in `dtype`;
-    `quantize` becomes its `decoding.quantize` default (int8 weights are built at load). Returns what was written."""
+    `quantize` becomes its `decoding.quantize` default (int8 weights are built at load); `replace=False`: a
+    FileExistsError if `output` exists by the end. Returns what was written."""
     if dtype not in DTYPES:
         raise ModelFileError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     loaded = load_model(source, {"quantize": quantize})
@@ -211,7 +212,7 @@ def export_model(source: str | Path, output: str | Path, dtype: str = "fp32",
                "tokenizer": embed_tokenizer(loaded.src_vocab, loaded.tgt_vocab), "card": card}
     if loaded.shortlist is not None:
         payload["shortlist"] = embed_shortlist(loaded.shortlist)
-    write_model_file(payload, output)
+    write_model_file(payload, output, replace)
     return payload
 
 

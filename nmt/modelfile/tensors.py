@@ -59,9 +59,9 @@ def encode(payload: dict[str, Any]) -> bytes:
     return save(tensors, metadata)
 
 
-def write_model_file(payload: dict[str, Any], path: str | Path) -> None:
+def write_model_file(payload: dict[str, Any], path: str | Path, replace: bool = True) -> None:
     data = encode(payload)
-    atomic_write(Path(path), lambda handle: handle.write(data))
+    atomic_write(Path(path), lambda handle: handle.write(data), replace=replace)
 
 
 def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
