@@ -26,9 +26,22 @@ def test_averaging_one_checkpoint_is_refused_and_writes_nothing(trained_run, tmp
         assert result.returncode == 2 and len(lines) == 1, result.stderr
         assert lines[0].startswith("error: averaging needs at least two different checkpoints, got ")
         assert not out.exists() and list(tmp_path.iterdir()) == []
+    hard = tmp_path / "hard.pt"
+    hard.hardlink_to(trained_run / "best.pt")
+    for args in ([best, best, str(trained_run / "last.pt")], [best, str(trained_run / "last.pt"), str(hard)]):
+        result = run_cli("average", *args, "-o", str(tmp_path / "avg.pt"))
+        assert result.returncode == 2 and "is the same checkpoint as" in result.stderr, result.stderr
+    hard.unlink()
     two = [str(trained_run / "best.pt"), str(trained_run / "last.pt")]
     result = run_cli("average", *two, "-o", str(tmp_path / "avg.pt"))
     assert result.returncode == 0 and "averaged 2 checkpoints" in result.stderr, result.stderr
+
+
+def test_averaging_a_model_file_says_it_is_no_checkpoint(trained_run, model_file, tmp_path):
+    result = run_cli("average", str(model_file), str(trained_run / "best.pt"), "-o", str(tmp_path / "avg.pt"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"{model_file} is a model file (nmt export or a Hugging Face folder's), not a training" in lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -24,13 +25,33 @@ def average(
     if output.exists():
         fail(f"{output} exists; choose a new name (checkpoints are never overwritten in place)")
     target = check_paths({"--output": output}, models=checkpoints)["--output"]
-    if len({os.path.realpath(path) for path in checkpoints}) < 2:   # one file's "average" is a mislabelled copy
-        named = ", ".join(dict.fromkeys(map(str, checkpoints)))
-        fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
+    _refuse_repeats(checkpoints)
     state = average_checkpoints(checkpoints)
     save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
     register_file(target)                   # `train --overwrite` may delete it with the rest of the run
     typer.echo(printable(f"averaged {len(checkpoints)} checkpoints into {output}"), err=True)
+
+
+def _refuse_repeats(checkpoints: list[Path]) -> None:
+    """Each checkpoint once, by real path and inode: a link or a hard link would weigh one checkpoint twice, and one
+    file's "average" is a mislabelled copy."""
+    first: dict[object, Path] = {}
+    repeats: list[tuple[Path, Path]] = []
+    for path in checkpoints:
+        keys: list[object] = [os.path.realpath(path)]
+        with contextlib.suppress(OSError):
+            info = path.stat()
+            keys.append((info.st_dev, info.st_ino))
+        same = next((first[key] for key in keys if key in first), None)
+        if same is not None:
+            repeats.append((path, same))
+        for key in keys:
+            first.setdefault(key, same or path)
+    if len(checkpoints) - len(repeats) < 2:
+        named = ", ".join(dict.fromkeys(map(str, checkpoints)))
+        fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")
+    if repeats:
+        fail(f"{repeats[0][0]} is the same checkpoint as {repeats[0][1]}; each one counts once in an average")
 
 
 @app.command()

@@ -200,6 +200,9 @@ def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint, checksums too; any problem is a `CheckpointError` naming the file."""
     path = Path(path)
+    if path.is_file() and path.open("rb").read(9)[4:] == bytes(4) + b"{":     # safetensors: no checkpoint
+        raise CheckpointError(f"{path} is a model file (nmt export or a Hugging Face folder's), not a training "
+                              "checkpoint; give the checkpoints it came from (e.g. RUN/best-step*.pt)")
     try:
         state = model_file.read_file(path, "checkpoint", mmap=mmap)
         if state.get("kind") == model_file.MODEL_KIND:
