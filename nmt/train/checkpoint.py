@@ -7,6 +7,7 @@ tokenizer, so it translates outside its run folder too.
 from __future__ import annotations
 
 import fnmatch
+import io
 import math
 import random
 from collections.abc import Sequence
@@ -200,9 +201,10 @@ def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint, checksums too; any problem is a `CheckpointError` naming the file."""
     path = Path(path)
-    if path.is_file() and path.open("rb").read(9)[4:] == bytes(4) + b"{":     # safetensors: no checkpoint
-        raise CheckpointError(f"{path} is a model file (nmt export or a Hugging Face folder's), not a training "
-                              "checkpoint; give the checkpoints it came from (e.g. RUN/best-step*.pt)")
+    with open(path, "rb") if path.is_file() else io.BytesIO() as handle:
+        if handle.read(9)[4:] == bytes(4) + b"{":       # safetensors: a model file, never a checkpoint
+            raise CheckpointError(f"{path} is a model file (nmt export or a Hugging Face folder's), not a training "
+                                  "checkpoint; give the checkpoints it came from (e.g. RUN/best-step*.pt)")
     try:
         state = model_file.read_file(path, "checkpoint", mmap=mmap)
         if state.get("kind") == model_file.MODEL_KIND:
