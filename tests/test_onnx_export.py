@@ -159,7 +159,6 @@ def test_the_folder_and_what_its_json_says(onnx_folder, trained_run):
                                         "step_features": "step_features_greedy.onnx",
                                         "memory": ["values", "keys", "pad_bias"]}
     assert info["shortlist"]["file"] == "shortlist.npz" and info["shortlist"]["output"] == "output.npz"
-    assert info["weights"] == "weights.bin"
     named = {info["src_spm"], "nmt-onnx.json", "shortlist.npz", "output.npz", "weights.bin",
              *(graphs[g] for graphs in info["graphs"].values() for g in ("encoder", "step", "step_features"))}
     assert sorted(p.name for p in onnx_folder.iterdir()) == sorted([*named, MARKER])

@@ -180,7 +180,7 @@ def rewrite_graphs(folder: Path, out: Path, change) -> Path:
 
 
 def test_a_folder_with_weights_in_each_graph_translates_the_same(folder, sources, tmp_path):
-    """As nmt wrote folders before weights.bin: every graph embeds its weights, the manifest names no file."""
+    """As nmt wrote folders before weights.bin: every graph embeds its weights."""
     from onnx.external_data_helper import convert_model_from_external_data, load_external_data_for_model
 
     from nmt.runtime.translator import Translator as OnnxTranslator
@@ -191,9 +191,6 @@ def test_a_folder_with_weights_in_each_graph_translates_the_same(folder, sources
 
     old = rewrite_graphs(folder, tmp_path / "old", embed)
     (old / "weights.bin").unlink()
-    manifest = json.loads((old / "nmt-onnx.json").read_text())
-    del manifest["weights"]
-    (old / "nmt-onnx.json").write_text(json.dumps(manifest))
     assert sum(p.stat().st_size for p in old.glob("*.onnx")) > 2 * (folder / "weights.bin").stat().st_size
     for beam_size in (1, 5):
         want = OnnxTranslator.load(folder).translate(sources, beam_size=beam_size)
@@ -219,6 +216,39 @@ def test_a_graph_reading_another_file_is_refused_unread(folder, tmp_path, no_tor
                             capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == "" and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith(f"error: {bad / 'encoder.onnx'}: its external data is {location!r}")
+
+
+def test_external_data_is_found_wherever_a_graph_can_hold_a_tensor():
+    """Initializers, a node's tensor attribute, a subgraph's initializers, a function's nodes: onnxruntime
+    would read each of them, so the runtime's check must see each."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+
+    from nmt.runtime.external import external_locations
+
+    def tensor(name: str, location: str):
+        made = helper.make_tensor(name, onnx.TensorProto.FLOAT, [1], [0.0])
+        made.data_location = onnx.TensorProto.EXTERNAL
+        made.external_data.add(key="location", value=location)
+        made.ClearField("float_data")
+        return made
+
+    branch = helper.make_graph([helper.make_node("Identity", ["b"], ["y"])], "branch", [],
+                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+                               [tensor("b", "/up/there")])
+    nodes = [helper.make_node("Constant", [], ["c"], value=tensor("c", "other.npz")),
+             helper.make_node("If", ["cond"], ["z"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1])],
+                              [tensor("w", "weights.bin")])
+    function = helper.make_function("f", "fn", [], ["k"], [helper.make_node("Constant", [], ["k"],
+                                                                          value=tensor("k", "../fn"))],
+                                    [helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, functions=[function])
+    assert external_locations(model.SerializeToString()) == {"weights.bin", "other.npz", "/up/there", "../fn"}
+    assert external_locations(helper.make_model(helper.make_graph([], "empty", [], [])).SerializeToString()) == set()
+    with pytest.raises(ValueError):
+        external_locations(model.SerializeToString()[:-3])
 
 
 def test_score_names_the_folder(folder, tmp_path):

@@ -29,7 +29,7 @@ from nmt.decode.onnx_graphs import (
     layout_of,
     quantize_int8,
 )
-from nmt.decode.onnx_weights import WEIGHTS_FILE, share_weights
+from nmt.decode.onnx_weights import share_weights
 from nmt.decode.steps import Decoding
 from nmt.fs.folders import build_folder, new_file_mode, refuse_foreign, write_marker
 from nmt.model.seq2seq import Seq2Seq
@@ -127,7 +127,7 @@ def describe_export(loaded: LoadedModel, layout: Layout, graphs: dict[str, dict[
         "vocabulary": {"src": loaded.src_vocab.pieces.tolist(), "tgt": loaded.tgt_vocab.pieces.tolist()},
         "decoding": dataclasses.asdict(loaded.config.decoding), "card": card, "languages": loaded.languages,
         "memory": list(layout.memory), "state": [{"name": name, "batch_axis": axis} for name, axis in layout.state],
-        "graphs": graphs, "weights": WEIGHTS_FILE, "shortlist": None,
+        "graphs": graphs, "shortlist": None,
     }
     if loaded.shortlist is not None:
         stored = int(loaded.shortlist["targets"].shape[1])

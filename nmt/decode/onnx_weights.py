@@ -1,6 +1,6 @@
 """The initializers of an export's graphs as ONNX external data in one file, each distinct byte string once:
 the graphs share most weights (encoder and step in both memory kinds), so embedding them made the folder ~5x
-the weights, and onnxruntime reads the shared file once per graph instead of parsing a copy from each."""
+the weights, and onnxruntime held each graph's copy in memory."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 from nmt.decode.onnx_graphs import OnnxExportError
 
-WEIGHTS_FILE = "weights.bin"
+WEIGHTS_FILE = "weights.bin"   # the name nmt.runtime.folder accepts, and no other
 INLINE_BYTES = 1024             # smaller tensors stay in their graph (onnx's default size_threshold)
-# onnxruntime maps external data into memory when an offset is a multiple of the allocation granularity
-# (64 KiB covers every platform); it aligns tensors from 1 MiB on, as its own external-data writer does.
+# Tensors from 1 MiB on start at a multiple of the largest allocation granularity (64 KiB), so that they can
+# be memory-mapped; onnxruntime's own external-data writer aligns them so.
 MAP_BYTES, GRANULARITY, ALIGNMENT = 1 << 20, 1 << 16, 64
 
 

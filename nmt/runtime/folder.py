@@ -15,6 +15,7 @@ MANIFEST = "nmt-onnx.json"
 FORMAT, VERSION = "nmt-onnx", 1
 PRECISIONS = ("float32", "int8", "float16")
 KINDS = ("beam", "greedy")
+WEIGHTS = "weights.bin"                 # the graphs' external data (older nmt: none, weights in each graph)
 ROLES = ("encoder", "step", "step_features")
 
 
@@ -41,7 +42,6 @@ class Manifest:
     graphs: dict[str, dict[str, str]]     # "greedy"/"beam" -> {"encoder", "step"[, "step_features"]}: files
     shortlist: dict[str, Any] | None      # {"file", "output", "k", "frequent", "default"} or None
     pieces: dict[str, list[int] | None]   # "src"/"tgt" ("vocabulary"): side id -> SentencePiece id; None: all
-    weights: str | None                   # the graphs' external-data file; None: weights in each graph (older nmt)
 
     def path(self, name: str) -> Path:
         """A file the manifest names, which may not be a path out of the folder."""
@@ -60,12 +60,12 @@ class Manifest:
             locations = external_locations(path.read_bytes())
         except (OSError, ValueError) as exc:
             raise OnnxFolderError(f"{path}: not a readable ONNX graph ({exc}); export the model again") from None
-        for location in sorted(locations):
-            if location != self.weights:
-                raise OnnxFolderError(f"{path}: its external data is {location!r}, not the folder's weights file "
-                                      f"({self.weights or 'none'}); nmt reads no other file: export the model again")
-        if locations and self.path(location).resolve().parent != self.folder.resolve():
-            raise OnnxFolderError(f"{self.folder / location}: a link out of the folder; nmt reads no other file")
+        others = sorted(locations - {WEIGHTS})
+        if others:
+            raise OnnxFolderError(f"{path}: its external data is {others[0]!r}, not the folder's {WEIGHTS}; "
+                                  "nmt reads no other file: export the model again")
+        if locations and self.path(WEIGHTS).resolve().parent != self.folder.resolve():
+            raise OnnxFolderError(f"{self.folder / WEIGHTS}: a link out of the folder; nmt reads no other file")
         return path
 
 
@@ -95,7 +95,7 @@ def read_manifest(folder: str | Path) -> Manifest:
             [(str(s["name"]), int(s["batch_axis"])) for s in raw["state"]],
             {kind: {role: str(raw["graphs"][kind][role]) for role in ROLES if role in raw["graphs"][kind]}
              for kind in KINDS}, raw.get("shortlist"),
-            pieces, None if raw.get("weights") is None else str(raw["weights"]))
+            pieces)
     except (KeyError, TypeError, ValueError) as exc:
         raise OnnxFolderError(f"{where}: missing or malformed key {exc}; export the model again") from None
     if ids != (PAD, UNK, BOS, EOS):
