@@ -116,7 +116,7 @@ def test_translate_command_and_api_run_without_torch(model_file, folder, sources
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == expected
     code = ("import sys; from nmt import Translator; t = Translator.load(sys.argv[1], shortlist=False); "
-            "print(t.translate([sys.argv[2]], beam_size=5)[0].text); assert 'torch' not in sys.modules")
+            "print(t.translate([sys.argv[2]], beam_size=5)[0].text); assert not {'torch', 'onnx'} & set(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code, str(folder), sources[0]], capture_output=True, text=True,
                             env=no_torch_env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -164,6 +164,91 @@ def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env):
     result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(broken)], input="Ein Hund.\n",
                             capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
     assert result.returncode == 2 and "nmt-onnx.json: version 99" in result.stderr
+
+
+def rewrite_graphs(folder: Path, out: Path, change) -> Path:
+    """A copy of `folder` whose graphs `change(model)` edits (onnx loads them with their external data)."""
+    import shutil
+
+    onnx = pytest.importorskip("onnx")
+    shutil.copytree(folder, out)
+    for graph in out.glob("*.onnx"):
+        model = onnx.load(str(graph), load_external_data=False)
+        change(model)
+        graph.write_bytes(model.SerializeToString())
+    return out
+
+
+def test_a_folder_with_weights_in_each_graph_translates_the_same(folder, sources, tmp_path):
+    """As nmt wrote folders before weights.bin: every graph embeds its weights."""
+    from onnx.external_data_helper import convert_model_from_external_data, load_external_data_for_model
+
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    def embed(model):
+        load_external_data_for_model(model, str(folder))
+        convert_model_from_external_data(model)
+
+    old = rewrite_graphs(folder, tmp_path / "old", embed)
+    (old / "weights.bin").unlink()
+    assert sum(p.stat().st_size for p in old.glob("*.onnx")) > 2 * (folder / "weights.bin").stat().st_size
+    for beam_size in (1, 5):
+        want = OnnxTranslator.load(folder).translate(sources, beam_size=beam_size)
+        got = OnnxTranslator.load(old).translate(sources, beam_size=beam_size)
+        assert [(t.text, t.score) for t in got] == [(t.text, t.score) for t in want]
+
+
+@pytest.mark.parametrize("location", ["outside", "../weights.bin", "output.npz", "weights.bin\\x00.x"],
+                         ids=["absolute", "up", "another_file", "nul"])
+def test_a_graph_reading_another_file_is_refused_unread(folder, tmp_path, no_torch_env, location):
+    """A folder may come from someone else: external data anywhere but the folder's weights.bin (an absolute
+    path, out of the folder, another of its files) is one error naming the graph, before onnxruntime reads it."""
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes((folder / "weights.bin").read_bytes())
+    location = str(outside) if location == "outside" else location
+
+    def point_elsewhere(model):
+        tensor = next(t for t in model.graph.initializer if t.external_data)
+        next(entry for entry in tensor.external_data if entry.key == "location").value = location
+
+    bad = rewrite_graphs(folder, tmp_path / "bad", point_elsewhere)
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(bad)], input="Ein Hund.\n",
+                            capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"error: {bad / 'encoder.onnx'}: its external data is {location!r}")
+
+
+def test_external_data_is_found_wherever_a_graph_can_hold_a_tensor():
+    """Initializers, a node's tensor attribute, a subgraph's initializers, a function's nodes: onnxruntime
+    would read each of them, so the runtime's check must see each."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+
+    from nmt.runtime.external import external_locations
+
+    def tensor(name: str, location: str):
+        made = helper.make_tensor(name, onnx.TensorProto.FLOAT, [1], [0.0])
+        made.data_location = onnx.TensorProto.EXTERNAL
+        made.external_data.add(key="location", value=location)
+        made.ClearField("float_data")
+        return made
+
+    branch = helper.make_graph([helper.make_node("Identity", ["b"], ["y"])], "branch", [],
+                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+                               [tensor("b", "/up/there")])
+    nodes = [helper.make_node("Constant", [], ["c"], value=tensor("c", "other.npz")),
+             helper.make_node("If", ["cond"], ["z"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1])],
+                              [tensor("w", "weights.bin")])
+    function = helper.make_function("f", "fn", [], ["k"], [helper.make_node("Constant", [], ["k"],
+                                                                          value=tensor("k", "../fn"))],
+                                    [helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, functions=[function])
+    assert external_locations(model.SerializeToString()) == {"weights.bin", "other.npz", "/up/there", "../fn"}
+    assert external_locations(helper.make_model(helper.make_graph([], "empty", [], [])).SerializeToString()) == set()
+    with pytest.raises(ValueError):
+        external_locations(model.SerializeToString()[:-3])
 
 
 def test_score_names_the_folder(folder, tmp_path):

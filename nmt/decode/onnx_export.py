@@ -21,6 +21,7 @@ from nmt.data.shortlist import save_shortlist
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.decode.onnx_graphs import (
     ANY_VALUE,
+    TOLERANCE,
     Layout,
     OnnxExportError,
     check_graphs,
@@ -28,6 +29,7 @@ from nmt.decode.onnx_graphs import (
     layout_of,
     quantize_int8,
 )
+from nmt.decode.onnx_weights import share_weights
 from nmt.decode.steps import Decoding
 from nmt.fs.folders import build_folder, new_file_mode, refuse_foreign, write_marker
 from nmt.model.seq2seq import Seq2Seq
@@ -95,11 +97,14 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
         checks.append((fold_context, files, layout))
         graphs[search] = {**files, "memory": list(layout.memory)}
     for fold_context, files, layout in checks:
-        check_graphs(decoding, folder, fold_context, files, layout, src_vocab)
-        if quantize == "int8":          # then the int8 graphs must run and give the same shapes and -inf
+        if quantize == "int8":          # the float32 graphs must agree before they are quantized
+            check_graphs(decoding, folder, fold_context, files, layout, src_vocab)
             for name in files.values():
                 quantize_int8(folder / name)
-            check_graphs(decoding, folder, fold_context, files, layout, src_vocab, tolerance=ANY_VALUE)
+    share_weights(folder, [name for _, files, _ in checks for name in files.values()])
+    for fold_context, files, layout in checks:      # the graphs as written; int8: the same shapes and -inf
+        check_graphs(decoding, folder, fold_context, files, layout, src_vocab,
+                     tolerance=ANY_VALUE if quantize == "int8" else TOLERANCE)
     info = describe_export(loaded, checks[0][2], graphs, quantize, source)
     (folder / info["src_spm"]).write_bytes(loaded.src_vocab.sp.serialized_model_proto())
     (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from nmt.data.special import BOS, EOS, PAD, UNK
+from nmt.runtime.external import external_locations
 
 MANIFEST = "nmt-onnx.json"
 FORMAT, VERSION = "nmt-onnx", 1
 PRECISIONS = ("float32", "int8", "float16")
 KINDS = ("beam", "greedy")
+WEIGHTS = "weights.bin"                 # the graphs' external data (older nmt: none, weights in each graph)
 ROLES = ("encoder", "step", "step_features")
 
 
@@ -48,6 +50,22 @@ class Manifest:
         path = self.folder / name
         if not path.is_file():
             raise OnnxFolderError(f"{self.folder} has no {name} (its {MANIFEST} names it); export the model again")
+        return path
+
+    def graph(self, name: str) -> Path:
+        """A graph file the manifest names, refused (unread) if it makes onnxruntime read another file than the
+        folder's weights file: a folder may come from someone else."""
+        path = self.path(name)
+        try:
+            locations = external_locations(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise OnnxFolderError(f"{path}: not a readable ONNX graph ({exc}); export the model again") from None
+        others = sorted(locations - {WEIGHTS})
+        if others:
+            raise OnnxFolderError(f"{path}: its external data is {others[0]!r}, not the folder's {WEIGHTS}; "
+                                  "nmt reads no other file: export the model again")
+        if locations and self.path(WEIGHTS).resolve().parent != self.folder.resolve():
+            raise OnnxFolderError(f"{self.folder / WEIGHTS}: a link out of the folder; nmt reads no other file")
         return path
 
 

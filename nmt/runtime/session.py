@@ -62,9 +62,9 @@ class OnnxModel:
         options = session_options(threads)
         sessions: dict[str, Any] = {}
         for name in dict.fromkeys(name for graphs in manifest.graphs.values() for name in graphs.values()):
+            path = manifest.graph(name)
             try:
-                sessions[name] = ort.InferenceSession(str(manifest.path(name)), options,
-                                                      providers=["CPUExecutionProvider"])
+                sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             except Exception as exc:       # onnxruntime's own exception classes
                 raise OnnxFolderError(f"{manifest.folder / name}: onnxruntime cannot load it "
                                       f"({' '.join(str(exc).split())[:300]})") from None
