@@ -153,17 +153,23 @@ def test_what_a_folder_cannot_do_is_one_error_line(folder, no_torch_env, tmp_pat
     assert result.stderr.startswith("error: ") and message in result.stderr and len(result.stderr.splitlines()) == 1
 
 
-def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env):
+@pytest.mark.parametrize(("change", "message"), [
+    ({"version": 99}, "nmt-onnx.json: version 99"),
+    ({"languages": 5}, "nmt-onnx.json: a malformed value ('int' object is not iterable)"),
+    ({"decoding": {"beam_size": 0}}, "nmt-onnx.json: decoding.beam_size must be >= 1, got 0; export the model"),
+    ({"card": "DEEP"}, "nmt-onnx.json: not readable (JSON nested deeper than 32 levels)"),
+])
+def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env, change, message):
     import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
-    manifest = json.loads((broken / "nmt-onnx.json").read_text())
-    manifest["version"] = 99
-    (broken / "nmt-onnx.json").write_text(json.dumps(manifest))
+    manifest = {**json.loads((broken / "nmt-onnx.json").read_text()), **change}
+    text = json.dumps(manifest).replace('"DEEP"', "[" * 5000 + "]" * 5000)
+    (broken / "nmt-onnx.json").write_text(text)
     result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(broken)], input="Ein Hund.\n",
                             capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
-    assert result.returncode == 2 and "nmt-onnx.json: version 99" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
 
 def rewrite_graphs(folder: Path, out: Path, change) -> Path:

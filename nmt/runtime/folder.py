@@ -3,12 +3,12 @@ the runtime's side of that contract (graphs, tensor names and batch axes, specia
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nmt.data.special import BOS, EOS, PAD, UNK
+from nmt.fs.bounded import read_json
 from nmt.runtime.external import external_locations
 
 MANIFEST = "nmt-onnx.json"
@@ -73,9 +73,9 @@ def read_manifest(folder: str | Path) -> Manifest:
     """The folder's manifest, checked: format, version, special ids, tensor names and graph files."""
     folder = Path(folder)
     where = folder / MANIFEST
-    try:
-        raw = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    try:                                    # bounded: a folder may come from someone else
+        raw = read_json(where)
+    except (OSError, ValueError) as exc:    # UnicodeDecodeError, JSONDecodeError and BoundError are ValueErrors
         raise OnnxFolderError(f"{where}: not readable ({' '.join(str(exc).split())})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise OnnxFolderError(f"{where}: not an nmt ONNX manifest (\"format\" is not {FORMAT!r})")
@@ -96,8 +96,10 @@ def read_manifest(folder: str | Path) -> Manifest:
             {kind: {role: str(raw["graphs"][kind][role]) for role in ROLES if role in raw["graphs"][kind]}
              for kind in KINDS}, raw.get("shortlist"),
             pieces)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise OnnxFolderError(f"{where}: missing or malformed key {exc}; export the model again") from None
+    except KeyError as exc:
+        raise OnnxFolderError(f"{where}: missing key {exc}; export the model again") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise OnnxFolderError(f"{where}: a malformed value ({exc}); export the model again") from None
     if ids != (PAD, UNK, BOS, EOS):
         raise OnnxFolderError(f"{where}: special ids {special} differ from nmt's (pad 0, unk 1, bos 2, eos 3)")
     if manifest.precision not in PRECISIONS:

@@ -14,7 +14,7 @@ from nmt.config_check import build
 from nmt.data.special import PAD
 from nmt.data.tokenizer import Vocab
 from nmt.decode.streaming import Translates
-from nmt.runtime.folder import OnnxFolderError, read_manifest
+from nmt.runtime.folder import MANIFEST, OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, beam_search, greedy_search
 from nmt.runtime.session import OnnxModel, Shortlist
 
@@ -52,7 +52,10 @@ class Translator(Translates):
         check_decoding_overrides(given)
         manifest = read_manifest(path)
         stored = {k: v for k, v in manifest.decoding.items() if k in DecodingConfig.__dataclass_fields__}
-        decoding = build(DecodingConfig, {**stored, **given}, "decoding", None, stored=True)
+        try:                                # the overrides are checked: a problem is the folder's
+            decoding = build(DecodingConfig, {**stored, **given}, "decoding.", None, stored=True)
+        except ConfigError as exc:
+            raise OnnxFolderError(f"{path / MANIFEST}: {str(exc).replace('`', '')}; export the model again") from None
         check_decoding(decoding)
         if decoding.sampling:
             raise ConfigError(f"{path}: the model samples by default (`decoding.sampling`), which needs the PyTorch "
