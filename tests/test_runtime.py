@@ -257,6 +257,17 @@ def test_external_data_is_found_wherever_a_graph_can_hold_a_tensor():
         external_locations(model.SerializeToString()[:-3])
 
 
+@pytest.mark.parametrize("command", [["info"], ["evaluate", "--ref", "REF", "--src", "REF", "-m"], ["export", "-o", "OUT"]])
+def test_commands_that_need_the_model_file_say_a_folder_only_translates(folder, tmp_path, command):
+    ref = tmp_path / "ref.en"
+    ref.write_text("A dog.\n")
+    args = [str(ref) if arg == "REF" else str(tmp_path / "out.nmt") if arg == "OUT" else arg for arg in command]
+    result = subprocess.run([sys.executable, "-m", "nmt", *args, str(folder)], capture_output=True, text=True,
+                            cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "is an ONNX folder (nmt export --format onnx), which only translates and serves" in result.stderr
+
+
 def test_score_names_the_folder(folder, tmp_path):
     (tmp_path / "a.de").write_text("Ein Hund.\n")
     (tmp_path / "a.en").write_text("A dog.\n")

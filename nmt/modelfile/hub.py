@@ -31,6 +31,9 @@ def locate_model(path: str | Path) -> Path:
     if is_hub_name(path):
         return download(hub_name(path)[len("hf://"):])
     path = Path(path)
+    if path.is_dir() and (path / "nmt-onnx.json").is_file():      # nmt.runtime's manifest (runtime sits above)
+        raise ModelFileError(f"{path} is an ONNX folder (nmt export --format onnx), which only translates and "
+                             "serves; give the model file it was exported from")
     if path.is_dir() and not (path / MODEL_FILE).is_file():
         raise ModelFileError(f"{path} is a folder without {MODEL_FILE}; give a model file, a checkpoint, or a "
                              "folder written by `nmt export --format hf`")
