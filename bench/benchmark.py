@@ -78,7 +78,8 @@ def load_translator(args: argparse.Namespace, beam: int) -> Any:
     from nmt.runtime.folder import is_onnx_folder
 
     settings = {"beam_size": beam, "precision": args.precision, "length_penalty": args.length_penalty,
-                "batch_tokens": args.batch_tokens, "quantize": args.quantize, "early_stop": args.early_stop,
+                "batch_tokens": args.batch_tokens, "quantize": args.quantize,
+                "early_stop": args.early_stop and beam > 1,            # greedy has no early stop to ask for
                 **shortlist_overrides(args)}
     if is_onnx_folder(args.checkpoint):
         from nmt.runtime.translator import Translator as OnnxTranslator
@@ -186,7 +187,8 @@ def whole_process(args: argparse.Namespace, beam: int, env: dict, refs: list[str
                str(beam), "--threads", str(args.threads), "--device", args.device, "--precision", args.precision,
                "-q", "-i", str(args.source),
                "-o", str(out)]
-        cmd += decoding_options(args) + (["--shortlist"] if args.shortlist_k is not None else [])
+        cmd += [option for option in decoding_options(args) if beam > 1 or option != "--early-stop"]
+        cmd += ["--shortlist"] if args.shortlist_k is not None else []
         start = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
         seconds = time.perf_counter() - start

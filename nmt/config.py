@@ -190,7 +190,7 @@ class DecodingConfig:
                                          "(the vocabulary shortlist the model embeds; greedy and beam). On by "
                                          "default on the CPU for a model that embeds one.")
     shortlist_k: int = _bounded(0, ge=0, le=MAX_VOCAB, help="Shortlist: target pieces per source piece; 0 = all "
-                                "stored (implies --shortlist unless --no-shortlist).")
+                                "stored (implies --shortlist).")
     cuda_graphs: bool = _described(True, "On a GPU, replay greedy and beam steps as captured CUDA graphs.")
 
 
@@ -274,6 +274,17 @@ def check_decoding(decoding: DecodingConfig) -> None:
     if decoding.max_len and decoding.min_len >= decoding.max_len:
         raise ConfigError(f"`decoding.min_len` {decoding.min_len} leaves no room under `decoding.max_len` "
                           f"{decoding.max_len} (which counts EOS); lower the first or raise the second")
+
+
+def with_implied_shortlist(given: dict[str, Any], shortlist_file: object = None) -> dict[str, Any]:
+    """One run's decoding settings with what they imply: a shortlist file, or `shortlist_k` without `shortlist`,
+    turns the shortlist on; either with the shortlist turned off is a ConfigError (it would be ignored)."""
+    wanting = ("--shortlist-file" if shortlist_file is not None else
+               "`decoding.shortlist_k`" if given.get("shortlist_k") is not None else None)
+    if wanting and given.get("shortlist") is False:
+        raise ConfigError(f"{wanting} applies only with the shortlist on, and it is turned off (--no-shortlist, "
+                          "`decoding.shortlist: false`); drop one of them")
+    return {**given, "shortlist": True} if wanting and given.get("shortlist") is None else dict(given)
 
 
 def check_decoding_overrides(overrides: dict[str, Any]) -> None:

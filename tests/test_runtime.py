@@ -257,7 +257,8 @@ def test_external_data_is_found_wherever_a_graph_can_hold_a_tensor():
         external_locations(model.SerializeToString()[:-3])
 
 
-@pytest.mark.parametrize("command", [["info"], ["evaluate", "--ref", "REF", "--src", "REF", "-m"], ["export", "-o", "OUT"]])
+@pytest.mark.parametrize("command", [["info"], ["evaluate", "--ref", "REF", "--src", "REF", "-m"],
+                                     ["export", "-o", "OUT"]])
 def test_commands_that_need_the_model_file_say_a_folder_only_translates(folder, tmp_path, command):
     ref = tmp_path / "ref.en"
     ref.write_text("A dog.\n")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nmt.data.shortlist as gathering
-from nmt.config import load_config
+from nmt.config import ConfigError, load_config
 from nmt.data.folder import DataFolder
 from nmt.data.shortlist import CooccurrenceCounts, load_shortlist, vocab_fingerprint
 from nmt.decode.shortlist import SPECIALS, Shortlist
@@ -195,9 +195,10 @@ def test_model_files_and_checkpoints_carry_the_shortlist(trained_run, tmp_path, 
     export_model(trained_run / "best.pt", model)
     from_file = Translator.load(model, "cpu", shortlist=True)
     from_checkpoint = Translator.load(trained_run / "best.pt", "cpu", shortlist=True)
-    # asking for k pieces per source piece turns the shortlist on, unless shortlist=False says otherwise
+    # asking for k pieces per source piece turns the shortlist on; with shortlist=False it would be ignored
     assert Translator.load(model, "cpu", shortlist_k=20).decoding.shortlist is True
-    assert Translator.load(model, "cpu", shortlist_k=20, shortlist=False).decoding.shortlist is False
+    with pytest.raises(ConfigError, match="`decoding.shortlist_k` applies only with the shortlist on"):
+        Translator.load(model, "cpu", shortlist_k=20, shortlist=False)
     assert torch.equal(from_file.shortlist.targets, from_checkpoint.shortlist.targets)
     texts = [t.text for t in from_file.translate(sources[:10])]
     assert texts == [t.text for t in from_checkpoint.translate(sources[:10])]
@@ -214,11 +215,13 @@ def test_a_model_without_a_shortlist_gives_one_clean_error(trained_run, tmp_path
     torch.save(state, old)
     result = run_cli("translate", "--checkpoint", str(old), "--shortlist", stdin=b"Ein Hund.\n")
     assert "no vocabulary shortlist" in assert_one_error(result)
-    # --shortlist-k asks for the shortlist too, unless --no-shortlist says otherwise
+    # --shortlist-k asks for the shortlist too; with --no-shortlist it would be ignored
     result = run_cli("translate", "--checkpoint", str(old), "--shortlist-k", "5", stdin=b"Ein Hund.\n")
     assert "no vocabulary shortlist" in assert_one_error(result)
     result = run_cli("translate", "--checkpoint", str(old), "--shortlist-k", "5", "--no-shortlist", "-q",
                      stdin=b"Ein Hund.\n")
+    assert "`--shortlist-k` applies only with the shortlist on" in assert_one_error(result)
+    result = run_cli("translate", "--checkpoint", str(old), "--no-shortlist", "-q", stdin=b"Ein Hund.\n")
     assert result.returncode == 0 and len(result.stdout.splitlines()) == 1, result.stderr.decode()
     # the data folder's shortlist.npz serves such a model
     npz = tmp_path / "shortlist.npz"

@@ -26,9 +26,10 @@ def evaluate(
                                       "ko-mecab (nmt[ko]), char, flores200 (downloads a model once) or none."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Case-insensitive BLEU and chrF."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the scores as JSON here ('-' = stdout)."),
-    beam_size: int | None = typer.Option(None, "--beam-size", min=1),
-    device: str = typer.Option("auto", "--device"),
-    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", min=10, max=100_000),
+    beam_size: int | None = typer.Option(None, "--beam-size", min=1, help="With --checkpoint: its beam size."),
+    device: str | None = typer.Option(None, "--device", help="With --checkpoint: auto, cpu or cuda[:N]."),
+    bootstrap_samples: int | None = typer.Option(None, "--bootstrap-samples", min=10, max=100_000,
+                                                 help="With --compare: resamples of the test (default 1000)."),
 ) -> None:
     """Score hypotheses (or a checkpoint's translations) with sacreBLEU BLEU and chrF.
 
@@ -39,6 +40,12 @@ def evaluate(
 
     from nmt import evaluate as ev
 
+    translating = [name for name, value in (("--src", src), ("--beam-size", beam_size), ("--device", device))
+                   if value is not None]
+    if translating and checkpoint is None:
+        fail(f"{translating[0]} applies only with --checkpoint, which translates --src first; --hyp is scored as is")
+    if bootstrap_samples is not None and compare is None:
+        fail("--bootstrap-samples applies only with --compare (the paired bootstrap test of two systems)")
     if json_out is not None and str(json_out) != "-":
         inputs = [("--hyp", hyp), ("--src", src), ("--compare", compare), *(("--ref", r) for r in ref)]
         check_paths({"--json": json_out}, inputs, [checkpoint] if checkpoint else [])
@@ -50,7 +57,7 @@ def evaluate(
                 fail("--checkpoint needs --src (and no --hyp)")
             from nmt.decode.translator import Translator
 
-            translator = Translator.load(checkpoint, device, beam_size=beam_size)
+            translator = Translator.load(checkpoint, device or "auto", beam_size=beam_size)
             hyps = [t.text for t in translator.translate_stream(ev.read_text(src))]
             hyp_name = f"{checkpoint} on {src}"
         elif hyp is not None:
@@ -63,7 +70,7 @@ def evaluate(
                 ev.check_lengths(lines, ref_lines, name, str(path))
         results = ev.score(hyps, refs, ter=ter, tokenize=tokenize, lowercase=lowercase)
         if compare is not None:
-            results["comparison"] = ev.compare(hyps, systems[1][0], refs, ter=ter, samples=bootstrap_samples,
+            results["comparison"] = ev.compare(hyps, systems[1][0], refs, ter=ter, samples=bootstrap_samples or 1000,
                                                tokenize=tokenize, lowercase=lowercase)
     ref_names = [str(path) for path in ref]
     references = ref_names[0] if len(ref_names) == 1 else ref_names      # a list only for several

@@ -14,7 +14,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig
+from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig, with_implied_shortlist
 from nmt.data.rows import cut_by_budget, flatten, padded_ids, truncated
 from nmt.data.shortlist import load_shortlist
 from nmt.data.special import EOS
@@ -195,15 +195,16 @@ def check_applicable(decoding: DecodingConfig, given: dict[str, Any]) -> None:
     for key in unused:
         if given.get(key) is not None:
             raise ConfigError(f"`decoding.{key}` {reason}")
+    if not decoding.sampling and decoding.beam_size == 1 and given.get("early_stop"):
+        raise ConfigError("`decoding.early_stop` applies only to beam search, and `decoding.beam_size` 1 is greedy")
 
 
 def _checked(device: str, shortlist_file: str | Path | None, given: dict[str, Any]) -> dict[str, Any]:
-    """The overrides with what they imply: a shortlist file, or `shortlist_k` without `shortlist`, asks for the
-    shortlist. fp16 on the CPU is an error (it would run as bf16)."""
+    """The overrides with what they imply (`with_implied_shortlist`); fp16 on the CPU is an error (it would run
+    as bf16)."""
     if given.get("precision") == "fp16" and resolve_device(device).type != "cuda":
         raise ConfigError("`decoding.precision` fp16 runs on CUDA only; on the CPU use bf16 or fp32")
-    implied = shortlist_file is not None or (given.get("shortlist_k") is not None and given.get("shortlist") is None)
-    return {**given, "shortlist": True} if implied else dict(given)
+    return with_implied_shortlist(given, shortlist_file)
 
 
 def shortlist_by_default(loaded: LoadedModel, device: torch.device, given: dict[str, Any]) -> bool:

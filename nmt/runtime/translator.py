@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig, check_decoding, check_decoding_overrides
+from nmt.config import (
+    DECODING_BATCH_TOKENS,
+    ConfigError,
+    DecodingConfig,
+    check_decoding,
+    check_decoding_overrides,
+    with_implied_shortlist,
+)
 from nmt.config_check import build
 from nmt.data.special import PAD
 from nmt.data.tokenizer import Vocab
@@ -55,16 +62,18 @@ class Translator(Translates):
         try:                                # the overrides are checked: a problem is the folder's
             decoding = build(DecodingConfig, {**stored, **given}, "decoding.", None, stored=True)
         except ConfigError as exc:
-            raise OnnxFolderError(f"{path / MANIFEST}: {str(exc).replace('`', '')}; export the model again") from None
+            raise OnnxFolderError(f"{Path(path) / MANIFEST}: {str(exc).replace('`', '')}; "
+                                  "export the model again") from None
         check_decoding(decoding)
+        if decoding.beam_size == 1 and given.get("early_stop"):       # as nmt.decode.translator
+            raise ConfigError("`decoding.early_stop` applies only to beam search, and `decoding.beam_size` 1 is greedy")
         if decoding.sampling:
             raise ConfigError(f"{path}: the model samples by default (`decoding.sampling`), which needs the PyTorch "
                               "model file; an ONNX folder searches (greedy or beam)")
         if shortlist_file is not None:
             raise ConfigError("--shortlist-file does not apply to an ONNX model folder: it holds the shortlist "
                               "of the model it was exported from")
-        if given.get("shortlist_k") is not None and given.get("shortlist") is None:
-            given["shortlist"] = True
+        given = with_implied_shortlist(given)
         default = bool(decoding.shortlist or (manifest.shortlist or {}).get("default"))   # as the PyTorch CPU path
         decoding.shortlist = bool(given.get("shortlist", default))
         if decoding.shortlist and manifest.shortlist is None:
