@@ -54,6 +54,14 @@ def test_json_deeper_than_the_bound_is_refused_and_the_bound_itself_read():
         loads_json("[" + "1," * 1000 + "1]", max_bytes=1024)
 
 
+def test_a_json_key_given_twice_is_refused_at_any_depth():
+    assert loads_json('{"a": {"b": 1, "c": 2}, "d": [{"b": 3}, {"b": 4}]}') == {"a": {"b": 1, "c": 2},
+                                                                              "d": [{"b": 3}, {"b": 4}]}
+    for text in ('{"q": "x", "source": "de", "q": "y"}', '[{"a": {"b": 1, "b": 1}}]'):
+        with pytest.raises(ValueError, match="the key '[qb]' is given twice in one object"):
+            loads_json(text)
+
+
 def test_yaml_aliases_are_counted_expanded_and_ordinary_anchors_still_load():
     with pytest.raises(BoundError, match="more than 100,000 values once its aliases"):
         check_yaml("data:\n" + laughs())

@@ -627,6 +627,8 @@ def test_libretranslate_fields_in_the_query_string_are_read_as_a_form(server, of
     assert server.request("POST", split, body, headers)[::2] == (200, {"translatedText": expected})
     twice = server.request("POST", query, urlencode({"q": "Katze"}).encode(), FORM)
     assert twice[0] == 400 and "'q' given more than once" in twice[2]["error"]
+    twice = server.request("POST", "/translate", b'{"q": "Hund", "source": "de", "target": "en", "q": "Katze"}')
+    assert twice[0] == 400 and "the key 'q' is given twice" in twice[2]["error"]
     with_json = server.request("POST", "/translate?beam_size=2", json.dumps({"sentences": ["Hund"]}).encode())
     assert with_json[0] == 400 and "query-string field 'beam_size' with a JSON body" in with_json[2]["error"]
 

@@ -34,16 +34,25 @@ class BoundError(ValueError):
 
 
 def loads_json(text: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-    """`json.loads` that refuses a document over `max_bytes` or nested deeper than `max_depth`."""
+    """`json.loads` that refuses a document over `max_bytes` or nested deeper than `max_depth`, and a key given
+    twice in one object (json.loads would keep the last silently, as YAML would; nmt's config loader refuses that)."""
     if len(text) > max_bytes:
         raise BoundError(f"larger than {_size(max_bytes)}")
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
         too_deep = _depth_over(value, max_depth)
     except RecursionError:        # the C decoder stops at the interpreter's recursion limit (~1000 deep)
         too_deep = True
     if too_deep:
         raise BoundError(f"JSON nested deeper than {max_depth} levels")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if any(key == other for other, _ in pairs[:i]))
+        raise ValueError(f"the key {twice[:40]!r} is given twice in one object")
     return value
 
 
