@@ -446,12 +446,12 @@ def test_disk_full_while_saving_a_checkpoint(prepared, tmp_path):
         import errno, os, sys
         import nmt.fs.folders as f
         _commit, _count = f.PendingFile.commit, [0]
-        def commit(self):
+        def commit(self, *args):
             if self.path.name == "last.pt":
                 _count[0] += 1
                 if _count[0] == 2:
                     os.fsync = lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
-            _commit(self)
+            _commit(self, *args)
         f.PendingFile.commit = commit
     """)
     args = ["train", "-c", str(prepared), "--set", f"training.run_dir={run}", "--set", "training.save_every=1",

@@ -33,13 +33,13 @@ def slow_save(at: int) -> str:
     return f"""
 import nmt.fs.folders as f
 _commit, _count = f.PendingFile.commit, [0]
-def commit(self):
+def commit(self, *args):
     if self.path.name == "last.pt":
         _count[0] += 1
         if _count[0] == {at}:
             print("SAVING", file=sys.stderr, flush=True)
             time.sleep({SAVE_DELAY})
-    _commit(self)
+    _commit(self, *args)
 f.PendingFile.commit = commit
 """
 
