@@ -373,7 +373,7 @@ def test_messages_name_the_thing_to_fix(world):
         "evaluate src with a hyp file": "--src applies only with --checkpoint",
         "evaluate bootstrap without compare": "--bootstrap-samples applies only with --compare",
         "shortlist-k with no-shortlist": "`--shortlist-k` applies only with the shortlist on",
-        "early stop with greedy": "`--early-stop` applies only to beam search, and `--beam-size` 1 is greedy",
+        "early stop with greedy": "--early-stop applies only to beam search, and the beam size is 1 (greedy)",
         "plot folder is the output": f"--plot-attention {r}/plots is also --output",
         "device without it": "device cuda:99 was asked for",
         "train on other settings' data": "was preprocessed with `data.vocab_size`",

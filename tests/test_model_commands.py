@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,32 @@ def test_averaging_one_checkpoint_is_refused_and_writes_nothing(trained_run, tmp
     two = [str(trained_run / "best.pt"), str(trained_run / "last.pt")]
     result = run_cli("average", *two, "-o", str(tmp_path / "avg.pt"))
     assert result.returncode == 0 and "averaged 2 checkpoints" in result.stderr, result.stderr
+
+
+RACE = """
+import sys
+import nmt.fs.folders as f
+_commit = f.PendingFile.commit
+def commit(self, *args):
+    self.path.write_bytes(b"theirs")            # another process finished first
+    _commit(self, *args)
+f.PendingFile.commit = commit
+from nmt.cli.main import main
+sys.argv = ["nmt", *sys.argv[1:]]
+main()
+"""
+
+
+def test_average_and_export_never_replace_a_file_another_process_wrote_meanwhile(trained_run, tmp_path):
+    out = tmp_path / "new.pt"
+    best, last = str(trained_run / "best.pt"), str(trained_run / "last.pt")
+    for args in (["average", best, last, "-o", str(out)], ["export", best, "-o", str(out)]):
+        out.unlink(missing_ok=True)
+        result = subprocess.run([sys.executable, "-c", RACE, *args], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parents[1], timeout=300)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and "was created by another process meanwhile" in lines[-1], result.stderr
+        assert out.read_bytes() == b"theirs" and [p.name for p in tmp_path.iterdir()] == ["new.pt"]
 
 
 def test_averaging_a_model_file_says_it_is_no_checkpoint(trained_run, model_file, tmp_path):

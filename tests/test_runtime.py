@@ -145,6 +145,8 @@ def test_serve_answers_nmt_and_libretranslate_routes_without_torch(folder, sourc
     (["--sampling"], "does not apply to an ONNX model folder"),
     (["--device", "cuda"], "runs on the CPU"),
     (["--n-best", "3", "--beam-size", "2"], "larger than the beam size"),
+    (["--shortlist-k", "20", "--no-shortlist"], "`--shortlist-k` applies only with the shortlist on"),
+    (["--beam-size", "1", "--early-stop"], "--early-stop applies only to beam search"),
 ])
 def test_what_a_folder_cannot_do_is_one_error_line(folder, no_torch_env, tmp_path, options, message):
     result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(folder), *options],
@@ -222,6 +224,20 @@ def test_a_graph_reading_another_file_is_refused_unread(folder, tmp_path, no_tor
                             capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == "" and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith(f"error: {bad / 'encoder.onnx'}: its external data is {location!r}")
+
+
+def test_a_weights_file_that_links_out_of_the_folder_is_refused(folder, tmp_path, no_torch_env):
+    import shutil
+
+    linked = tmp_path / "linked"
+    shutil.copytree(folder, linked)
+    outside = tmp_path / "outside.bin"
+    (linked / "weights.bin").rename(outside)
+    (linked / "weights.bin").symlink_to(outside)
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(linked)], input="Ein Hund.\n",
+                            capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"error: {linked / 'weights.bin'}: a link out of the folder")
 
 
 def test_external_data_is_found_wherever_a_graph_can_hold_a_tensor():

@@ -76,6 +76,8 @@ def translate(
         outputs.check([*inputs, *model_files], stdin=input is None)
         translator = load_translator(checkpoint, device, shortlist_file, threads, **given(decoding))
         translator.check_n_best(n_best, names=("--n-best", "--beam-size", "--sampling"))
+        if decoding.get("early_stop") and translator.decoding.beam_size == 1 and not translator.decoding.sampling:
+            fail("--early-stop applies only to beam search, and the beam size is 1 (greedy)")   # fixed for this run
         files = outputs.open(stack, sys.stdout)
         with progress_bar("translate", "sent", disable=quiet) as bar:      # log lines when stderr is a file
             translator.write_translations(source, files, n_best=n_best, progress=bar)

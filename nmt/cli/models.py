@@ -27,7 +27,10 @@ def average(
     target = check_paths({"--output": output}, models=checkpoints)["--output"]
     _refuse_repeats(checkpoints)
     state = average_checkpoints(checkpoints)
-    save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")})
+    try:
+        save_checkpoint(target, {k: v for k, v in state.items() if k not in ("format", "nmt_version")}, replace=False)
+    except FileExistsError:
+        fail(f"{output} was created by another process meanwhile; choose a new name")
     register_file(target)                   # `train --overwrite` may delete it with the rest of the run
     typer.echo(printable(f"averaged {len(checkpoints)} checkpoints into {output}"), err=True)
 

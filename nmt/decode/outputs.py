@@ -240,7 +240,7 @@ class OutputPaths:
         if self.scores_json and self.scores is None:
             raise ConfigError("--scores-json needs --scores FILE, the file the scores go to")
         paths = {option: getattr(self, name) for name, option in self.OPTIONS.items()}
-        check_outputs(paths, inputs, stdin=stdin)
+        check_outputs(paths, inputs, stdin=stdin, stdout=None if self.text else "stdout (the command's output)")
         folder = self.plot_folder
         if folder is not None:
             if folder.exists() and not folder.is_dir():

@@ -65,8 +65,10 @@ def _int8_linear(weight: Tensor, bias: Tensor | None) -> Int8Linear:
     observer = per_channel.weight()
     observer(weight)
     scales, zero_points = observer.calculate_qparams()
-    quantized = torch.quantize_per_channel(weight.float(), scales.double(), zero_points.long(), observer.ch_axis,
-                                           torch.qint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # torch announces the move of quantized tensors to torchao
+        quantized = torch.quantize_per_channel(weight.float(), scales.double(), zero_points.long(),
+                                               observer.ch_axis, torch.qint8)
     return Int8Linear(quantized, None if bias is None else bias.float())
 
 

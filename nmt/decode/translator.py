@@ -195,8 +195,6 @@ def check_applicable(decoding: DecodingConfig, given: dict[str, Any]) -> None:
     for key in unused:
         if given.get(key) is not None:
             raise ConfigError(f"`decoding.{key}` {reason}")
-    if not decoding.sampling and decoding.beam_size == 1 and given.get("early_stop"):
-        raise ConfigError("`decoding.early_stop` applies only to beam search, and `decoding.beam_size` 1 is greedy")
 
 
 def _checked(device: str, shortlist_file: str | Path | None, given: dict[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,8 @@ def loads_json(text: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: in
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     value = dict(pairs)
     if len(value) < len(pairs):
-        twice = next(key for i, (key, _) in enumerate(pairs) if any(key == other for other, _ in pairs[:i]))
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))    # type: ignore[func-returns-value]
         raise ValueError(f"the key {twice[:40]!r} is given twice in one object")
     return value
 

@@ -12,6 +12,7 @@ through a copy of it: reopening it would truncate what the shell appended there,
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import re
@@ -98,6 +99,13 @@ def descriptor(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _open_for_writing(number: int) -> bool:
+    try:
+        return fcntl.fcntl(number, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+    except OSError:
+        return False
+
+
 def is_device(path: str | Path) -> bool:
     """A character device (/dev/null, a terminal), a pipe or an open descriptor: written directly, never replaced."""
     mode = _mode(path)
@@ -110,6 +118,10 @@ def check_output_path(path: str | Path, option: str) -> Path:
     target = output_target(path, option)
     if target.is_dir():
         raise FolderError(f"{option}: {path} is a folder; give a file name")
+    number = descriptor(target)
+    if number is not None and not _open_for_writing(number):
+        raise FolderError(f"{option} {path}: descriptor {number} is not open for writing (`3<file` opens a file "
+                          "for reading; `3>>file` for appending)")
     if is_device(target):
         return target
     if target.exists() and not target.is_file():      # a block device or a socket: the rename would replace it
@@ -136,14 +148,17 @@ def _identity(path: Path) -> Identity:
 
 
 def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str, Path | None]],
-                  stdin: bool = False) -> dict[str, Path]:
+                  stdin: bool = False, stdout: str | None = None) -> dict[str, Path]:
     """{option: the file to write} after `check_output_path`; none may be an input ((what, path) pairs, and
-    stdin if the command reads it), another output (but a device may be several), or a file of an nmt folder."""
+    stdin if the command reads it), another output (but a device may be several), what the command writes to
+    stdout (`stdout` names it: the two would interleave, or a rename would unlink stdout's file), or a file of an
+    nmt folder."""
     sources: list[tuple[str, Identity]] = [(what, _identity(Path(path))) for what, path in inputs if path is not None]
-    if stdin:
-        with contextlib.suppress(OSError, ValueError):      # what stdin reads: a file, a pipe, a terminal
-            info = os.fstat(sys.stdin.fileno() if sys.stdin is not None else 0)
-            sources.append(("stdin", frozenset({(info.st_dev, info.st_ino)})))
+    for stream, number, what in ((sys.stdin, 0, "stdin" if stdin else None), (sys.stdout, 1, stdout)):
+        with contextlib.suppress(OSError, ValueError):      # a file, a pipe, a terminal
+            info = os.fstat(stream.fileno() if stream is not None else number)
+            if what is not None and (number == 0 or not stat.S_ISCHR(info.st_mode)):   # a terminal takes more
+                sources.append((what, frozenset({(info.st_dev, info.st_ino)})))
     targets: dict[str, Path] = {}
     for option, path in outputs.items():
         if path is None:

@@ -64,6 +64,12 @@ def write_model_file(payload: dict[str, Any], path: str | Path, replace: bool = 
     atomic_write(Path(path), lambda handle: handle.write(data), replace=replace)
 
 
+def is_safetensors(head: bytes) -> bool:
+    """A file's first 9 bytes: a header length below 4 GiB, then "{" (text or a web page fails this; safetensors
+    checks the rest). A checkpoint (a torch zip) never passes."""
+    return len(head) >= 9 and head[4:8] == bytes(4) and head[8:9] == b"{"
+
+
 def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
     """The model-file dictionary stored in a safetensors file, after its checksums; one-line `ModelFileError`s."""
     from safetensors import safe_open
@@ -72,8 +78,7 @@ def read_state(path: Path, what: str = "model file") -> dict[str, Any]:
         head = handle.read(9)
     if len(head) < 9 and head[4:] == bytes(len(head[4:])):
         raise ModelFileError(f"{what} {path} is truncated or corrupt (only {len(head)} bytes)")
-    # a header length below 4 GiB, then "{": text or a web page fails this; safetensors checks the rest
-    if len(head) < 9 or head[4:8] != bytes(4) or head[8:9] != b"{":
+    if not is_safetensors(head):
         raise ModelFileError(f"{path} is not an nmt model file (neither safetensors nor a torch checkpoint: "
                              f"it begins with {head[:8]!r})")
     try:

@@ -65,8 +65,6 @@ class Translator(Translates):
             raise OnnxFolderError(f"{Path(path) / MANIFEST}: {str(exc).replace('`', '')}; "
                                   "export the model again") from None
         check_decoding(decoding)
-        if decoding.beam_size == 1 and given.get("early_stop"):       # as nmt.decode.translator
-            raise ConfigError("`decoding.early_stop` applies only to beam search, and `decoding.beam_size` 1 is greedy")
         if decoding.sampling:
             raise ConfigError(f"{path}: the model samples by default (`decoding.sampling`), which needs the PyTorch "
                               "model file; an ONNX folder searches (greedy or beam)")

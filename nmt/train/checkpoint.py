@@ -24,6 +24,7 @@ from nmt.data.tokenizer import Vocab
 from nmt.fs.folders import atomic_write, plain_name
 from nmt.modelfile import file as model_file
 from nmt.modelfile.file import ModelFileError
+from nmt.modelfile.tensors import is_safetensors
 
 BEST_K_FILES = "best-step*.pt"
 TRAINING_STATE_KEYS = ("optimizer", "schedule", "scaler", "rng", "cursor", "progress")   # what --resume restores
@@ -160,8 +161,9 @@ def _portable(optimizer_state: dict[str, Any]) -> dict[str, Any]:
     return {**optimizer_state, "param_groups": groups}
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` with the format and nmt version, and (unless given) its run folder's tokenizer and card."""
+def save_checkpoint(path: Path, state: dict[str, Any], replace: bool = True) -> None:
+    """Write `state` with the format and nmt version, and (unless given) its run folder's tokenizer and card;
+    `replace=False`: a FileExistsError if `path` exists by the end (another process wrote it)."""
     path = Path(path)
     payload = {"format": model_file.CHECKPOINT_FORMAT, "nmt_version": __version__, **state}
     if "tokenizer" not in payload:
@@ -178,7 +180,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     if "shortlist" not in payload and (path.parent / SHORTLIST_FILE).is_file():
         payload["shortlist"] = model_file.embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
     try:
-        atomic_write(path, lambda handle: torch.save(payload, handle))
+        atomic_write(path, lambda handle: torch.save(payload, handle), replace=replace)
+    except FileExistsError:
+        raise
     except (RuntimeError, OSError) as exc:  # torch's zip writer reports a failed write (a full disk) as RuntimeError
         reason = (isinstance(exc, OSError) and exc.strerror) or " ".join(str(exc).split())[:200]
         raise CheckpointError(f"cannot write checkpoint {path} ({reason}); the previous one is unchanged") from None
@@ -202,7 +206,7 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load and check a checkpoint, checksums too; any problem is a `CheckpointError` naming the file."""
     path = Path(path)
     with open(path, "rb") if path.is_file() else io.BytesIO() as handle:
-        if handle.read(9)[4:] == bytes(4) + b"{":       # safetensors: a model file, never a checkpoint
+        if is_safetensors(handle.read(9)):
             raise CheckpointError(f"{path} is a model file (nmt export or a Hugging Face folder's), not a training "
                                   "checkpoint; give the checkpoints it came from (e.g. RUN/best-step*.pt)")
     try:
