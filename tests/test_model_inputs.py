@@ -184,7 +184,8 @@ def test_dev_stdout_is_written_through_the_open_descriptor(model_file, tmp_path)
     assert twice.returncode == 2 and "--scores /dev/fd/1 is also --output" in twice.stderr
     for shell, message in ((f"{nmt} --alignments /dev/stdout | cat", "--alignments /dev/stdout is also stdout"),
                            (f"{nmt} --scores {log} >> {log}", f"--scores {log} is also stdout"),   # would unlink it
-                           (f"{nmt} -o /dev/fd/3 3< {log}", "descriptor 3 is not open for writing")):
+                           (f"{nmt} -o /dev/fd/3 3< {log}", "descriptor 3 is not open for writing"),
+                           (f"{nmt} -o /dev/stdout >&-", "descriptor 1 is not open for writing (closed")):
         refused = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=300)
         assert refused.stdout == "" and message in refused.stderr and refused.stderr.count("\n") == 1, shell
     assert log.read_text() == text and sorted(os.listdir(tmp_path)) == ["in.de", "log.txt"]

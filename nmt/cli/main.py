@@ -56,8 +56,8 @@ def _occupy_closed_descriptors() -> None:
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
-        except OSError:
-            os.open(os.devnull, os.O_RDWR)          # the lowest free descriptor: `fd` (those below are open)
+        except OSError:                     # the lowest free descriptor is `fd` (those below are open); stdout
+            os.open(os.devnull, os.O_RDONLY if fd == 1 else os.O_RDWR)   # read-only: `-o /dev/stdout` is refused
     if sys.stdout is None:                  # Python's stand-in for a descriptor 1 closed at start
         sys.stdout = ClosedStdout()
     if sys.stderr is None:                  # messages and progress bars go where the user sent them: nowhere

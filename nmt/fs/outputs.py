@@ -120,8 +120,8 @@ def check_output_path(path: str | Path, option: str) -> Path:
         raise FolderError(f"{option}: {path} is a folder; give a file name")
     number = descriptor(target)
     if number is not None and not _open_for_writing(number):
-        raise FolderError(f"{option} {path}: descriptor {number} is not open for writing (`3<file` opens a file "
-                          "for reading; `3>>file` for appending)")
+        raise FolderError(f"{option} {path}: descriptor {number} is not open for writing (closed, or opened for "
+                          "reading as `3<file` does; `3>>file` opens one for appending)")
     if is_device(target):
         return target
     if target.exists() and not target.is_file():      # a block device or a socket: the rename would replace it
