@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 import typer
@@ -11,7 +9,7 @@ import typer
 from nmt.cli.common import MODEL_HELP, app, check_paths, fail, printable, printable_data, printable_json
 from nmt.config import ConfigError
 from nmt.fs.folders import register_file
-from nmt.fs.outputs import output_target
+from nmt.fs.outputs import Identity, file_identity, output_target
 
 
 @app.command()
@@ -38,18 +36,15 @@ def average(
 def _refuse_repeats(checkpoints: list[Path]) -> None:
     """Each checkpoint once, by real path and inode: a link or a hard link would weigh one checkpoint twice, and one
     file's "average" is a mislabelled copy."""
-    first: dict[object, Path] = {}
+    seen: list[tuple[Path, Identity]] = []
     repeats: list[tuple[Path, Path]] = []
     for path in checkpoints:
-        keys: list[object] = [os.path.realpath(path)]
-        with contextlib.suppress(OSError):
-            info = path.stat()
-            keys.append((info.st_dev, info.st_ino))
-        same = next((first[key] for key in keys if key in first), None)
-        if same is not None:
+        mine = file_identity(path)
+        same = next((other for other, known in seen if known & mine), None)
+        if same is None:
+            seen.append((path, mine))
+        else:
             repeats.append((path, same))
-        for key in keys:
-            first.setdefault(key, same or path)
     if len(checkpoints) - len(repeats) < 2:
         named = ", ".join(dict.fromkeys(map(str, checkpoints)))
         fail(f"averaging needs at least two different checkpoints, got {named}; give several, e.g. RUN/best-step*.pt")

@@ -137,7 +137,7 @@ def check_output_path(path: str | Path, option: str) -> Path:
 Identity = frozenset[tuple[int, int] | str]
 
 
-def _identity(path: Path) -> Identity:
+def file_identity(path: Path) -> Identity:
     """Its real path and, for an existing file, (device, inode): two paths are the same file when these share
     an element (a hard link has another real path)."""
     keys: set[tuple[int, int] | str] = {os.path.realpath(path)}
@@ -153,7 +153,7 @@ def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str
     stdin if the command reads it), another output (but a device may be several), what the command writes to
     stdout (`stdout` names it: the two would interleave, or a rename would unlink stdout's file), or a file of an
     nmt folder."""
-    sources: list[tuple[str, Identity]] = [(what, _identity(Path(path))) for what, path in inputs if path is not None]
+    sources = [(what, file_identity(Path(path))) for what, path in inputs if path is not None]
     for stream, number, what in ((sys.stdin, 0, "stdin" if stdin else None), (sys.stdout, 1, stdout)):
         with contextlib.suppress(OSError, ValueError):      # a file, a pipe, a terminal
             info = os.fstat(stream.fileno() if stream is not None else number)
@@ -168,7 +168,7 @@ def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str
         if marker is not None and target.exists() and is_nmt_file(target.name, marker):
             raise FolderError(f"{option} {path} is a file of the nmt {marker['kind']} folder {target.parent}; "
                               "write the output to another file")
-        identity = _identity(target)
+        identity = file_identity(target)
         for other, known in sources:
             if known & identity:
                 raise FolderError(f"{option} {path} is also {other}; write the output to another file")
