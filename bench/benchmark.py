@@ -78,8 +78,7 @@ def load_translator(args: argparse.Namespace, beam: int) -> Any:
     from nmt.runtime.folder import is_onnx_folder
 
     settings = {"beam_size": beam, "precision": args.precision, "length_penalty": args.length_penalty,
-                "batch_tokens": args.batch_tokens, "quantize": args.quantize,
-                "early_stop": args.early_stop and beam > 1,            # greedy has no early stop to ask for
+                "batch_tokens": args.batch_tokens, "quantize": args.quantize, "early_stop": args.early_stop,
                 **shortlist_overrides(args)}
     if is_onnx_folder(args.checkpoint):
         from nmt.runtime.translator import Translator as OnnxTranslator

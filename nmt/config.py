@@ -276,7 +276,7 @@ def check_decoding(decoding: DecodingConfig) -> None:
                           f"{decoding.max_len} (which counts EOS); lower the first or raise the second")
 
 
-def with_implied_shortlist(given: dict[str, Any], shortlist_file: object = None) -> dict[str, Any]:
+def with_implied_shortlist(given: dict[str, Any], shortlist_file: str | Path | None = None) -> dict[str, Any]:
     """One run's decoding settings with what they imply: a shortlist file, or `shortlist_k` without `shortlist`,
     turns the shortlist on; either with the shortlist turned off is a ConfigError (it would be ignored)."""
     wanting = ("--shortlist-file" if shortlist_file is not None else
