@@ -75,7 +75,7 @@ def measure_training(args: argparse.Namespace) -> dict:
 def load_translator(args: argparse.Namespace, beam: int) -> Any:
     """The translator `nmt translate -m CHECKPOINT` would use: PyTorch's for a model file or checkpoint,
     onnxruntime's (nmt.runtime, torch never imported) for a folder `nmt export --format onnx` wrote."""
-    from nmt.runtime.folder import is_onnx_folder
+    from nmt.modelfile.onnx_folder import is_onnx_folder
 
     settings = {"beam_size": beam, "precision": args.precision, "length_penalty": args.length_penalty,
                 "batch_tokens": args.batch_tokens, "quantize": args.quantize, "early_stop": args.early_stop,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt.config import ConfigError
-from nmt.runtime.folder import is_onnx_folder
+from nmt.modelfile.onnx_folder import is_onnx_folder
 
 
 def _torch_translator() -> Any:

@@ -53,8 +53,8 @@ def translate(
     """
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_source
+    from nmt.modelfile.onnx_folder import is_onnx_folder
     from nmt.progress import progress_bar
-    from nmt.runtime.folder import is_onnx_folder
 
     if num_samples is not None:
         if not decoding["sampling"]:
@@ -105,7 +105,7 @@ def score(
     """
     from nmt.decode.outputs import OutputPaths
     from nmt.decode.streaming import open_pairs, write_scores
-    from nmt.runtime.folder import is_onnx_folder
+    from nmt.modelfile.onnx_folder import is_onnx_folder
 
     for model in checkpoint:
         if is_onnx_folder(model):

@@ -35,9 +35,9 @@ from nmt.fs.folders import build_folder, new_file_mode, refuse_foreign, write_ma
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.card import describe
 from nmt.modelfile.file import LoadedModel, load_model
+from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION
 
-FORMAT, VERSION, KIND = "nmt-onnx", 1, "onnx"
-INFO_FILE = "nmt-onnx.json"
+KIND = "onnx"
 PRECISIONS = {"none": "float32", "int8": "int8"}
 
 
@@ -110,7 +110,7 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
     if shortlist:
         _write_shortlist(loaded, model, folder)
-    (folder / INFO_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    (folder / MANIFEST).write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return info
 
 

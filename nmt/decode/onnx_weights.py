@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from nmt.decode.onnx_graphs import OnnxExportError
+from nmt.modelfile.onnx_folder import WEIGHTS
 
-WEIGHTS_FILE = "weights.bin"   # the name nmt.runtime.folder accepts, and no other
 INLINE_BYTES = 1024             # smaller tensors stay in their graph (onnx's default size_threshold)
 # Tensors from 1 MiB on start at a multiple of the largest allocation granularity (64 KiB), so that they can
 # be memory-mapped; onnxruntime's own external-data writer aligns them so.
@@ -18,13 +18,13 @@ MAP_BYTES, GRANULARITY, ALIGNMENT = 1 << 20, 1 << 16, 64
 
 
 def share_weights(folder: Path, files: Iterable[str]) -> None:
-    """Move the initializers of the graphs `files` in `folder` into `folder`/WEIGHTS_FILE."""
+    """Move the initializers of the graphs `files` in `folder` into `folder`/WEIGHTS."""
     import onnx
     from onnx.external_data_helper import set_external_data
     from onnx.numpy_helper import from_array, to_array
 
     offsets: dict[bytes, int] = {}                      # sha256 of a tensor's bytes -> its offset
-    with open(folder / WEIGHTS_FILE, "wb") as out:
+    with open(folder / WEIGHTS, "wb") as out:
         for name in files:
             try:
                 model = onnx.load(str(folder / name))
@@ -43,6 +43,6 @@ def share_weights(folder: Path, files: Iterable[str]) -> None:
                     out.write(bytes(-out.tell() % align))
                     offsets[key] = out.tell()
                     out.write(data)
-                set_external_data(tensor, WEIGHTS_FILE, offsets[key], len(data))
+                set_external_data(tensor, WEIGHTS, offsets[key], len(data))
                 tensor.ClearField("raw_data")
             (folder / name).write_bytes(model.SerializeToString())

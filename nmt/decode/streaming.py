@@ -23,7 +23,7 @@ from nmt.config import MAX_BEAM, ConfigError, DecodingConfig
 from nmt.data.rows import flatten, longest_first, padded_ids, padded_prefixes, truncated
 from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
-from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, normalised_score, score_line, translations
+from nmt.decode.outputs import OutputFiles, ResultWriter, Translation, score_line, translations
 from nmt.fs.text import TextInputError, as_lines, iter_lines, open_text
 
 if TYPE_CHECKING:
@@ -87,10 +87,6 @@ class Translates(ABC):
             raise ConfigError(f"{n} {n_best} is larger than the beam size {d.beam_size}: beam search finds at most "
                               f"{beam} hypotheses; raise {beam} to at least {n_best}"
                               + (f" or use {sampling}" if self.samples else ""))
-
-    def normalised_score(self, hyp: Hypothesis) -> float:
-        """log p / lp(|y|), the GNMT length normalisation with decoding.length_penalty, EOS counted."""
-        return normalised_score(hyp.log_prob, len(hyp.tokens) + 1, self.decoding.length_penalty)
 
     def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05

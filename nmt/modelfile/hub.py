@@ -10,6 +10,7 @@ from pathlib import Path
 
 from nmt import __version__
 from nmt.modelfile.check import ModelFileError
+from nmt.modelfile.onnx_folder import is_onnx_folder
 
 MODEL_FILE = "model.safetensors"          # the weights file name the Hub's tools expect
 SCHEME = "hf:"
@@ -31,7 +32,7 @@ def locate_model(path: str | Path) -> Path:
     if is_hub_name(path):
         return download(hub_name(path)[len("hf://"):])
     path = Path(path)
-    if path.is_dir() and (path / "nmt-onnx.json").is_file():      # nmt.runtime's manifest (runtime sits above)
+    if is_onnx_folder(path):
         raise ModelFileError(f"{path} is an ONNX folder (nmt export --format onnx), which only translates and "
                              "serves; give the model file it was exported from")
     if path.is_dir() and not (path / MODEL_FILE).is_file():

@@ -9,22 +9,16 @@ from typing import Any
 
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.fs.bounded import read_json
+from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION, WEIGHTS
 from nmt.runtime.external import external_locations
 
-MANIFEST = "nmt-onnx.json"
-FORMAT, VERSION = "nmt-onnx", 1
 PRECISIONS = ("float32", "int8", "float16")
 KINDS = ("beam", "greedy")
-WEIGHTS = "weights.bin"                 # the graphs' external data (older nmt: none, weights in each graph)
 ROLES = ("encoder", "step", "step_features")
 
 
 class OnnxFolderError(ValueError):
     """An exported folder that cannot be used; the message names the folder and what is wrong."""
-
-
-def is_onnx_folder(path: str | Path) -> bool:
-    return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
 
 
 @dataclass

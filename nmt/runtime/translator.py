@@ -21,7 +21,8 @@ from nmt.config_check import build
 from nmt.data.special import PAD
 from nmt.data.tokenizer import Vocab
 from nmt.decode.streaming import Translates
-from nmt.runtime.folder import MANIFEST, OnnxFolderError, read_manifest
+from nmt.modelfile.onnx_folder import MANIFEST
+from nmt.runtime.folder import OnnxFolderError, read_manifest
 from nmt.runtime.search import Hypothesis, beam_search, greedy_search
 from nmt.runtime.session import OnnxModel, Shortlist
 

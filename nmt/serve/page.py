@@ -22,7 +22,8 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 
 def model_card(model: str | Path) -> dict[str, Any]:
     """The card of `nmt info`, with the file's name and size instead of its path on the server."""
-    from nmt.runtime.folder import is_onnx_folder, read_manifest
+    from nmt.modelfile.onnx_folder import is_onnx_folder
+    from nmt.runtime.folder import read_manifest
 
     if is_onnx_folder(model):                  # exported with its card; no torch
         card = dict(read_manifest(model).card)
