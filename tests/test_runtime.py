@@ -158,7 +158,7 @@ def test_what_a_folder_cannot_do_is_one_error_line(folder, no_torch_env, tmp_pat
 @pytest.mark.parametrize(("change", "message"), [
     ({"version": 99}, "nmt-onnx.json: version 99"),
     ({"languages": 5}, "nmt-onnx.json: a malformed value ('int' object is not iterable)"),
-    ({"decoding": {"beam_size": 0}}, "nmt-onnx.json: decoding.beam_size must be >= 1, got 0; export the model"),
+    ({"decoding": {"beam_size": 0}}, "nmt-onnx.json: `decoding.beam_size` must be >= 1, got 0; export the model"),
     ({"card": "DEEP"}, "nmt-onnx.json: not readable (JSON nested deeper than 32 levels)"),
 ])
 def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env, change, message):

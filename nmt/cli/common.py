@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 import typer
 
+from nmt.config_check import ConfigError
 from nmt.fs.folders import FolderError
 from nmt.fs.outputs import check_outputs
 from nmt.fs.text import printable
@@ -89,8 +90,8 @@ def check_paths(outputs: dict[str, Path | None], inputs: Iterable[tuple[str, Pat
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """nmt's own errors as one `error:` line, decoding keys named as their options; what went to stdout before
-    stays complete."""
+    """nmt's own errors as one `error:` line, the decoding keys of a ConfigError (the run's settings) named as
+    their options, a file's own keys left as they are; what went to stdout before stays complete."""
     try:
         yield
     except Exception as exc:
@@ -98,7 +99,7 @@ def user_errors() -> Iterator[None]:
             raise
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
-        fail(as_options(str(exc)))
+        fail(as_options(str(exc)) if isinstance(exc, ConfigError) else str(exc))
 
 
 def is_user_error(exc: BaseException) -> bool:

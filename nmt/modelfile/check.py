@@ -138,8 +138,7 @@ def check_config(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> 
     try:
         return stored_config(raw)
     except ConfigError as exc:
-        reason = str(exc).replace("`", "")         # a key of the file, not an option the CLI would name for it
-        raise ModelFileError(f"{path}: its config is unusable: {reason}") from None
+        raise ModelFileError(f"{path}: its config is unusable: {exc}") from None
 
 
 class _NoNormalInit(TorchFunctionMode):

@@ -63,7 +63,7 @@ class Translator(Translates):
         try:                                # the overrides are checked: a problem is the folder's
             decoding = build(DecodingConfig, {**stored, **given}, "decoding.", None, stored=True)
         except ConfigError as exc:
-            raise OnnxFolderError(f"{Path(path) / MANIFEST}: {str(exc).replace('`', '')}; "
+            raise OnnxFolderError(f"{Path(path) / MANIFEST}: {exc}; "
                                   "export the model again") from None
         check_decoding(decoding)
         if decoding.sampling:
