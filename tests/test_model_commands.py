@@ -55,7 +55,8 @@ main()
 def test_average_and_export_never_replace_a_file_another_process_wrote_meanwhile(trained_run, tmp_path):
     out = tmp_path / "new.pt"
     best, last = str(trained_run / "best.pt"), str(trained_run / "last.pt")
-    for args in (["average", best, last, "-o", str(out)], ["export", best, "-o", str(out)]):
+    for args in (["average", best, last, "-o", str(out)], ["export", best, "-o", str(out)],
+                 ["export", best, "-o", str(out), "--force"]):        # --force replaces only the file it checked
         out.unlink(missing_ok=True)
         result = subprocess.run([sys.executable, "-c", RACE, *args], capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parents[1], timeout=300)

@@ -108,7 +108,8 @@ def _export_file(checkpoint: Path, output: Path, dtype: str, quantize: str | Non
     if not output.parent.is_dir():
         fail(f"--output {output}: folder {output.parent} does not exist")
     target = check_paths({"--output": output}, models=[checkpoint])["--output"]
-    if target.exists():
+    replace = target.exists()           # --force replaces the nmt model file checked here, never one made meanwhile
+    if replace:
         if not force:
             fail(f"{output} exists; choose a new name, or pass --force to replace an nmt model file")
         try:
@@ -117,7 +118,7 @@ def _export_file(checkpoint: Path, output: Path, dtype: str, quantize: str | Non
         except (ModelFileError, ConfigError):
             fail(f"{output} exists and is not an nmt model file; nmt replaces only its own model files")
     try:
-        export_model(checkpoint, target, dtype, quantize, replace=force)
+        export_model(checkpoint, target, dtype, quantize, replace=replace)
     except FileExistsError:
         fail(f"{output} was created by another process meanwhile; choose a new name, or pass --force to replace "
              "an nmt model file")
