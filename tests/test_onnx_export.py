@@ -143,7 +143,7 @@ def read_info(folder: Path) -> dict:
 def test_the_folder_and_what_its_json_says(onnx_folder, trained_run):
     info = read_info(onnx_folder)
     translator = Translator.load(trained_run / "best.pt", device="cpu")
-    assert info["format"] == "nmt-onnx" and info["version"] == 1 and info["precision"] == "float32"
+    assert info["format"] == "nmt-onnx" and info["version"] == 2 and info["precision"] == "float32"
     assert info["special"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert info["vocab_size"] == len(translator.tgt_vocab)
     assert info["vocabulary"]["tgt"] == translator.tgt_vocab.pieces.tolist()

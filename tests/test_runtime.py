@@ -175,8 +175,11 @@ def test_a_broken_manifest_is_named(folder, tmp_path, no_torch_env, change, mess
 
 
 def rewrite_graphs(folder: Path, out: Path, change) -> Path:
-    """A copy of `folder` whose graphs `change(model)` edits (onnx loads them with their external data)."""
+    """A copy of `folder` whose graphs `change(model)` edits, its manifest's digests made to match: a folder from
+    someone else may be consistent and still hostile."""
     import shutil
+
+    from nmt.modelfile.onnx_folder import file_sha256
 
     onnx = pytest.importorskip("onnx")
     shutil.copytree(folder, out)
@@ -184,26 +187,35 @@ def rewrite_graphs(folder: Path, out: Path, change) -> Path:
         model = onnx.load(str(graph), load_external_data=False)
         change(model)
         graph.write_bytes(model.SerializeToString())
+    manifest = json.loads((out / "nmt-onnx.json").read_text())
+    manifest["sha256"] = {name: file_sha256(out / name) for name in manifest["sha256"] if (out / name).exists()}
+    (out / "nmt-onnx.json").write_text(json.dumps(manifest))
     return out
 
 
-def test_a_folder_with_weights_in_each_graph_translates_the_same(folder, sources, tmp_path):
-    """As nmt wrote folders before weights.bin: every graph embeds its weights."""
-    from onnx.external_data_helper import convert_model_from_external_data, load_external_data_for_model
+@pytest.mark.parametrize("name", ["weights.bin", "encoder.onnx", "sentencepiece.model", "missing"])
+def test_a_damaged_folder_is_refused_not_translated(folder, tmp_path, no_torch_env, name):
+    """As a model file's checksums: a copy with some bytes changed (here 4 zeroed in the middle of a file), or a
+    file the manifest holds no digest for, is one error naming the file instead of translating wrongly."""
+    import shutil
 
-    from nmt.runtime.translator import Translator as OnnxTranslator
-
-    def embed(model):
-        load_external_data_for_model(model, str(folder))
-        convert_model_from_external_data(model)
-
-    old = rewrite_graphs(folder, tmp_path / "old", embed)
-    (old / "weights.bin").unlink()
-    assert sum(p.stat().st_size for p in old.glob("*.onnx")) > 2 * (folder / "weights.bin").stat().st_size
-    for beam_size in (1, 5):
-        want = OnnxTranslator.load(folder).translate(sources, beam_size=beam_size)
-        got = OnnxTranslator.load(old).translate(sources, beam_size=beam_size)
-        assert [(t.text, t.score) for t in got] == [(t.text, t.score) for t in want]
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    if name == "missing":
+        manifest = json.loads((bad / "nmt-onnx.json").read_text())
+        del manifest["sha256"]["weights.bin"]
+        (bad / "nmt-onnx.json").write_text(json.dumps(manifest))
+        name = "weights.bin"
+    else:
+        target = bad / (name if (bad / name).exists() else "source.model")
+        name = target.name
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2: len(data) // 2 + 4] = bytes(4) if any(data[len(data) // 2:][:4]) else b"\x01" * 4
+        target.write_bytes(bytes(data))
+    result = subprocess.run([sys.executable, "-m", "nmt", "translate", "-m", str(bad)], input="Ein Hund.\n",
+                            capture_output=True, text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{bad / name} is damaged: its SHA-256 differs" in result.stderr and not result.stdout, result.stderr
 
 
 @pytest.mark.parametrize("location", ["outside", "../weights.bin", "output.npz", "weights.bin\\x00.x"],

@@ -35,7 +35,7 @@ from nmt.fs.folders import build_folder, new_file_mode, refuse_foreign, write_ma
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.card import describe
 from nmt.modelfile.file import LoadedModel, load_model
-from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION
+from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION, file_sha256
 
 KIND = "onnx"
 PRECISIONS = {"none": "float32", "int8": "int8"}
@@ -110,6 +110,7 @@ def write_folder(loaded: LoadedModel, folder: Path, quantize: str, source: str |
     (folder / info["tgt_spm"]).write_bytes(loaded.tgt_vocab.sp.serialized_model_proto())
     if shortlist:
         _write_shortlist(loaded, model, folder)
+    info["sha256"] = {path.name: file_sha256(path) for path in sorted(folder.iterdir())}
     (folder / MANIFEST).write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return info
 

@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 MANIFEST = "nmt-onnx.json"
-FORMAT, VERSION = "nmt-onnx", 1
+FORMAT, VERSION = "nmt-onnx", 2       # 2: every file's SHA-256 in the manifest
 WEIGHTS = "weights.bin"         # the graphs' external data, the only file besides them that onnxruntime may read
 
 
 def is_onnx_folder(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
+
+
+def file_sha256(path: Path) -> str:
+    """The manifest holds each file's digest, so that a damaged copy is refused rather than translating wrongly."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()

@@ -3,13 +3,13 @@ the runtime's side of that contract (graphs, tensor names and batch axes, specia
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.fs.bounded import read_json
-from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION, WEIGHTS
+from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION, WEIGHTS, file_sha256
 from nmt.runtime.external import external_locations
 
 PRECISIONS = ("float32", "int8", "float16")
@@ -36,6 +36,8 @@ class Manifest:
     graphs: dict[str, dict[str, str]]     # "greedy"/"beam" -> {"encoder", "step"[, "step_features"]}: files
     shortlist: dict[str, Any] | None      # {"file", "output", "k", "frequent", "default"} or None
     pieces: dict[str, list[int] | None]   # "src"/"tgt" ("vocabulary"): side id -> SentencePiece id; None: all
+    sha256: dict[str, str]                # file name -> its digest at export: every file the runtime reads
+    checked: set[str] = field(default_factory=set)
 
     def path(self, name: str) -> Path:
         """A file the manifest names, which may not be a path out of the folder."""
@@ -44,6 +46,11 @@ class Manifest:
         path = self.folder / name
         if not path.is_file():
             raise OnnxFolderError(f"{self.folder} has no {name} (its {MANIFEST} names it); export the model again")
+        if name not in self.checked:
+            if self.sha256.get(name) != file_sha256(path):
+                raise OnnxFolderError(f"{path} is damaged: its SHA-256 differs from the one {MANIFEST} holds; "
+                                      "copy or export the model again")
+            self.checked.add(name)
         return path
 
     def graph(self, name: str) -> Path:
@@ -89,7 +96,7 @@ def read_manifest(folder: str | Path) -> Manifest:
             [(str(s["name"]), int(s["batch_axis"])) for s in raw["state"]],
             {kind: {role: str(raw["graphs"][kind][role]) for role in ROLES if role in raw["graphs"][kind]}
              for kind in KINDS}, raw.get("shortlist"),
-            pieces)
+            pieces, {str(name): str(digest) for name, digest in raw["sha256"].items()})
     except KeyError as exc:
         raise OnnxFolderError(f"{where}: missing key {exc}; export the model again") from None
     except (TypeError, ValueError, AttributeError) as exc:
