@@ -11,11 +11,13 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Translator", "__version__"]
+__all__ = ["ConfigError", "ModelFileError", "Translator", "__version__"]
+_LAZY = {"Translator": "nmt.api", "ModelFileError": "nmt.modelfile.errors", "ConfigError": "nmt.config_check"}
 
 
 def __getattr__(name: str) -> Any:
-    """`nmt.Translator` on first use (PEP 562), so that importing nmt for __version__ imports no torch."""
-    if name == "Translator":
-        return importlib.import_module("nmt.api").Translator
+    """`nmt.Translator` and the API's errors on first use (PEP 562): importing nmt for __version__ imports
+    no torch."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'nmt' has no attribute {name!r}")

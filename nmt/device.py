@@ -26,7 +26,8 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream)
 
 
 def resolve_device(name: str) -> torch.device:
-    if name not in ("auto", "cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
+    if not isinstance(name, str) or (name not in ("auto", "cpu", "cuda")
+                                     and not (name.startswith("cuda:") and name[5:].isdigit())):
         raise ConfigError(f"unknown device {name!r} (training.device or --device); choose auto, cpu or cuda")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name} was asked for (training.device or --device) but no CUDA device is available")

@@ -157,6 +157,12 @@ def test_threads_share_a_translator_and_its_model_without_a_lock(model_file):
     (lambda t: t.translate([b"Ein Hund."]), TypeError, "lines[0] is bytes, not a string"),
     (lambda t: t.translate(b"Ein Hund."), TypeError, "not one bytes"),
     (lambda t: t.score(["Ein Hund."], [None]), TypeError, "targets[0] is NoneType, not a string"),
+    (lambda t: list(t.translate_stream(["Ein Hund.", b"x"])), TypeError,
+     "lines[1] is bytes, not a string or a (source, prefix) pair of strings"),
+    (lambda t: list(t.translate_stream([("Ein Hund.", "A", "extra")])), TypeError, "lines[0] is a tuple of 3"),
+    (lambda t: t.translate(["Ein Hund.", "Ein \ud800 Hund."]), ValueError,
+     "lines[1] is not valid Unicode (a lone surrogate)"),
+    (lambda t: Translator.load_ensemble("model.nmt"), TypeError, "a list of model paths, not one path"),
 ])
 def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):
     with pytest.raises(error, match=re.escape(message)):
@@ -168,6 +174,7 @@ def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):
     ({"beam_size": 10**8}, "`decoding.beam_size` must be <= 1000"),
     ({"min_len": 30, "max_len": 5}, "`decoding.min_len` 30 leaves no room under `decoding.max_len` 5"),
     ({"device": "cuda:99"}, "device cuda:99 was asked for"),
+    ({"device": None}, "unknown device None"),
 ])
 def test_load_holds_its_settings_to_the_config_rules(model_file, settings, message):
     """Settings passed to `Translator.load` meet the rules of the YAML file, though the stored config is
@@ -192,3 +199,19 @@ def test_a_stored_min_len_above_max_len_translates_and_only_length_options_are_c
     assert 1 <= len(results[0].hypotheses[0].tokens) <= 4 and results[0].text
     with pytest.raises(ConfigError, match="leaves no room under"):
         Translator.load(path, device="cpu", max_len=6)
+
+
+def test_a_per_call_beam_size_does_not_apply_to_a_sampling_translator(model_file):
+    """It would be ignored (samples are drawn, not searched); the translator's own beam size, which `nmt serve`
+    passes with every request, is no request for a beam."""
+    from nmt.config import ConfigError
+
+    sampler = Translator.load(model_file, device="cpu", sampling=True, seed=5)
+    with pytest.raises(ConfigError, match="beam_size 8 does not apply to sampling"):
+        sampler.translate(["Ein Hund."], beam_size=8)
+    assert len(sampler.translate(["Ein Hund."], beam_size=sampler.decoding.beam_size)) == 1
+
+
+def test_a_list_of_one_path_loads_that_model(model_file, translator):
+    loaded = Translator.load([model_file], device="cpu", precision="fp32")
+    assert loaded.translate(["Ein Hund läuft."])[0].text == translator.translate(["Ein Hund läuft."])[0].text

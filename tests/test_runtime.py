@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nmt.config import ConfigError
+
 from .conftest import read_gz
 from .serve_process import REPO, Server
 
@@ -21,7 +23,7 @@ BLOCK_TORCH = '''import sys
 class _NoTorch:
     def find_spec(self, name, path=None, target=None):
         if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
+            raise ModuleNotFoundError("No module named 'torch' (blocked in this test)", name="torch")
 sys.meta_path.insert(0, _NoTorch())
 '''
 
@@ -82,9 +84,26 @@ def test_int8_folder_translates_every_line(model_file, folder, sources, tmp_path
     from nmt.runtime.translator import Translator as OnnxTranslator
 
     int8 = export_onnx(model_file, tmp_path / "int8", "--quantize", "int8")
-    translator = OnnxTranslator.load(int8)
+    translator = OnnxTranslator.load(int8, quantize="int8")            # its own precision may be named
     assert translator.model.manifest.precision == "int8"
     assert all(t.text for t in translator.translate(sources, beam_size=5))
+    for path, quantize in ((int8, "none"), (folder, "int8")):           # a precision it does not have: an error
+        with pytest.raises(ConfigError, match=f"`decoding.quantize` {quantize} does not apply to this"):
+            OnnxTranslator.load(path, quantize=quantize)
+
+
+def test_the_api_loads_a_folder_in_a_list_and_refuses_it_in_an_ensemble(folder, sources):
+    from nmt import ModelFileError, Translator
+    from nmt.runtime.folder import OnnxFolderError
+    from nmt.runtime.translator import Translator as OnnxTranslator
+
+    assert isinstance(Translator.load([folder]), OnnxTranslator)
+    with pytest.raises(ConfigError, match="an ONNX model folder decodes alone, not in an ensemble"):
+        Translator.load_ensemble([folder, folder])
+    for threads in (-1, "2", 2.5, None, 10**5):
+        with pytest.raises(ValueError, match="threads must be an integer from 0"):
+            Translator.load(folder, threads=threads)
+    assert issubclass(OnnxFolderError, ModelFileError)
 
 
 def test_n_best_prefixes_and_attention_as_pytorch(model_file, folder, sources):
@@ -303,3 +322,23 @@ def test_score_names_the_folder(folder, tmp_path):
     result = subprocess.run([sys.executable, "-m", "nmt", "score", "-m", str(folder), "--src", str(tmp_path / "a.de"),
                              "--tgt", str(tmp_path / "a.en")], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2 and "is an ONNX folder, which only translates" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["translate", "-m", "typo-folder"], "error: model file typo-folder does not exist"),
+    (["info", "MODEL"], "error: this needs torch, which this install lacks: nmt without PyTorch"),
+    (["score", "-m", "MODEL", "--src", "MODEL", "--tgt", "MODEL"],
+     "model.nmt is not an ONNX model folder (nmt export --format onnx), and this install has no PyTorch"),
+])
+def test_without_torch_a_command_that_needs_it_is_one_error_line(model_file, no_torch_env, tmp_path, args, message):
+    """nmt-runtime (no PyTorch): a mistyped folder is named as missing, a command or model that needs PyTorch
+    says so; neither is an "internal error"."""
+    args = [str(model_file) if arg == "MODEL" else arg for arg in args]
+    result = subprocess.run([sys.executable, "-m", "nmt", *args], input="Ein Hund.\n", capture_output=True,
+                            text=True, env=no_torch_env, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    code = ("from nmt import Translator, ModelFileError\n"
+            "try: Translator.load('typo-folder')\nexcept ModelFileError as e: print(e)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=no_torch_env,
+                            cwd=tmp_path)
+    assert result.stdout == "model file typo-folder does not exist\n", result.stderr

@@ -146,7 +146,8 @@ def serve(
     try:
         from nmt.serve.server import ServeSettings, run_server
     except ImportError as exc:
-        fail(f"nmt serve needs the serve extra: pip install 'nmt[serve]' ({exc})")
+        fail(f"nmt serve needs the serve extra: pip install 'nmt[serve]', or './runtime-dist[serve]' without "
+             f"PyTorch ({exc})")
     settings = ServeSettings(host=host, port=port, max_batch_sentences=max_batch_sentences,
                              max_wait=max_wait_ms / 1000, max_queue=max_queue, max_sentences=max_sentences,
                              max_body_bytes=max_body_kb * 1024, max_beam=max_beam, body_timeout=body_timeout)

@@ -64,6 +64,9 @@ def _occupy_closed_descriptors() -> None:
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
 
 
+FULL_INSTALL_ONLY = ("torch", "sacrebleu", "safetensors")    # what nmt-runtime (./runtime-dist) does not install
+
+
 def _reader_gone() -> bool:
     """stdout is a pipe whose reading end is closed (`| head` has exited): poll reports an error on it."""
     try:
@@ -142,6 +145,11 @@ def main() -> None:
     except Exception as exc:
         if is_user_error(exc):
             typer.echo(error_line(exc), err=True)
+            code = 2
+        elif isinstance(exc, ModuleNotFoundError) and exc.name in FULL_INSTALL_ONLY:
+            typer.echo(error_line(f"this needs {exc.name}, which this install lacks: nmt without PyTorch "
+                                  "(./runtime-dist) translates and serves ONNX model folders only; install nmt "
+                                  "itself for the rest"), err=True)
             code = 2
         else:
             typer.echo(error_line(f"internal error ({type(exc).__name__}: {one_line(str(exc))[:300]}); "

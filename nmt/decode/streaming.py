@@ -47,6 +47,9 @@ class Translates(ABC):
         """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
         `prefixes`: one forced target prefix per line ("" for none)."""
         lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
+        if self.samples and self.decoding.sampling and beam_size not in (None, self.decoding.beam_size):
+            raise ConfigError(f"beam_size {beam_size} does not apply to sampling (`decoding.sampling`): samples "
+                              "are drawn, not searched; load a translator without sampling for beam search")
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
         self.check_n_best(n_best, decoding)
         prefix_ids = self.tgt_vocab.encode(prefixes) if prefixes is not None and any(prefixes) else None
@@ -91,7 +94,9 @@ class Translates(ABC):
     def translate_stream(self, lines: Iterable[Line], chunk_lines: int = 10000, n_best: int = 1,
                          return_attention: bool = False, progress: Any = None, max_wait: float = 0.05
                          ) -> Iterator[Translation]:
-        """Results in input order; an item may be a (source, target prefix) pair."""
+        """Results in input order; an item may be a (source, target prefix) pair. `lines` is read ahead (up to
+        `chunk_lines` items) on a thread of its own, so that reading overlaps translating: an iterable bound to
+        the calling thread (a database cursor) must be read into a list or a queue first."""
         for batch in self.translate_batches(lines, chunk_lines, n_best, return_attention, progress, max_wait):
             yield from batch
 
@@ -129,6 +134,16 @@ def without_line_ending(line: str) -> str:
     return line[:-2] if line.endswith("\r\n") else line.removesuffix("\n")
 
 
+def stream_item(item: object, index: int) -> Line:
+    """An item of a stream without its line ending: a string, or a (source, prefix) pair of strings."""
+    if isinstance(item, str):
+        return without_line_ending(item)
+    if isinstance(item, tuple) and len(item) == 2 and all(isinstance(part, str) for part in item):
+        return without_line_ending(item[0]), without_line_ending(item[1])
+    kind = f"a tuple of {len(item)}" if isinstance(item, tuple) else type(item).__name__
+    raise TypeError(f"lines[{index}] is {kind}, not a string or a (source, prefix) pair of strings")
+
+
 def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Iterator[list[Line]]:
     """Batches of a stream read on a thread, line endings gone: at `max_lines` lines, at the end, or `max_wait`
     seconds after a batch's first line; an error of `lines` after every earlier line's batch. The reader wakes
@@ -139,9 +154,8 @@ def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Ite
 
     def read() -> None:
         try:
-            for item in lines:
-                line: Line = (without_line_ending(item) if isinstance(item, str)
-                              else (without_line_ending(item[0]), without_line_ending(item[1])))
+            for index, item in enumerate(lines):
+                line = stream_item(item, index)
                 with cond:
                     while len(buffer) >= max_lines and not shared["stop"]:
                         cond.wait()
@@ -200,6 +214,13 @@ def checked_call(lines: object, prefixes: object, n_best: object,
                          f"got {beam_size!r} and {n_best!r}")
     if prefixes is not None and len(prefixes) != len(lines):
         raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
+    for name, texts in (("lines", lines), ("prefixes", prefixes or [])):
+        for i, text in enumerate(texts):
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"{name}[{i}] is not valid Unicode (a lone surrogate)") from None
     return lines, prefixes
 
 

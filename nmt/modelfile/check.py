@@ -7,7 +7,6 @@ memory) and check_weights, each raising a one-line `ModelFileError` naming the f
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from nmt.config import MAX_VOCAB, Config, ConfigError, ModelConfig, memory_bytes, stored_config
-from nmt.fs.bounded import file_kind
-
-
-class ModelFileError(ValueError):
-    """A model file or checkpoint that cannot be used: missing, truncated, corrupt or of another format."""
-
-
-def not_a_file(path: Path, what: str) -> ModelFileError:
-    """Missing, or named for what it is: reading a FIFO or a device would wait forever or never end."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return ModelFileError(f"{what} {path} does not exist")
-    return ModelFileError(f"{what} {path} is {file_kind(mode)}, not a file; give an nmt model file or checkpoint")
+from nmt.modelfile.errors import ModelFileError
 
 
 def corrupt(what: str, path: Path, exc: Exception) -> ModelFileError:

@@ -25,15 +25,14 @@ from nmt.data.tokenizer import Vocab
 from nmt.fs.bounded import loads_json, read_json
 from nmt.model.seq2seq import Seq2Seq
 from nmt.modelfile.check import (
-    ModelFileError,
     check_config,
     check_sections,
     check_weights,
     corrupt,
     damaged,
     expected_weights,
-    not_a_file,
 )
+from nmt.modelfile.errors import ModelFileError, not_a_file
 from nmt.modelfile.hub import hub_name, is_hub_name, locate_model
 from nmt.modelfile.tensors import write_model_file
 

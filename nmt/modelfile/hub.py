@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from nmt import __version__
-from nmt.modelfile.check import ModelFileError
+from nmt.modelfile.errors import ModelFileError
 from nmt.modelfile.onnx_folder import is_onnx_folder
 
 MODEL_FILE = "model.safetensors"          # the weights file name the Hub's tools expect

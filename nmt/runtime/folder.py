@@ -9,6 +9,7 @@ from typing import Any
 
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.fs.bounded import read_json
+from nmt.modelfile.errors import ModelFileError
 from nmt.modelfile.onnx_folder import FORMAT, MANIFEST, VERSION, WEIGHTS, file_sha256
 from nmt.runtime.external import external_locations
 
@@ -17,7 +18,7 @@ KINDS = ("beam", "greedy")
 ROLES = ("encoder", "step", "step_features")
 
 
-class OnnxFolderError(ValueError):
+class OnnxFolderError(ModelFileError):
     """An exported folder that cannot be used; the message names the folder and what is wrong."""
 
 

@@ -118,6 +118,8 @@ class Shortlist:
                 targets, frequent = arrays["targets"].astype(np.int64), arrays["frequent"].astype(np.int64)
             with np.load(manifest.path(str(info.get("output", "output.npz"))), allow_pickle=False) as arrays:
                 weight, bias = arrays["W_s"].astype(np.float32), arrays["b_s"].astype(np.float32)
+        except OnnxFolderError:
+            raise                                            # names the file, and the remedy
         except (OSError, KeyError, ValueError) as exc:
             raise OnnxFolderError(f"{manifest.folder}: the shortlist cannot be read ({exc}); export it again") from None
         v = manifest.vocab_size

@@ -27,7 +27,8 @@ from nmt.runtime.search import Hypothesis, beam_search, greedy_search
 from nmt.runtime.session import OnnxModel, Shortlist
 
 __all__ = ["Translator"]
-NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "quantize", "cuda_graphs")   # PyTorch-only keys
+NOT_HERE = ("sampling", "temperature", "top_k", "top_p", "seed", "cuda_graphs")   # PyTorch-only keys
+MAX_THREADS = 1024            # as --threads
 
 
 class Translator(Translates):
@@ -49,7 +50,11 @@ class Translator(Translates):
         if device not in ("auto", "cpu"):
             raise ConfigError(f"--device {device}: an ONNX model folder runs on the CPU (onnxruntime); "
                               "use the PyTorch model file for a GPU")
+        if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= MAX_THREADS:
+            raise ValueError(f"threads must be an integer from 0 (onnxruntime's default) to {MAX_THREADS}, "
+                             f"got {threads!r}")
         given = {k: v for k, v in decoding_overrides.items() if v is not None}
+        check_decoding_overrides(given)
         for key in NOT_HERE:
             if given.get(key) not in (None, False, "none", "fp32"):
                 raise ConfigError(f"`decoding.{key}` does not apply to an ONNX model folder; "
@@ -57,8 +62,11 @@ class Translator(Translates):
         if given.get("precision") not in (None, "auto", "fp32"):
             raise ConfigError(f"`decoding.precision` {given['precision']} does not apply to an ONNX model folder: "
                               "its precision was chosen by `nmt export --quantize`")
-        check_decoding_overrides(given)
         manifest = read_manifest(path)
+        if given.get("quantize", "int8" if manifest.precision == "int8" else "none") != (
+                "int8" if manifest.precision == "int8" else "none"):
+            raise ConfigError(f"`decoding.quantize` {given['quantize']} does not apply to this {manifest.precision} "
+                              "ONNX model folder: its precision was chosen by `nmt export --quantize`")
         stored = {k: v for k, v in manifest.decoding.items() if k in DecodingConfig.__dataclass_fields__}
         try:                                # the overrides are checked: a problem is the folder's
             decoding = build(DecodingConfig, {**stored, **given}, "decoding.", None, stored=True)
