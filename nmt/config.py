@@ -39,6 +39,7 @@ MAX_DIM = 16_384        # embedding, hidden and attention sizes
 MAX_LAYERS = 64         # RNN layers per side
 MAX_LEN = 10_000        # pieces in one sentence (training filter, decoding input and output)
 MAX_TOKENS = 1_000_000  # tokens or sentences in one batch
+MAX_EPOCH_ROWS = 2**31 - 1  # rows of one training epoch: its row numbers and sort keys (~16 bytes each) are in memory
 # decoding.batch_tokens 0: on a CPU 4000 was 5% slower and more gained nothing; a GPU step costs about the same
 # whatever its rows (docs/benchmarks.md)
 DECODING_BATCH_TOKENS = {"cpu": 8000, "cuda": 32000}
@@ -60,7 +61,8 @@ class CorpusConfig:
     """One training corpus of several: a file prefix and how much of it an epoch takes."""
 
     prefix: str = _path()               # reads {prefix}.{src_lang}[.gz] and {prefix}.{tgt_lang}[.gz]
-    weight: float = _bounded(1.0, gt=0.0)  # pairs per epoch = weight x pairs (2 = twice, 0.5 = a random half)
+    # rows per epoch = round(weight x pairs) (2 = twice, 0.5 = a random half): at least 1, at most MAX_EPOCH_ROWS
+    weight: float = _bounded(1.0, gt=0.0, le=MAX_EPOCH_ROWS)
 
 
 @dataclass

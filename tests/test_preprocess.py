@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import unicodedata
 
@@ -261,6 +262,42 @@ def test_corpus_entry_errors_name_the_key(tmp_path, corpus_dir):
         path = make_config(tmp_path, corpus_dir, data={"train": ["a", entry]})
         with pytest.raises(ConfigError, match=message):
             load_config(path)
+
+
+def test_a_corpus_weight_must_give_an_epoch_rows_it_can_hold(tmp_path):
+    """A weight is bounded by the rows an epoch may hold (at loading and, with the pairs known, at preprocess), and
+    one that rounds a corpus to 0 rows per epoch is refused: it would train nothing (one corpus: an untrained run)."""
+    from nmt.config import MAX_EPOCH_ROWS, ConfigError
+
+    corpus = write_slice(tmp_path / "corpus", "train", 100)
+    cases = [(1e300, ConfigError, rf"`data.train\[0\].weight` must be <= {MAX_EPOCH_ROWS}, got 1e\+300"),
+             (1e9, DataError, rf"`data.train\[0\].weight` 1e\+09 makes an epoch of more than {MAX_EPOCH_ROWS} rows"),
+             (0.0001, DataError, r"`data.train\[0\].weight` 0.0001 takes 0 of its \d+ pairs per epoch .*raise it "
+                                 r"above 0.00\d+")]
+    for weight, error, message in cases:
+        path = make_config(tmp_path, corpus.parent, data={"train": [{"prefix": str(corpus), "weight": weight}],
+                                                          "dev": None, "test": None, "vocab_size": 200})
+        with pytest.raises(error, match=message):
+            preprocess(load_config(path))
+        assert not (tmp_path / "data").exists()                      # nothing half-written
+    result = run_cli("preprocess", "--config", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.count("error:") == 1
+    assert result.stderr.splitlines()[-1].startswith("error: `data.train[0].weight` 0.0001 takes 0 of its")
+
+
+def test_a_data_folder_recording_a_weight_training_cannot_take_is_refused(prepared):
+    """A manifest written by an nmt that let such a weight through: training names the key, not an OverflowError."""
+    folder = DataFolder.open(load_config(prepared).data.out_dir)
+    for weight, message in ((1e300, r"must be > 0 and <= \d+, the rows an epoch"), (1e-9, "takes 0 of its")):
+        train = folder.manifest["splits"]["train"]
+        corpora = [dict(train["corpora"][0], weight=weight)]
+        manifest = dict(folder.manifest, splits=dict(folder.manifest["splits"], train=dict(train, corpora=corpora)))
+        damaged = folder.root.parent / "weighted"
+        damaged.mkdir(exist_ok=True)
+        (damaged / "manifest.json").write_text(json.dumps(manifest))
+        shown = re.escape(f"{weight:g}")
+        with pytest.raises(DataError, match=rf"`data.train.weight` {shown} \(.*manifest.json records it\) {message}"):
+            DataFolder.open(damaged)
 
 
 def test_old_data_format_is_refused(prepared):

@@ -21,7 +21,7 @@ from nmt import __version__
 from nmt.config import Config, ConfigError, DataConfig, dump_config
 from nmt.data.corpus import DataError, IdWriter, ReservoirSample, map_ids_in_place, parallel_chunks, write_error
 from nmt.data.fingerprint import Inputs, current_for_readers, inputs_of, recorded_fingerprint
-from nmt.data.folder import FORMAT_VERSION, SPLITS, input_prefixes, text_files, train_corpora
+from nmt.data.folder import FORMAT_VERSION, SPLITS, check_epoch_rows, input_prefixes, text_files, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.data.tokenizer import Vocab, train_sentencepiece
@@ -241,6 +241,7 @@ def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_voca
         raise DataError(f"`data.train`: the length filter drops all {entry['input_pairs']} training pairs "
                         f"({_reasons(entry)}); check `data.min_len` {data.min_len}, "
                         f"`data.max_len` {data.max_len} and `data.max_len_ratio` {data.max_len_ratio}")
+    check_epoch_rows([(corpus["name"], corpus["weight"], corpus["pairs"]) for corpus in corpora])
     return entry
 
 
