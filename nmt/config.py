@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -203,8 +204,22 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
 
+    def __post_init__(self) -> None:
+        self.given: frozenset[str] = frozenset()     # dotted keys the config file and --set gave (not a field)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def set_away_from_default(self, dotted: str) -> bool:
+        """Whether the user gave `section.key` a value other than its default: only such a key is refused where it
+        does not apply (a default, as the config.yaml nmt writes lists every key, is never)."""
+        section, key = dotted.split(".")
+        return dotted in self.given and getattr(getattr(self, section), key) != _default(dotted)
+
+
+def _default(dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(Config(), section), key)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -242,8 +257,47 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def config_from_dict(raw: Any, base_dir: Path | None = None, stored: bool = False) -> Config:
     config = build(Config, raw, "", base_dir, stored)
     if not stored:
+        config.given = frozenset(f"{section}.{key}" for section, values in (raw or {}).items()
+                                 if isinstance(values, dict) for key in values)
         _check_together(config)
+        _check_applicable(config)
     return config
+
+
+# Keys that another key's value makes ignored: (key, deciding key, whether it applies at that value, why).
+NOT_APPLICABLE: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("training.batch_size", "training.batch_tokens", lambda v: v == 0,
+     "batches count sentences only when `training.batch_tokens` is 0"),
+    ("training.plateau_factor", "training.lr_schedule", lambda v: v == "plateau",
+     "only the plateau schedule lowers the rate by it"),
+    ("training.plateau_patience", "training.lr_schedule", lambda v: v == "plateau",
+     "only the plateau schedule counts validations without improvement"),
+    ("training.min_lr", "training.lr_schedule", lambda v: v in ("plateau", "budget"),
+     "only the plateau and budget schedules have a floor"),
+    ("training.teacher_forcing_min", "training.teacher_forcing_schedule", lambda v: v != "constant",
+     "a constant teacher-forcing ratio never decays to a minimum"),
+    ("training.teacher_forcing_decay_updates", "training.teacher_forcing_schedule", lambda v: v == "linear",
+     "only the linear schedule decays over a number of updates"),
+    ("training.teacher_forcing_decay_rate", "training.teacher_forcing_schedule", lambda v: v == "exponential",
+     "only the exponential schedule decays by a rate"),
+    ("model.attention_dim", "model.attention", lambda v: v in ("bahdanau", "luong_concat"),
+     "the dot and general scores have no additive layer for it to size"),
+    ("model.init_scale", "model.init", lambda v: v == "uniform",
+     "only `model.init: uniform` draws from U(-init_scale, init_scale); default keeps torch's initialisation"),
+    ("training.init_optimizer", "training.init_from", lambda v: v is not None,
+     "it applies only with `training.init_from`, the parent whose optimiser state it carries over"),
+)
+
+
+def _check_applicable(config: Config) -> None:
+    """A key the user set (away from its default) where another key's value makes nmt ignore it is an error."""
+    for key, deciding, applies, why in NOT_APPLICABLE:
+        section, name = deciding.split(".")
+        value = getattr(getattr(config, section), name)
+        if config.set_away_from_default(key) and not applies(value):
+            shown = "unset" if value is None else f"{value}"
+            raise ConfigError(f"`{key}` does not apply with `{deciding}` {shown}: {why}; remove it (or give it "
+                              f"its default, {_default(key)}) or change `{deciding}`")
 
 
 LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")     # a file suffix: no "/", "." or spaces

@@ -300,6 +300,39 @@ def test_a_data_folder_recording_a_weight_training_cannot_take_is_refused(prepar
             DataFolder.open(damaged)
 
 
+def test_vocabulary_settings_are_refused_where_no_sentencepiece_model_is_trained(prepared, trained_run, tmp_path):
+    """With the parent's models (`training.init_from`) or given ones for every side, `data.vocab_size` must be
+    theirs (the config that made them still works) and `data.spm_model_type` is refused; only keys set, not
+    defaults."""
+    from nmt.config import ConfigError
+
+    spm_model = DataFolder.open(load_config(prepared).data.out_dir).root / "spm.model"      # smoke's: 500 pieces
+    corpus = write_slice(tmp_path / "corpus", "train", 60)
+    parent = [f"training.init_from={trained_run / 'best.pt'}"]
+    given = [f"data.src_spm_model={spm_model}"]
+    for name, sets, source in (("parent", parent, r"the SentencePiece models of `training.init_from`"),
+                               ("given", given, r"the given SentencePiece models \(`data.src_spm_model`\)")):
+        (tmp_path / name).mkdir()
+        path = make_config(tmp_path / name, corpus.parent, data={"dev": None, "test": None})
+        for setting, message in (("data.vocab_size=300", rf"`data.vocab_size` 300 does not apply: {source} are "
+                                                         r"used, of 500 pieces, and none is trained; remove it"),
+                                 ("data.spm_model_type=bpe", rf"`data.spm_model_type` bpe does not apply: {source}")):
+            with pytest.raises(ConfigError, match=message):
+                preprocess(load_config(path, [*sets, setting]))
+            assert not (tmp_path / name / "data").exists()
+        preprocess(load_config(path, [*sets, "data.vocab_size=500"]), force=True)      # the models' own size
+        preprocess(load_config(path, [*sets, "data.vocab_size=8000", "data.spm_model_type=unigram"]), force=True)
+    # Separate vocabularies with only the source model given: the target one is trained to vocab_size.
+    path = make_config(tmp_path, corpus.parent, data={"dev": None, "test": None, "joint_vocab": False,
+                                                      "vocab_size": 150, "spm_model_type": "bpe"})
+    folder = DataFolder.open(preprocess(load_config(path, given), force=True))
+    assert folder.vocab("src").sp.get_piece_size() == 500 and folder.vocab("tgt").sp.get_piece_size() == 150
+    result = run_cli("preprocess", "--config", str(path), "--set", "data.joint_vocab=true", "--set",
+                     f"data.src_spm_model={spm_model}")
+    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: `data.vocab_size` 150 does not apply")
+
+
 def test_old_data_format_is_refused(prepared):
     folder = DataFolder.open(load_config(prepared).data.out_dir)
     manifest = dict(folder.manifest, format=1)
