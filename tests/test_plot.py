@@ -124,6 +124,18 @@ def test_curves_refuse_an_unknown_format_and_skip_undecodable_lines(tmp_path):
     assert old.read_text().startswith("<?xml") and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
 
 
+def test_curves_name_a_metrics_file_that_is_a_fifo_or_a_folder(tmp_path):
+    import os
+
+    for kind, make in (("a FIFO (named pipe)", os.mkfifo), ("a folder", os.mkdir)):
+        run = tmp_path / kind.split()[1]
+        run.mkdir()
+        make(run / "metrics.jsonl")
+        result = run_cli("plot", "curves", str(run), "-o", str(tmp_path / "curves.png"))
+        assert result.returncode == 2 and result.stderr == f"error: {run}/metrics.jsonl is {kind}, not a file\n"
+        assert not (tmp_path / "curves.png").exists()
+
+
 def test_curves_of_several_real_runs(trained_run, tmp_path):
     fig = curves_figure([trained_run, trained_run])
     assert len(fig.axes[0].get_lines()) == 2

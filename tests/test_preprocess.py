@@ -98,6 +98,27 @@ def test_missing_file_names_it(tmp_path, corpus_dir):
     assert f"`data.dev`: neither {tmp_path}/nowhere/val.de nor {tmp_path}/nowhere/val.de.gz exists" in result.stderr
 
 
+def test_a_fifo_or_folder_where_an_input_file_belongs_is_named_for_what_it_is(tmp_path, corpus_dir):
+    """Not reported missing: preprocessing reads its inputs twice and hashes them, so only a file will do."""
+    import os
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for lang in ("de", "en"):
+        os.mkfifo(odd / f"pipe.{lang}")
+        (odd / f"folder.{lang}.gz").mkdir()
+    os.mkfifo(odd / "spm.model")
+    cases = [({"train": str(odd / "pipe")}, f"`data.train`: {odd}/pipe.de is a FIFO (named pipe), not a file"),
+             ({"dev": str(odd / "folder")}, f"`data.dev`: {odd}/folder.de.gz is a folder, not a file"),
+             ({"src_spm_model": str(odd / "spm.model")}, f"`data.src_spm_model`: {odd}/spm.model is a FIFO (named "
+                                                         "pipe), not a file")]
+    for data, message in cases:
+        config = make_config(tmp_path, corpus_dir, data=data)
+        result = run_cli("preprocess", "--config", str(config))
+        assert result.returncode == 2 and result.stderr == f"error: {message}\n"
+        assert not (tmp_path / "data").exists()
+
+
 def test_rerun_is_noop_and_changed_input_rebuilds(tmp_path, capsys):
     folder = tmp_path / "corpus"
     write_slice(folder, "train", 300)

@@ -5,9 +5,11 @@ n+1 entries: sentence i is ids[offsets[i]:offsets[i+1]]), appended by `IdWriter`
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import mmap
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import islice
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from nmt.fs import text
+from nmt.fs.bounded import file_kind
 
 
 class DataError(ValueError):
@@ -24,10 +27,14 @@ class DataError(ValueError):
 
 
 def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
-    """`{prefix}.{lang}` or `{prefix}.{lang}.gz`, whichever exists."""
+    """`{prefix}.{lang}` or `{prefix}.{lang}.gz`, whichever exists; it must be a regular file, as preprocessing
+    reads it twice and hashes it (a FIFO or folder is named for what it is, not reported missing)."""
     plain = Path(f"{prefix}.{lang}")
     for candidate in (plain, Path(f"{plain}.gz")):
-        if candidate.is_file():
+        with contextlib.suppress(OSError):           # missing, or a link to nothing: the next candidate
+            mode = candidate.stat().st_mode
+            if not stat.S_ISREG(mode):
+                raise DataError(f"`{key}`: {candidate} is {file_kind(mode)}, not a file")
             return candidate
     raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
 
