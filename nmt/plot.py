@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from nmt.fs.bounded import file_kind, load_yaml, loads_json
+from nmt.fs.bounded import load_yaml, loads_json
 from nmt.fs.folders import atomic_write, refuse_foreign, remove_nmt_files, write_marker
 from nmt.fs.outputs import output_target
+from nmt.fs.text import input_problem
 
 if TYPE_CHECKING:                  # weights may also be numpy arrays (nmt.runtime): no torch at run time
     from torch import Tensor
@@ -137,12 +137,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Events of metrics.jsonl; lines that are not JSON objects are skipped."""
     events = []
     path = Path(run_dir) / "metrics.jsonl"
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        raise PlotError(f"{path} does not exist") from None
-    if not stat.S_ISREG(mode):                       # a FIFO would block, a folder cannot be read
-        raise PlotError(f"{path} is {file_kind(mode)}, not a file")
+    if problem := input_problem(path):
+        raise PlotError(f"{path} {problem}")
     for line in path.read_bytes().split(b"\n"):
         with contextlib.suppress(ValueError):            # not JSON, or not UTF-8 (a line cut by a crash)
             events.append(loads_json(line))

@@ -5,11 +5,9 @@ n+1 entries: sentence i is ids[offsets[i]:offsets[i+1]]), appended by `IdWriter`
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import mmap
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import islice
@@ -19,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from nmt.fs import text
-from nmt.fs.bounded import file_kind
 
 
 class DataError(ValueError):
@@ -31,11 +28,11 @@ def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
     reads it twice and hashes it (a FIFO or folder is named for what it is, not reported missing)."""
     plain = Path(f"{prefix}.{lang}")
     for candidate in (plain, Path(f"{plain}.gz")):
-        with contextlib.suppress(OSError):           # missing, or a link to nothing: the next candidate
-            mode = candidate.stat().st_mode
-            if not stat.S_ISREG(mode):
-                raise DataError(f"`{key}`: {candidate} is {file_kind(mode)}, not a file")
+        problem = text.input_problem(candidate)
+        if problem is None:
             return candidate
+        if problem != text.MISSING:
+            raise DataError(f"`{key}`: {candidate} {problem}")
     raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
 
 

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import shutil
-import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -27,9 +26,8 @@ from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlis
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.data.tokenizer import Vocab, train_sentencepiece
 from nmt.fs import folders
-from nmt.fs.bounded import file_kind
 from nmt.fs.locks import holds_lock, open_work_folder, release_folder
-from nmt.fs.text import printable
+from nmt.fs.text import input_problem, printable
 from nmt.progress import progress_bar
 
 CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
@@ -101,12 +99,8 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     models = {key: Path(path) for key in ("src_spm_model", "tgt_spm_model") if (path := getattr(data, key))}
     given_vocabs = []
     for key, path in models.items():
-        try:
-            mode = path.stat().st_mode
-        except OSError:
-            raise ConfigError(f"`data.{key}`: {path} does not exist") from None
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"`data.{key}`: {path} is {file_kind(mode)}, not a file")
+        if problem := input_problem(path):
+            raise ConfigError(f"`data.{key}`: {path} {problem}")
         try:
             given_vocabs.append(Vocab(path))
         except (RuntimeError, OSError, ValueError) as exc:
