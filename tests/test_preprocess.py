@@ -119,6 +119,16 @@ def test_a_fifo_or_folder_where_an_input_file_belongs_is_named_for_what_it_is(tm
         assert not (tmp_path / "data").exists()
 
 
+def test_a_side_present_both_plain_and_gzipped_is_an_error_naming_both(tmp_path):
+    prefix = write_slice(tmp_path / "corpus", "train", 20)
+    write_slice(tmp_path / "corpus", "train", 30, gz=True)                  # another version beside it
+    config = make_config(tmp_path, prefix.parent, data={"dev": None, "test": None})
+    result = run_cli("preprocess", "--config", str(config))
+    assert result.returncode == 2 and result.stderr == (f"error: `data.train`: both {prefix}.de and {prefix}.de.gz "
+                                                        "exist, and they may differ; remove one\n")
+    assert not (tmp_path / "data").exists()
+
+
 def test_rerun_is_noop_and_changed_input_rebuilds(tmp_path, capsys):
     folder = tmp_path / "corpus"
     write_slice(folder, "train", 300)
