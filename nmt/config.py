@@ -4,6 +4,7 @@ with a default, checked on loading (nmt.config_check). Relative paths resolve ag
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import stat
@@ -297,7 +298,7 @@ def _check_applicable(config: Config) -> None:
         if config.set_away_from_default(key) and not applies(value):
             shown = "unset" if value is None else f"{value}"
             raise ConfigError(f"`{key}` does not apply with `{deciding}` {shown}: {why}; remove it (or give it "
-                              f"its default, {_default(key)}) or change `{deciding}`")
+                              f"its default, {json.dumps(_default(key))}) or change `{deciding}`")
 
 
 LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")     # a file suffix: no "/", "." or spaces

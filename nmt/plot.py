@@ -156,9 +156,7 @@ def run_label(run_dir: Path) -> str:
 
 CURVES = (("train", "loss", "train loss"), ("validation", "ppl", "dev perplexity"), ("validation", "bleu", "dev BLEU"))
 CURVES_SIZE = (15.0, 8.0)
-
-
-CURVES_X = (("step", "updates", 1.0), ("wall_time", "minutes", 60.0))
+CURVES_X = (("step", "updates", 1.0), ("wall_time", "minutes", 60.0))     # top row, bottom row
 
 
 def curve_points(run_dir: Path) -> dict[tuple[int, int], list[tuple[float, float]]]:
