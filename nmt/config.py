@@ -4,9 +4,11 @@ with a default, checked on loading (nmt.config_check). Relative paths resolve ag
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +41,7 @@ MAX_DIM = 16_384        # embedding, hidden and attention sizes
 MAX_LAYERS = 64         # RNN layers per side
 MAX_LEN = 10_000        # pieces in one sentence (training filter, decoding input and output)
 MAX_TOKENS = 1_000_000  # tokens or sentences in one batch
+MAX_EPOCH_ROWS = 2**31 - 1  # rows of one training epoch: its row numbers and sort keys (~16 bytes each) are in memory
 # decoding.batch_tokens 0: on a CPU 4000 was 5% slower and more gained nothing; a GPU step costs about the same
 # whatever its rows (docs/benchmarks.md)
 DECODING_BATCH_TOKENS = {"cpu": 8000, "cuda": 32000}
@@ -60,7 +63,8 @@ class CorpusConfig:
     """One training corpus of several: a file prefix and how much of it an epoch takes."""
 
     prefix: str = _path()               # reads {prefix}.{src_lang}[.gz] and {prefix}.{tgt_lang}[.gz]
-    weight: float = _bounded(1.0, gt=0.0)  # pairs per epoch = weight x pairs (2 = twice, 0.5 = a random half)
+    # rows per epoch = round(weight x pairs) (2 = twice, 0.5 = a random half): at least 1, at most MAX_EPOCH_ROWS
+    weight: float = _bounded(1.0, gt=0.0, le=MAX_EPOCH_ROWS)
 
 
 @dataclass
@@ -201,8 +205,22 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
 
+    def __post_init__(self) -> None:
+        self.given: frozenset[str] = frozenset()     # dotted keys the config file and --set gave (not a field)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def set_away_from_default(self, dotted: str) -> bool:
+        """Whether the user gave `section.key` a value other than its default: only such a key is refused where it
+        does not apply (a default, as the config.yaml nmt writes lists every key, is never)."""
+        section, key = dotted.split(".")
+        return dotted in self.given and getattr(getattr(self, section), key) != _default(dotted)
+
+
+def _default(dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return getattr(getattr(Config(), section), key)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -240,8 +258,47 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def config_from_dict(raw: Any, base_dir: Path | None = None, stored: bool = False) -> Config:
     config = build(Config, raw, "", base_dir, stored)
     if not stored:
+        config.given = frozenset(f"{section}.{key}" for section, values in (raw or {}).items()
+                                 if isinstance(values, dict) for key in values)
         _check_together(config)
+        _check_applicable(config)
     return config
+
+
+# Keys that another key's value makes ignored: (key, deciding key, whether it applies at that value, why).
+NOT_APPLICABLE: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("training.batch_size", "training.batch_tokens", lambda v: v == 0,
+     "batches count sentences only when `training.batch_tokens` is 0"),
+    ("training.plateau_factor", "training.lr_schedule", lambda v: v == "plateau",
+     "only the plateau schedule lowers the rate by it"),
+    ("training.plateau_patience", "training.lr_schedule", lambda v: v == "plateau",
+     "only the plateau schedule counts validations without improvement"),
+    ("training.min_lr", "training.lr_schedule", lambda v: v in ("plateau", "budget"),
+     "only the plateau and budget schedules have a floor"),
+    ("training.teacher_forcing_min", "training.teacher_forcing_schedule", lambda v: v != "constant",
+     "a constant teacher-forcing ratio never decays to a minimum"),
+    ("training.teacher_forcing_decay_updates", "training.teacher_forcing_schedule", lambda v: v == "linear",
+     "only the linear schedule decays over a number of updates"),
+    ("training.teacher_forcing_decay_rate", "training.teacher_forcing_schedule", lambda v: v == "exponential",
+     "only the exponential schedule decays by a rate"),
+    ("model.attention_dim", "model.attention", lambda v: v in ("bahdanau", "luong_concat"),
+     "the dot and general scores have no additive layer for it to size"),
+    ("model.init_scale", "model.init", lambda v: v == "uniform",
+     "only `model.init: uniform` draws from U(-init_scale, init_scale); default keeps torch's initialisation"),
+    ("training.init_optimizer", "training.init_from", lambda v: v is not None,
+     "it applies only with `training.init_from`, the parent whose optimiser state it carries over"),
+)
+
+
+def _check_applicable(config: Config) -> None:
+    """A key the user set (away from its default) where another key's value makes nmt ignore it is an error."""
+    for key, deciding, applies, why in NOT_APPLICABLE:
+        section, name = deciding.split(".")
+        value = getattr(getattr(config, section), name)
+        if config.set_away_from_default(key) and not applies(value):
+            shown = "unset" if value is None else f"{value}"
+            raise ConfigError(f"`{key}` does not apply with `{deciding}` {shown}: {why}; remove it (or give it "
+                              f"its default, {json.dumps(_default(key))}) or change `{deciding}`")
 
 
 LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")     # a file suffix: no "/", "." or spaces

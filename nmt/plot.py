@@ -13,6 +13,7 @@ import yaml
 from nmt.fs.bounded import load_yaml, loads_json
 from nmt.fs.folders import atomic_write, refuse_foreign, remove_nmt_files, write_marker
 from nmt.fs.outputs import output_target
+from nmt.fs.text import input_problem
 
 if TYPE_CHECKING:                  # weights may also be numpy arrays (nmt.runtime): no torch at run time
     from torch import Tensor
@@ -136,8 +137,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Events of metrics.jsonl; lines that are not JSON objects are skipped."""
     events = []
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    if problem := input_problem(path):
+        raise PlotError(f"{path} {problem}")
     for line in path.read_bytes().split(b"\n"):
         with contextlib.suppress(ValueError):            # not JSON, or not UTF-8 (a line cut by a crash)
             events.append(loads_json(line))
@@ -155,19 +156,31 @@ def run_label(run_dir: Path) -> str:
 
 CURVES = (("train", "loss", "train loss"), ("validation", "ppl", "dev perplexity"), ("validation", "bleu", "dev BLEU"))
 CURVES_SIZE = (15.0, 8.0)
+CURVES_X = (("step", "updates", 1.0), ("wall_time", "minutes", 60.0))     # top row, bottom row
+
+
+def curve_points(run_dir: Path) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """(row, column) of each chart -> its (x, y) points from the run's metrics.jsonl; a file without one point in
+    any chart is a PlotError naming it (an empty chart would pass for a run that logged nothing)."""
+    events = read_metrics(run_dir)
+    points = {(row, column): [(e[x_key] / scale, e[key]) for e in events if e.get("event") == kind
+                              and isinstance(e.get(key), (int, float)) and isinstance(e.get(x_key), (int, float))]
+              for column, (kind, key, _) in enumerate(CURVES) for row, (x_key, _, scale) in enumerate(CURVES_X)}
+    if not any(points.values()):
+        raise PlotError(f"{Path(run_dir) / 'metrics.jsonl'}: no line holds a training loss or a validation score with "
+                        "its step or time (nmt writes them as training runs); nothing to plot")
+    return points
 
 
 def curves_figure(run_dirs: Sequence[Path]):
     """Train loss, dev perplexity and dev BLEU against updates (top row) and wall-clock minutes (bottom row)."""
     plt = _pyplot()
+    runs = [(run_label(run_dir), curve_points(run_dir)) for run_dir in run_dirs]     # refused before drawing
     fig, axes = plt.subplots(2, 3, figsize=CURVES_SIZE, dpi=DPI, layout="constrained")
-    for run_dir in run_dirs:
-        events = read_metrics(run_dir)
-        label = run_label(run_dir)
+    for label, run_points in runs:
         for column, (kind, key, title) in enumerate(CURVES):
-            for row, (x_key, x_label, scale) in enumerate((("step", "updates", 1.0), ("wall_time", "minutes", 60.0))):
-                points = [(e[x_key] / scale, e[key]) for e in events if e.get("event") == kind
-                          and isinstance(e.get(key), (int, float)) and isinstance(e.get(x_key), (int, float))]
+            for row, (_, x_label, _) in enumerate(CURVES_X):
+                points = run_points[row, column]
                 ax = axes[row][column]
                 ax.plot([x for x, _ in points], [y for _, y in points], marker="o" if kind == "validation" else None,
                         markersize=3, label=label)

@@ -154,3 +154,55 @@ def test_a_key_given_twice_is_an_error_with_its_line(tmp_path):
         load_config(tmp_path / "flow.yaml")
     (tmp_path / "merge.yaml").write_text("training: &t\n  lr: 0.003\ndecoding:\n  beam_size: 3\n")
     assert load_config(tmp_path / "merge.yaml").training.lr == 0.003     # anchors still load
+
+
+# (key, a value away from its default, a setting that makes nmt ignore it, one that makes it apply)
+IGNORED_KEYS = [
+    ("training.batch_size", 32, {}, {"training.batch_tokens": 0}),
+    ("training.plateau_factor", 0.3, {}, {"training.lr_schedule": "plateau"}),
+    ("training.plateau_patience", 5, {"training.lr_schedule": "budget"}, {"training.lr_schedule": "plateau"}),
+    ("training.min_lr", 1e-4, {"training.lr_schedule": "inverse_sqrt"}, {"training.lr_schedule": "budget"}),
+    ("training.teacher_forcing_min", 0.2, {}, {"training.teacher_forcing_schedule": "exponential"}),
+    ("training.teacher_forcing_decay_updates", 50, {"training.teacher_forcing_schedule": "exponential"},
+     {"training.teacher_forcing_schedule": "linear"}),
+    ("training.teacher_forcing_decay_rate", 0.99, {"training.teacher_forcing_schedule": "linear"},
+     {"training.teacher_forcing_schedule": "exponential"}),
+    ("model.attention_dim", 64, {"model.attention": "luong_dot"}, {"model.attention": "luong_concat"}),
+    ("model.attention_dim", 64, {"model.attention": "luong_general"}, {}),
+    ("model.init_scale", 0.05, {"model.init": "default"}, {}),
+    ("training.init_optimizer", True, {}, {"training.init_from": "parent.pt"}),
+]
+
+
+def _nested(flat: dict) -> dict:
+    raw: dict = {}
+    for dotted, value in flat.items():
+        section, key = dotted.split(".")
+        raw.setdefault(section, {})[key] = value
+    return raw
+
+
+@pytest.mark.parametrize(("key", "value", "ignoring", "applying"), IGNORED_KEYS)
+def test_a_key_the_other_settings_make_nmt_ignore_is_an_error_naming_it(tmp_path, key, value, ignoring, applying):
+    with pytest.raises(ConfigError, match=rf"^`{key}` does not apply with `[a-z_.]+` [^:]+: .*; remove it \(or give "
+                                          rf"it its default, [^)]+\) or change `"):
+        load_config(write(tmp_path, _nested({**ignoring, key: value})))
+    with pytest.raises(ConfigError, match=rf"^`{key}` does not apply"):           # --set gives it too
+        load_config(write(tmp_path, _nested(ignoring)), [f"{key}={value}"])
+    section, name = key.split(".")
+    assert getattr(getattr(load_config(write(tmp_path, _nested({**applying, key: value}))), section), name) == value
+    # Only a key given away from its default: unset, at its default (as the config.yaml nmt writes lists every
+    # key) or in a checkpoint's stored config, it loads.
+    load_config(write(tmp_path, _nested(ignoring)))
+    default = getattr(getattr(Config(), section), name)
+    load_config(write(tmp_path, _nested({**ignoring, key: default})))
+    assert getattr(getattr(stored_config(_nested({**ignoring, key: value})), section), name) == value
+
+
+def test_the_config_nmt_writes_loads_again(tmp_path):
+    from nmt.config import dump_config
+
+    for name in sorted(p.name for p in (REPO / "configs").glob("*.yaml")):
+        written = tmp_path / name
+        written.write_text(dump_config(load_config(REPO / "configs" / name)))
+        load_config(written)

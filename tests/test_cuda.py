@@ -169,7 +169,9 @@ def test_graphed_training_follows_the_eager_loss_curve(prepared, tmp_path, atten
                                                  "training.precision=fp32", f"training.cuda_graphs={graphs}",
                                                  "model.dropout=0", f"model.attention={attention}",
                                                  "training.max_updates=60", "training.log_every=10",
-                                                 "training.validate_every=60", "training.val_max_sentences=20"]))
+                                                 "training.validate_every=60", "training.val_max_sentences=20",
+                                                 # smoke's attention_dim back to its default: general has none
+                                                 *([] if attention == "bahdanau" else ["model.attention_dim=512"])]))
         assert (trainer.graphed is not None) == graphs
         trainer.train()
         if graphs:

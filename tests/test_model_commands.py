@@ -79,6 +79,7 @@ def luong_run(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     run = tmp_path_factory.mktemp("luong") / "run"
     config = load_config(prepared, [f"training.run_dir={run}", "model.attention=luong_general",
+                                    "model.attention_dim=512",   # smoke's back to the default: general has none
                                     "training.max_updates=1", "training.validate_every=1",
                                     "training.val_max_sentences=5", "training.log_examples=0"])
     Trainer(config).train()

@@ -124,6 +124,35 @@ def test_curves_refuse_an_unknown_format_and_skip_undecodable_lines(tmp_path):
     assert old.read_text().startswith("<?xml") and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
 
 
+def test_curves_name_a_metrics_file_that_is_a_fifo_or_a_folder(tmp_path):
+    import os
+
+    for kind, make in (("a FIFO (named pipe)", os.mkfifo), ("a folder", os.mkdir)):
+        run = tmp_path / kind.split()[1]
+        run.mkdir()
+        make(run / "metrics.jsonl")
+        result = run_cli("plot", "curves", str(run), "-o", str(tmp_path / "curves.png"))
+        assert result.returncode == 2 and result.stderr == f"error: {run}/metrics.jsonl is {kind}, not a file\n"
+        assert not (tmp_path / "curves.png").exists()
+
+
+def test_curves_of_a_metrics_file_without_one_usable_line_are_refused(tmp_path):
+    """Torn lines among good ones are skipped; a file of only such lines is an error naming it, not an empty chart."""
+    run = tmp_path / "run"
+    run.mkdir()
+    out = tmp_path / "curves.png"
+    for content in (b"[1, 2]\n", b"\xff\xfe\n", b'{"event": "train", "step": "3", "loss": 4.0}\n',
+                    b'{"event": "validation", "step": 3, "bleu": "high", "wall_time": 1}\n', b""):
+        (run / "metrics.jsonl").write_bytes(content)
+        result = run_cli("plot", "curves", str(run), "-o", str(out))
+        assert result.returncode == 2 and result.stderr == (
+            f"error: {run}/metrics.jsonl: no line holds a training loss or a validation score with its step or time "
+            "(nmt writes them as training runs); nothing to plot\n"), content
+        assert not out.exists()
+    (run / "metrics.jsonl").write_bytes(b'[1, 2]\n{"event": "train", "step": 3, "loss": 4.0}\n\xff\n')
+    assert run_cli("plot", "curves", str(run), "-o", str(out)).returncode == 0 and out.is_file()
+
+
 def test_curves_of_several_real_runs(trained_run, tmp_path):
     fig = curves_figure([trained_run, trained_run])
     assert len(fig.axes[0].get_lines()) == 2

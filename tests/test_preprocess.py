@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import unicodedata
 
@@ -95,6 +96,37 @@ def test_missing_file_names_it(tmp_path, corpus_dir):
     result = run_cli("preprocess", "--config", str(config))
     assert result.returncode == 2
     assert f"`data.dev`: neither {tmp_path}/nowhere/val.de nor {tmp_path}/nowhere/val.de.gz exists" in result.stderr
+
+
+def test_a_fifo_or_folder_where_an_input_file_belongs_is_named_for_what_it_is(tmp_path, corpus_dir):
+    """Not reported missing: preprocessing reads its inputs twice and hashes them, so only a file will do."""
+    import os
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for lang in ("de", "en"):
+        os.mkfifo(odd / f"pipe.{lang}")
+        (odd / f"folder.{lang}.gz").mkdir()
+    os.mkfifo(odd / "spm.model")
+    cases = [({"train": str(odd / "pipe")}, f"`data.train`: {odd}/pipe.de is a FIFO (named pipe), not a file"),
+             ({"dev": str(odd / "folder")}, f"`data.dev`: {odd}/folder.de.gz is a folder, not a file"),
+             ({"src_spm_model": str(odd / "spm.model")}, f"`data.src_spm_model`: {odd}/spm.model is a FIFO (named "
+                                                         "pipe), not a file")]
+    for data, message in cases:
+        config = make_config(tmp_path, corpus_dir, data=data)
+        result = run_cli("preprocess", "--config", str(config))
+        assert result.returncode == 2 and result.stderr == f"error: {message}\n"
+        assert not (tmp_path / "data").exists()
+
+
+def test_a_side_present_both_plain_and_gzipped_is_an_error_naming_both(tmp_path):
+    prefix = write_slice(tmp_path / "corpus", "train", 20)
+    write_slice(tmp_path / "corpus", "train", 30, gz=True)                  # another version beside it
+    config = make_config(tmp_path, prefix.parent, data={"dev": None, "test": None})
+    result = run_cli("preprocess", "--config", str(config))
+    assert result.returncode == 2 and result.stderr == (f"error: `data.train`: both {prefix}.de and {prefix}.de.gz "
+                                                        "exist, and they may differ; remove one\n")
+    assert not (tmp_path / "data").exists()
 
 
 def test_rerun_is_noop_and_changed_input_rebuilds(tmp_path, capsys):
@@ -261,6 +293,75 @@ def test_corpus_entry_errors_name_the_key(tmp_path, corpus_dir):
         path = make_config(tmp_path, corpus_dir, data={"train": ["a", entry]})
         with pytest.raises(ConfigError, match=message):
             load_config(path)
+
+
+def test_a_corpus_weight_must_give_an_epoch_rows_it_can_hold(tmp_path):
+    """A weight is bounded by the rows an epoch may hold (at loading and, with the pairs known, at preprocess), and
+    one that rounds a corpus to 0 rows per epoch is refused: it would train nothing (one corpus: an untrained run)."""
+    from nmt.config import MAX_EPOCH_ROWS, ConfigError
+
+    corpus = write_slice(tmp_path / "corpus", "train", 100)
+    cases = [(1e300, ConfigError, rf"`data.train\[0\].weight` must be <= {MAX_EPOCH_ROWS}, got 1e\+300"),
+             (1e9, DataError, rf"`data.train\[0\].weight` 1e\+09 makes an epoch of more than {MAX_EPOCH_ROWS} rows"),
+             (0.0001, DataError, r"`data.train\[0\].weight` 0.0001 takes 0 of its \d+ pairs per epoch .*raise it "
+                                 r"above 0.00\d+")]
+    for weight, error, message in cases:
+        path = make_config(tmp_path, corpus.parent, data={"train": [{"prefix": str(corpus), "weight": weight}],
+                                                          "dev": None, "test": None, "vocab_size": 200})
+        with pytest.raises(error, match=message):
+            preprocess(load_config(path))
+        assert not (tmp_path / "data").exists()                      # nothing half-written
+    result = run_cli("preprocess", "--config", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.count("error:") == 1
+    assert result.stderr.splitlines()[-1].startswith("error: `data.train[0].weight` 0.0001 takes 0 of its")
+
+
+def test_a_data_folder_recording_a_weight_training_cannot_take_is_refused(prepared):
+    """A manifest written by an nmt that let such a weight through: training names the key, not an OverflowError."""
+    folder = DataFolder.open(load_config(prepared).data.out_dir)
+    for weight, message in ((1e300, r"must be > 0 and <= \d+, the rows an epoch"), (1e-9, "takes 0 of its")):
+        train = folder.manifest["splits"]["train"]
+        corpora = [dict(train["corpora"][0], weight=weight)]
+        manifest = dict(folder.manifest, splits=dict(folder.manifest["splits"], train=dict(train, corpora=corpora)))
+        damaged = folder.root.parent / "weighted"
+        damaged.mkdir(exist_ok=True)
+        (damaged / "manifest.json").write_text(json.dumps(manifest))
+        shown = re.escape(f"{weight:g}")
+        with pytest.raises(DataError, match=rf"`data.train.weight` {shown} \(.*manifest.json records it\) {message}"):
+            DataFolder.open(damaged)
+
+
+def test_vocabulary_settings_are_refused_where_no_sentencepiece_model_is_trained(prepared, trained_run, tmp_path):
+    """With the parent's models (`training.init_from`) or given ones for every side, `data.vocab_size` must be
+    theirs (the config that made them still works) and `data.spm_model_type` is refused; only keys set, not
+    defaults."""
+    from nmt.config import ConfigError
+
+    spm_model = DataFolder.open(load_config(prepared).data.out_dir).root / "spm.model"      # smoke's: 500 pieces
+    corpus = write_slice(tmp_path / "corpus", "train", 60)
+    parent = [f"training.init_from={trained_run / 'best.pt'}"]
+    given = [f"data.src_spm_model={spm_model}"]
+    for name, sets, source in (("parent", parent, r"the SentencePiece models of `training.init_from`"),
+                               ("given", given, r"the given SentencePiece models \(`data.src_spm_model`\)")):
+        (tmp_path / name).mkdir()
+        path = make_config(tmp_path / name, corpus.parent, data={"dev": None, "test": None})
+        for setting, message in (("data.vocab_size=300", rf"`data.vocab_size` 300 does not apply: {source} are "
+                                                         r"used, of 500 pieces, and none is trained; remove it"),
+                                 ("data.spm_model_type=bpe", rf"`data.spm_model_type` bpe does not apply: {source}")):
+            with pytest.raises(ConfigError, match=message):
+                preprocess(load_config(path, [*sets, setting]))
+            assert not (tmp_path / name / "data").exists()
+        preprocess(load_config(path, [*sets, "data.vocab_size=500"]), force=True)      # the models' own size
+        preprocess(load_config(path, [*sets, "data.vocab_size=8000", "data.spm_model_type=unigram"]), force=True)
+    # Separate vocabularies with only the source model given: the target one is trained to vocab_size.
+    path = make_config(tmp_path, corpus.parent, data={"dev": None, "test": None, "joint_vocab": False,
+                                                      "vocab_size": 150, "spm_model_type": "bpe"})
+    folder = DataFolder.open(preprocess(load_config(path, given), force=True))
+    assert folder.vocab("src").sp.get_piece_size() == 500 and folder.vocab("tgt").sp.get_piece_size() == 150
+    result = run_cli("preprocess", "--config", str(path), "--set", "data.joint_vocab=true", "--set",
+                     f"data.src_spm_model={spm_model}")
+    assert result.returncode == 2 and result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: `data.vocab_size` 150 does not apply")
 
 
 def test_old_data_format_is_refused(prepared):

@@ -24,12 +24,19 @@ class DataError(ValueError):
 
 
 def resolve_text_file(prefix: str, lang: str, key: str) -> Path:
-    """`{prefix}.{lang}` or `{prefix}.{lang}.gz`, whichever exists."""
+    """`{prefix}.{lang}` or `{prefix}.{lang}.gz`, whichever exists (both: which one is meant is not nmt's guess); it
+    must be a regular file, as preprocessing reads it twice and hashes it (a FIFO or folder is named for what it is,
+    not reported missing)."""
     plain = Path(f"{prefix}.{lang}")
-    for candidate in (plain, Path(f"{plain}.gz")):
-        if candidate.is_file():
-            return candidate
-    raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
+    problems = {candidate: text.input_problem(candidate) for candidate in (plain, Path(f"{plain}.gz"))}
+    present = [candidate for candidate, problem in problems.items() if problem != text.MISSING]
+    if not present:
+        raise DataError(f"`{key}`: neither {plain} nor {plain}.gz exists")
+    if len(present) > 1:
+        raise DataError(f"`{key}`: both {plain} and {plain}.gz exist, and they may differ; remove one")
+    if problem := problems[present[0]]:
+        raise DataError(f"`{key}`: {present[0]} {problem}")
+    return present[0]
 
 
 @contextmanager

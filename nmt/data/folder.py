@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.config import ConfigError, DataConfig
+from nmt.config import MAX_EPOCH_ROWS, ConfigError, DataConfig
 from nmt.data.corpus import DataError, IdFile, resolve_text_file
 from nmt.data.tokenizer import Vocab
 from nmt.fs.bounded import read_json
@@ -52,9 +52,12 @@ class DataFolder:
             for corpus in manifest["splits"]["train"]["corpora"]:
                 if not all(isinstance(corpus[key], (int, float)) for key in ("start", "end", "weight")):
                     raise TypeError("splits.train.corpora: start, end and weight must be numbers")
+            corpora = [(c.get("name", "train"), c["weight"], c["end"] - c["start"])
+                       for c in manifest["splits"]["train"]["corpora"]]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DataError(f"{path} is not a complete nmt manifest ({type(exc).__name__}: {exc}); "
                             "rerun `nmt preprocess`") from None
+        check_epoch_rows(corpora, f" ({path} records it)")
         return cls(root, manifest)
 
     def check_settings(self, data: DataConfig) -> None:
@@ -117,6 +120,25 @@ def train_corpora(data: DataConfig) -> list[tuple[str, str, float]]:
             raise ConfigError(f"`data.train[{i}].prefix` is required: the prefix of that corpus's files")
         corpora.append((f"train[{i}]", prefix, weight))
     return corpora
+
+
+def check_epoch_rows(corpora: list[tuple[str, float, int]], where: str = "") -> None:
+    """(name, weight, pairs) of each training corpus: an epoch takes round(weight x pairs) rows of it (the batch
+    sampler's rule), which must be at least one (else the weight trains nothing on it, and with one corpus, nothing
+    at all) and, over all corpora, at most MAX_EPOCH_ROWS (an epoch's rows are held in memory)."""
+    total = 0
+    for name, weight, pairs in corpora:
+        key = f"`data.{name}.weight` {weight:g}{where}"
+        if not 0 < weight <= MAX_EPOCH_ROWS:        # NaN too
+            raise DataError(f"{key} must be > 0 and <= {MAX_EPOCH_ROWS}, the rows an epoch may hold")
+        rows = round(weight * pairs)
+        if pairs and not rows:
+            raise DataError(f"{key} takes 0 of its {pairs} pairs per epoch (round(weight x pairs)); raise it above "
+                            f"{0.5 / pairs:.3g} or drop the corpus")
+        total += rows
+        if total > MAX_EPOCH_ROWS:
+            raise DataError(f"{key} makes an epoch of more than {MAX_EPOCH_ROWS} rows ({weight:g} x {pairs} pairs), "
+                            "more than an epoch may hold in memory; lower it")
 
 
 def _comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:

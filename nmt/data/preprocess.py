@@ -21,13 +21,13 @@ from nmt import __version__
 from nmt.config import Config, ConfigError, DataConfig, dump_config
 from nmt.data.corpus import DataError, IdWriter, ReservoirSample, map_ids_in_place, parallel_chunks, write_error
 from nmt.data.fingerprint import Inputs, current_for_readers, inputs_of, recorded_fingerprint
-from nmt.data.folder import FORMAT_VERSION, SPLITS, input_prefixes, text_files, train_corpora
+from nmt.data.folder import FORMAT_VERSION, SPLITS, check_epoch_rows, input_prefixes, text_files, train_corpora
 from nmt.data.shortlist import SHORTLIST_FILE, CooccurrenceCounts, save_shortlist, vocab_fingerprint
 from nmt.data.special import BOS, EOS, PAD, UNK
 from nmt.data.tokenizer import Vocab, train_sentencepiece
 from nmt.fs import folders
 from nmt.fs.locks import holds_lock, open_work_folder, release_folder
-from nmt.fs.text import printable
+from nmt.fs.text import input_problem, printable
 from nmt.progress import progress_bar
 
 CHUNK_PAIRS = 50_000    # pairs read, encoded and written at a time: memory does not grow with the corpus
@@ -97,14 +97,15 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
                           "data is encoded with the parent's SentencePiece models and vocabularies")
     files = {name: text_files(data, name, prefix) for name, prefix in input_prefixes(data)}
     models = {key: Path(path) for key in ("src_spm_model", "tgt_spm_model") if (path := getattr(data, key))}
+    given_vocabs = []
     for key, path in models.items():
-        if not path.is_file():
-            raise ConfigError(f"`data.{key}`: {path} does not exist")
+        if problem := input_problem(path):
+            raise ConfigError(f"`data.{key}`: {path} {problem}")
         try:
-            vocab = Vocab(path)
+            given_vocabs.append(Vocab(path))
         except (RuntimeError, OSError, ValueError) as exc:
             raise ConfigError(f"`data.{key}`: {path} is not a SentencePiece model ({exc})") from None
-        _check_specials(vocab, f"`data.{key}`: {path}")
+        _check_specials(given_vocabs[-1], f"`data.{key}`: {path}")
     if data.joint_vocab and data.tgt_spm_model and data.tgt_spm_model != data.src_spm_model:
         raise ConfigError("`data.tgt_spm_model` differs from `data.src_spm_model` but `data.joint_vocab` is true")
     inputs = [path for pair in files.values() for path in pair] + list(models.values())
@@ -112,6 +113,7 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     folders.refuse_inputs_inside(out_dir, "data.out_dir", [("training.init_from", config.training.init_from)],
                                  "preprocess rewrites")
     built_from = inputs_of(config, files)
+    _check_untrained_vocab(config, given_vocabs, built_from.parent)
     held = holds_lock(out_dir)
     if not force and not held and current_for_readers(out_dir, built_from.fingerprint):
         return _up_to_date(out_dir)
@@ -129,6 +131,26 @@ def preprocess(config: Config, force: bool = False, config_path: str | Path | No
     finally:
         if not held:                    # done: training may read the folder now
             release_folder(out_dir)
+
+
+def _check_untrained_vocab(config: Config, given: list[Vocab], parent: tuple[Vocab, Vocab] | None) -> None:
+    """`data.vocab_size` and `data.spm_model_type` set up the SentencePiece training that models given for every
+    side replace (the parent's, or `data.src_spm_model` and, unless joint, `tgt_spm_model`): set there, the
+    first must be the models' own size (as in the config that made them) and the second is refused."""
+    data = config.data
+    if parent is not None:
+        vocabs, source = list(parent), "the SentencePiece models of `training.init_from`"
+    elif data.src_spm_model and (data.joint_vocab or data.tgt_spm_model):
+        vocabs, source = given, "the given SentencePiece models (`data.src_spm_model`)"
+    else:
+        return
+    sizes = sorted({vocab.sp.get_piece_size() for vocab in vocabs})
+    if config.set_away_from_default("data.vocab_size") and sizes != [data.vocab_size]:
+        raise ConfigError(f"`data.vocab_size` {data.vocab_size} does not apply: {source} are used, of "
+                          f"{' and '.join(map(str, sizes))} pieces, and none is trained; remove it")
+    if config.set_away_from_default("data.spm_model_type"):
+        raise ConfigError(f"`data.spm_model_type` {data.spm_model_type} does not apply: {source} are used and none "
+                          "is trained; remove it")
 
 
 def _up_to_date(out_dir: Path) -> Path:
@@ -241,6 +263,7 @@ def _write_train(data: DataConfig, files: dict[str, tuple[Path, Path]], src_voca
         raise DataError(f"`data.train`: the length filter drops all {entry['input_pairs']} training pairs "
                         f"({_reasons(entry)}); check `data.min_len` {data.min_len}, "
                         f"`data.max_len` {data.max_len} and `data.max_len_ratio` {data.max_len_ratio}")
+    check_epoch_rows([(corpus["name"], corpus["weight"], corpus["pairs"]) for corpus in corpora])
     return entry
 
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import gzip
 import re
+import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from nmt.fs.bounded import file_kind
 
 MAX_LINE_BYTES = 1 << 20    # 1 MiB, ~1000x a long sentence: one 50 MB "line" made translate peak at 1.4 GB
 
@@ -74,6 +77,19 @@ def _decode_lines(raw: bytes, name: str, lines_before: int, max_line_bytes: int)
             yield line
         return
     yield from lines
+
+
+MISSING = "does not exist"
+
+
+def input_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be an input file, as words after its name ("does not exist", "is a FIFO (named pipe), not
+    a file"); None for a regular file or a link to one. A pipe read twice or a folder is named, not called missing."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return MISSING
+    return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}, not a file"
 
 
 def open_text(path: str | Path) -> BinaryIO:
