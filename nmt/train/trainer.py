@@ -23,7 +23,7 @@ from nmt.data.batching import Batch
 from nmt.device import autocast
 from nmt.progress import progress_bar
 from nmt.train import validation
-from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
+from nmt.train.checkpoint import Cursor, rng_state, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
 from nmt.train.parts import TrainingParts, build_parts
 from nmt.train.run_folder import RunDirError
@@ -200,8 +200,11 @@ class Trainer:
         return Window()
 
     def _stop_reason(self) -> str | None:
-        """Under DDP every rank gets rank 0's answer, so all stop together."""
-        return self.ranks.from_rank0(self.signals.reason or self.budget.spent())
+        """Under DDP every rank gets rank 0's answer, so all stop together; there every rank asks its budget,
+        signal or not, as its first estimate saves last.pt (a collective)."""
+        signal = self.signals.reason
+        spent = self.budget.spent() if signal is None or self.ranks.world_size > 1 else None
+        return self.ranks.from_rank0(signal or spent)
 
     def _validate_and_save(self, stop: str | None) -> str | None:
         """Validate (on schedule, when a budget ends, or as owed), then save last.pt. A signal skips the
@@ -288,10 +291,13 @@ class Trainer:
         return metrics
 
     def _save(self, name: str) -> None:
+        """Rank 0 writes `name`; every rank saves last.pt (so it gathers each rank's RNG states), only rank 0
+        a best checkpoint."""
         start = time.monotonic()
+        ranks_rng = self.ranks.gather(rng_state()) if name == "last.pt" and self.ranks.world_size > 1 else None
         if self.is_main:
             state = training_state(self.config, self.data.manifest["vocab"], self.model, self.optimizer,
-                                   self.schedule, self.scaler, self.progress, self.budget.run_seconds())
+                                   self.schedule, self.scaler, self.progress, self.budget.run_seconds(), ranks_rng)
             save_checkpoint(self.run_dir / name, state)
         if name == "last.pt":
             self.budget.saved(start)
