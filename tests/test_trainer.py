@@ -311,6 +311,26 @@ def test_resume_applies_the_optimizer_settings_and_refuses_a_new_optimizer(prepa
             Trainer(config_for(prepared, run, max_updates=3, validate_every=100, **{key: value}), resume=True)
 
 
+def test_resume_refuses_a_new_parent_and_keeps_its_own(prepared, tmp_path):
+    """The weights came from the first parent: another one (or one for a run that had none) is refused and
+    recorded nowhere; leaving the keys unset, as `--resume` without `--init-from` does, keeps the run's own."""
+    settings = dict(max_updates=1, validate_every=100)
+    parent, run, child = tmp_path / "parent", tmp_path / "run", tmp_path / "child"
+    for folder in (parent, run):
+        Trainer(config_for(prepared, folder, **settings)).train()
+    Trainer(config_for(prepared, child, **settings, init_from=parent / "last.pt", init_optimizer="true")).train()
+    recorded = {folder: [(folder / n).read_bytes() for n in ("config.yaml", "last.pt")] for folder in (run, child)}
+    for folder, key, value in ((run, "init_from", parent / "last.pt"), (run, "init_optimizer", "true"),
+                               (child, "init_from", run / "last.pt")):
+        with pytest.raises(RunDirError, match=f"--resume cannot change `training.{key}`.*first parent"):
+            Trainer(config_for(prepared, folder, max_updates=2, **{key: value}), resume=True)
+        assert [(folder / n).read_bytes() for n in ("config.yaml", "last.pt")] == recorded[folder]
+    Trainer(config_for(prepared, child, max_updates=2), resume=True).train()
+    kept = load_config(child / "config.yaml").training
+    assert (kept.init_from, kept.init_optimizer) == (str(parent / "last.pt"), True)
+    assert load_checkpoint(child / "last.pt")["step"] == 2
+
+
 def test_the_logged_loss_window_survives_a_resume(prepared, tmp_path):
     settings = dict(validate_every=100, log_every=3, save_every=1)
     Trainer(config_for(prepared, tmp_path / "straight", max_updates=6, **settings)).train()

@@ -174,6 +174,9 @@ def _resume(parts: TrainingParts) -> None:
     saved = stored_config(state["config"])
     if saved.model != config.model:
         raise checkpoint.CheckpointError(f"{path} was trained with a different `model` section")
+    for key in ("init_from", "init_optimizer"):     # unset (`--init-from` starts new runs only): the run's own
+        if not getattr(t, key):
+            setattr(t, key, getattr(saved.training, key))
     changed = resume_changes(saved, config)
     try:
         parts.model.load_state_dict(state["model"])

@@ -25,6 +25,8 @@ DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_si
 FIXED_FOR_A_RUN = {
     "training.optimizer": "the checkpoint holds the other optimizer's state",
     "training.early_stopping_metric": "the best score so far and best.pt were chosen by the other metric",
+    "training.init_from": "the weights came from the first parent",
+    "training.init_optimizer": "the optimiser state came from the first parent, or was fresh",
 }
 
 
