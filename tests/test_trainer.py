@@ -331,6 +331,21 @@ def test_resume_refuses_a_new_parent_and_keeps_its_own(prepared, tmp_path):
     assert load_checkpoint(child / "last.pt")["step"] == 2
 
 
+def test_resume_refuses_another_way_of_scoring_validations(prepared, tmp_path):
+    """best.pt, the kept best checkpoints, patience and the plateau schedule compare dev scores: all of them
+    must come from the same greedy outputs of the same dev sentences, scored alike."""
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=1, validate_every=100)).train()
+    recorded = [(run / name).read_bytes() for name in ("config.yaml", "last.pt")]
+    changes = {"training.bleu_tokenize": "char", "training.bleu_lowercase": "true",
+               "training.val_max_sentences": 7, "decoding.max_len_ratio": 1.2, "decoding.min_len": 0}
+    for key, value in changes.items():
+        config = load_config(prepared, [f"training.run_dir={run}", "training.max_updates=2", f"{key}={value}"])
+        with pytest.raises(RunDirError, match=f"--resume cannot change `{key}`.*on one scale"):
+            Trainer(config, resume=True)
+    assert [(run / name).read_bytes() for name in ("config.yaml", "last.pt")] == recorded
+
+
 def test_the_logged_loss_window_survives_a_resume(prepared, tmp_path):
     settings = dict(validate_every=100, log_every=3, save_every=1)
     Trainer(config_for(prepared, tmp_path / "straight", max_updates=6, **settings)).train()
