@@ -1,4 +1,5 @@
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -198,6 +199,65 @@ def test_sigterm_saves_last_checkpoint_and_exits_143(prepared, tmp_path):
     assert "SIGTERM" in err
     state = load_checkpoint(run / "last.pt")
     assert 0 < state["step"] < 100000
+
+
+def saves_that(monkeypatch, on_save) -> None:
+    """Call `on_save(number)` before each write of last.pt, counted from 1."""
+    from nmt.train import trainer
+
+    original, count = trainer.save_checkpoint, [0]
+
+    def save(path, state, *args, **kwargs):
+        if path.name == "last.pt":
+            count[0] += 1
+            on_save(count[0])
+        original(path, state, *args, **kwargs)
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+
+
+def stop_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("training stopped at update")]
+
+
+def test_an_error_during_a_save_prints_no_stop_reason(prepared, tmp_path, monkeypatch, capsys):
+    """Before, the loop's default "(max_epochs)" was printed above the error that really ended the run."""
+    def full(number):
+        if number == 2:
+            raise CheckpointError("cannot write checkpoint last.pt (No space left on device)")
+    saves_that(monkeypatch, full)
+    with pytest.raises(CheckpointError, match="No space left"):
+        Trainer(config_for(prepared, tmp_path / "run", max_updates=5, validate_every=100, save_every=1)).train()
+    assert stop_lines(capsys.readouterr().err) == []
+
+
+def test_a_signal_during_the_final_validation_is_the_stop_reason(prepared, tmp_path, monkeypatch, capsys):
+    """max_updates was reached, but the signal abandoned the validation that ends it: that one is owed."""
+    from nmt.train import validation
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)          # the Trainer's handler abandons the validation at once
+        raise AssertionError("the validation went on after the signal")
+    monkeypatch.setattr(validation, "evaluate_dev", interrupted)
+    trainer = Trainer(config_for(prepared, tmp_path / "run", max_updates=2, validate_every=100))
+    trainer.train()
+    assert trainer.stop_signal == signal.SIGINT
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["validation_due"]
+    assert stop_lines(capsys.readouterr().err) == [
+        f"training stopped at update 2 (interrupted: SIGINT; the last validation is owed, --resume runs it); "
+        f"checkpoints in {tmp_path / 'run'}"]
+
+
+def test_a_second_signal_during_a_save_is_the_stop_reason(prepared, tmp_path, monkeypatch, capsys):
+    def twice(number):
+        if number == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)     # gives up at once: KeyboardInterrupt
+    saves_that(monkeypatch, twice)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config_for(prepared, tmp_path / "run", max_updates=5, validate_every=100, save_every=1)).train()
+    lines = stop_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "(interrupted: SIGTERM, then a second signal: gave up at once;" in lines[0], lines
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 1      # the second save never began
 
 
 def test_cli_smoke_train(prepared, tmp_path):
