@@ -260,6 +260,25 @@ def test_a_second_signal_during_a_save_is_the_stop_reason(prepared, tmp_path, mo
     assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 1      # the second save never began
 
 
+def test_a_failed_checkpoint_write_says_a_previous_one_is_unchanged_only_where_there_was_one(
+        prepared, tmp_path, monkeypatch):
+    import errno
+
+    from nmt.train.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=1, validate_every=100)).train()
+    state, before = load_checkpoint(run / "last.pt"), (run / "last.pt").read_bytes()
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
+    with pytest.raises(CheckpointError, match=r"\(No space left\); the previous one is unchanged$"):
+        save_checkpoint(run / "last.pt", state)
+    assert (run / "last.pt").read_bytes() == before
+    with pytest.raises(CheckpointError) as refused:
+        save_checkpoint(run / "best-step9.pt", state)
+    assert str(refused.value).endswith("(No space left); nothing was written"), refused.value
+    assert not (run / "best-step9.pt").exists()
+
+
 def test_cli_smoke_train(prepared, tmp_path):
     run = tmp_path / "cli_run"
     result = run_cli("train", "--config", str(prepared), "--set", f"training.run_dir={run}",

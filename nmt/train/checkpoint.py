@@ -200,13 +200,15 @@ def save_checkpoint(path: Path, state: dict[str, Any], replace: bool = True) -> 
                                                      state["config"]["training"]["val_max_sentences"])
     if "shortlist" not in payload and (path.parent / SHORTLIST_FILE).is_file():
         payload["shortlist"] = model_file.embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
+    previous = path.exists()
     try:
         atomic_write(path, lambda handle: torch.save(payload, handle), replace=replace)
     except FileExistsError:
         raise
     except (RuntimeError, OSError) as exc:  # torch's zip writer reports a failed write (a full disk) as RuntimeError
         reason = (isinstance(exc, OSError) and exc.strerror) or " ".join(str(exc).split())[:200]
-        raise CheckpointError(f"cannot write checkpoint {path} ({reason}); the previous one is unchanged") from None
+        kept = "the previous one is unchanged" if previous else "nothing was written"
+        raise CheckpointError(f"cannot write checkpoint {path} ({reason}); {kept}") from None
 
 
 def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:
