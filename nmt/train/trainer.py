@@ -308,7 +308,7 @@ class Trainer:
         """Rank 0 writes `name`; every rank saves last.pt (so it gathers each rank's RNG states), only rank 0
         a best checkpoint."""
         start = time.monotonic()
-        ranks_rng = self.ranks.gather(rng_state()) if name == "last.pt" and self.ranks.world_size > 1 else None
+        ranks_rng = self.ranks.gather(rng_state()) if name == "last.pt" else None
         if self.is_main:
             state = training_state(self.config, self.data.manifest["vocab"], self.model, self.optimizer,
                                    self.schedule, self.scaler, self.progress, self.budget.run_seconds(), ranks_rng)
