@@ -1,4 +1,5 @@
-"""Run by torchrun in test_ddp.py: train on one rank, then save that rank's parameters."""
+"""Run by torchrun in test_ddp.py: train on one rank (`--resume` among the overrides: resume the run), then
+save that rank's parameters."""
 
 import os
 import sys
@@ -9,9 +10,11 @@ from nmt.config import load_config
 from nmt.train.trainer import Trainer
 
 config_path, run_dir, out_dir, *overrides = sys.argv[1:]
+resume = "--resume" in overrides
 trainer = Trainer(load_config(config_path, [f"training.run_dir={run_dir}", "training.max_updates=6",
                                             "training.validate_every=3", "training.val_max_sentences=10",
-                                            "training.device=cpu", *overrides]))
+                                            "training.device=cpu", *(o for o in overrides if o != "--resume")]),
+                  resume=resume)
 if trainer.config.training.lr_schedule == "plateau":      # no validation improves: the lr decays at the first
     trainer.schedule.best = float("inf")                  # (bleu: higher is better)
 trainer.train()

@@ -43,3 +43,26 @@ def test_the_plateau_schedule_of_rank_0_sets_every_rank_s_learning_rate(prepared
                     "training.plateau_patience=0", "training.plateau_factor=0.5")
     lrs = [float((tmp_path / f"rank{r}.lr").read_text()) for r in (0, 1)]
     assert lrs[0] == lrs[1] == load_config(prepared).training.lr * 0.5, lrs
+
+
+def test_a_resumed_two_rank_run_with_dropout_repeats_the_uninterrupted_one(prepared, tmp_path):
+    """Each rank draws its own dropout masks: last.pt holds every rank's RNG state, and each rank resumes its
+    own, so rank 1's gradients, and with them rank 0's losses and parameters, match a run never stopped."""
+    from nmt.config import load_config
+    from nmt.train.checkpoint import load_checkpoint
+
+    assert load_config(prepared).model.dropout > 0
+    logged = ("training.log_every=1", "training.save_every_minutes=0")
+    straight, _ = train_two_ranks(prepared, tmp_path / "a", tmp_path, *logged)
+    (tmp_path / "b").mkdir()
+    train_two_ranks(prepared, tmp_path / "split", tmp_path / "b", *logged, "training.max_updates=4")
+    assert len(load_checkpoint(tmp_path / "split" / "last.pt")["rng"]["ranks"]) == 2
+    resumed, _ = train_two_ranks(prepared, tmp_path / "split", tmp_path / "b", *logged, "--resume")
+
+    def losses(run: Path) -> dict[int, float]:
+        events = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        return {e["step"]: e["loss"] for e in events if e["event"] == "train"}
+    assert list(losses(tmp_path / "split")) == [1, 2, 3, 4, 5, 6]
+    assert losses(tmp_path / "split") == losses(tmp_path / "a")
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key

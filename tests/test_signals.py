@@ -197,17 +197,17 @@ def test_sigterm_during_validation_abandons_it(prepared, tmp_path):
     assert state["step"] == 3 and state["progress"]["validation_due"]
     assert not (run / "best.pt").exists() and temporaries(run) == []
     # --resume owes the run that validation: it comes first, then training goes on
-    done = run_nmt(*train_args(prepared, run, max_updates=4, validate_every=3, val_max_sentences=5,
-                                val_batch_tokens=1), "--set", "decoding.max_len_ratio=6", "--resume")
+    done = run_nmt(*train_args(prepared, run, max_updates=4, validate_every=3, val_max_sentences=100),
+                   "--set", "decoding.max_len_ratio=6", "--resume")       # as scored before; larger batches
     assert done.returncode == 0, done.stderr
     assert events(run, "validation") == [3, 4] and (run / "best.pt").exists()
     assert not load_checkpoint(run / "last.pt")["progress"]["validation_due"]
 
 
-def resume_owed_validation(prepared: Path, run: Path, **training) -> None:
+def resume_owed_validation(prepared: Path, run: Path, *extra: str, **training) -> None:
     """--resume runs the validation the stopped run owes, once; a second --resume has nothing left to do."""
     step = load_checkpoint(run / "last.pt")["step"]
-    args = [*train_args(prepared, run, val_max_sentences=5, **training), "--resume"]
+    args = [*train_args(prepared, run, **training), *extra, "--resume"]
     done = run_nmt(*args)
     assert done.returncode == 0, done.stderr
     assert events(run, "validation") == [step] and (run / "best.pt").exists()
@@ -227,7 +227,8 @@ def test_sigterm_during_the_budget_end_validation_leaves_it_owed(prepared, tmp_p
     assert code == 143 and seconds < STOP_WITHIN, (code, seconds, err)
     state = load_checkpoint(run / "last.pt")
     assert state["progress"]["validation_due"] and events(run, "validation") == []
-    resume_owed_validation(prepared, run, validate_every=100000, **budget)
+    resume_owed_validation(prepared, run, "--set", "decoding.max_len_ratio=6", validate_every=100000,
+                           val_max_sentences=100, **budget)
 
 
 def test_sigterm_in_the_last_update_leaves_the_final_validation_owed(prepared, tmp_path):

@@ -1,4 +1,5 @@
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -200,6 +201,84 @@ def test_sigterm_saves_last_checkpoint_and_exits_143(prepared, tmp_path):
     assert 0 < state["step"] < 100000
 
 
+def saves_that(monkeypatch, on_save) -> None:
+    """Call `on_save(number)` before each write of last.pt, counted from 1."""
+    from nmt.train import trainer
+
+    original, count = trainer.save_checkpoint, [0]
+
+    def save(path, state, *args, **kwargs):
+        if path.name == "last.pt":
+            count[0] += 1
+            on_save(count[0])
+        original(path, state, *args, **kwargs)
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+
+
+def stop_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("training stopped at update")]
+
+
+def test_an_error_during_a_save_prints_no_stop_reason(prepared, tmp_path, monkeypatch, capsys):
+    """Before, the loop's default "(max_epochs)" was printed above the error that really ended the run."""
+    def full(number):
+        if number == 2:
+            raise CheckpointError("cannot write checkpoint last.pt (No space left on device)")
+    saves_that(monkeypatch, full)
+    with pytest.raises(CheckpointError, match="No space left"):
+        Trainer(config_for(prepared, tmp_path / "run", max_updates=5, validate_every=100, save_every=1)).train()
+    assert stop_lines(capsys.readouterr().err) == []
+
+
+def test_a_signal_during_the_final_validation_is_the_stop_reason(prepared, tmp_path, monkeypatch, capsys):
+    """max_updates was reached, but the signal abandoned the validation that ends it: that one is owed."""
+    from nmt.train import validation
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)          # the Trainer's handler abandons the validation at once
+        raise AssertionError("the validation went on after the signal")
+    monkeypatch.setattr(validation, "evaluate_dev", interrupted)
+    trainer = Trainer(config_for(prepared, tmp_path / "run", max_updates=2, validate_every=100))
+    trainer.train()
+    assert trainer.stop_signal == signal.SIGINT
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["validation_due"]
+    assert stop_lines(capsys.readouterr().err) == [
+        f"training stopped at update 2 (interrupted: SIGINT; the last validation is owed, --resume runs it); "
+        f"checkpoints in {tmp_path / 'run'}"]
+
+
+def test_a_second_signal_during_a_save_is_the_stop_reason(prepared, tmp_path, monkeypatch, capsys):
+    def twice(number):
+        if number == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)     # gives up at once: KeyboardInterrupt
+    saves_that(monkeypatch, twice)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config_for(prepared, tmp_path / "run", max_updates=5, validate_every=100, save_every=1)).train()
+    lines = stop_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "(interrupted: SIGTERM, then a second signal: gave up at once;" in lines[0], lines
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 1      # the second save never began
+
+
+def test_a_failed_checkpoint_write_says_a_previous_one_is_unchanged_only_where_there_was_one(
+        prepared, tmp_path, monkeypatch):
+    import errno
+
+    from nmt.train.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=1, validate_every=100)).train()
+    state, before = load_checkpoint(run / "last.pt"), (run / "last.pt").read_bytes()
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
+    with pytest.raises(CheckpointError, match=r"\(No space left\); the previous one is unchanged$"):
+        save_checkpoint(run / "last.pt", state)
+    assert (run / "last.pt").read_bytes() == before
+    with pytest.raises(CheckpointError) as refused:
+        save_checkpoint(run / "best-step9.pt", state)
+    assert str(refused.value).endswith("(No space left); nothing was written"), refused.value
+    assert not (run / "best-step9.pt").exists()
+
+
 def test_cli_smoke_train(prepared, tmp_path):
     run = tmp_path / "cli_run"
     result = run_cli("train", "--config", str(prepared), "--set", f"training.run_dir={run}",
@@ -309,6 +388,41 @@ def test_resume_applies_the_optimizer_settings_and_refuses_a_new_optimizer(prepa
     for key, value in (("optimizer", "adamw"), ("early_stopping_metric", "loss")):
         with pytest.raises(RunDirError, match=f"--resume cannot change `training.{key}`"):
             Trainer(config_for(prepared, run, max_updates=3, validate_every=100, **{key: value}), resume=True)
+
+
+def test_resume_refuses_a_new_parent_and_keeps_its_own(prepared, tmp_path):
+    """The weights came from the first parent: another one (or one for a run that had none) is refused and
+    recorded nowhere; leaving the keys unset, as `--resume` without `--init-from` does, keeps the run's own."""
+    settings = dict(max_updates=1, validate_every=100)
+    parent, run, child = tmp_path / "parent", tmp_path / "run", tmp_path / "child"
+    for folder in (parent, run):
+        Trainer(config_for(prepared, folder, **settings)).train()
+    Trainer(config_for(prepared, child, **settings, init_from=parent / "last.pt", init_optimizer="true")).train()
+    recorded = {folder: [(folder / n).read_bytes() for n in ("config.yaml", "last.pt")] for folder in (run, child)}
+    for folder, key, value in ((run, "init_from", parent / "last.pt"), (run, "init_optimizer", "true"),
+                               (child, "init_from", run / "last.pt")):
+        with pytest.raises(RunDirError, match=f"--resume cannot change `training.{key}`.*first parent"):
+            Trainer(config_for(prepared, folder, max_updates=2, **{key: value}), resume=True)
+        assert [(folder / n).read_bytes() for n in ("config.yaml", "last.pt")] == recorded[folder]
+    Trainer(config_for(prepared, child, max_updates=2), resume=True).train()
+    kept = load_config(child / "config.yaml").training
+    assert (kept.init_from, kept.init_optimizer) == (str(parent / "last.pt"), True)
+    assert load_checkpoint(child / "last.pt")["step"] == 2
+
+
+def test_resume_refuses_another_way_of_scoring_validations(prepared, tmp_path):
+    """best.pt, the kept best checkpoints, patience and the plateau schedule compare dev scores: all of them
+    must come from the same greedy outputs of the same dev sentences, scored alike."""
+    run = tmp_path / "run"
+    Trainer(config_for(prepared, run, max_updates=1, validate_every=100)).train()
+    recorded = [(run / name).read_bytes() for name in ("config.yaml", "last.pt")]
+    changes = {"training.bleu_tokenize": "char", "training.bleu_lowercase": "true",
+               "training.val_max_sentences": 7, "decoding.max_len_ratio": 1.2, "decoding.min_len": 0}
+    for key, value in changes.items():
+        config = load_config(prepared, [f"training.run_dir={run}", "training.max_updates=2", f"{key}={value}"])
+        with pytest.raises(RunDirError, match=f"--resume cannot change `{key}`.*on one scale"):
+            Trainer(config, resume=True)
+    assert [(run / name).read_bytes() for name in ("config.yaml", "last.pt")] == recorded
 
 
 def test_the_logged_loss_window_survives_a_resume(prepared, tmp_path):

@@ -61,12 +61,31 @@ class Progress:
     window_tokens: int = 0
 
 
-def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   schedule: Any, scaler: Any, progress: Progress, elapsed: float) -> dict[str, Any]:
-    """The model and all that --resume needs to continue exactly; `elapsed`: the run's training seconds so far."""
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def own_rng(rng: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
+    """The RNG states this rank resumes: its own from a run of as many processes (each draws its own dropout
+    masks), else rank 0's for rank 0 and none for the others (they are reseeded)."""
+    ranks = rng.get("ranks") if isinstance(rng, dict) else None       # not a mapping: refused by the caller
+    if isinstance(ranks, list) and len(ranks) == world_size:
+        return ranks[rank]
+    return rng if rank == 0 else None
+
+
+def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   schedule: Any, scaler: Any, progress: Progress, elapsed: float,
+                   ranks_rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The model and all that --resume needs to continue exactly; `elapsed`: the run's training seconds so far;
+    `ranks_rng`: every rank's `rng_state()` under DDP (rank 0's is also the checkpoint's own)."""
+    rng = rng_state()
+    if ranks_rng is not None and len(ranks_rng) > 1:
+        rng["ranks"] = ranks_rng
     return {"config": config.to_dict(), "vocab": vocab, "model": model.state_dict(),
             "optimizer": _portable(optimizer.state_dict()), "schedule": schedule.state_dict(),
             "scaler": scaler.state_dict(), "rng": rng, "step": progress.step, "cursor": vars(progress.cursor).copy(),
@@ -75,8 +94,9 @@ def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module
 
 
 def restore_training_state(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
-                           schedule: Any, scaler: Any) -> Progress:
-    """Load what `training_state` saved; returns the progress. A bad part is a `CheckpointError` naming `path`."""
+                           schedule: Any, scaler: Any, rank: int = 0, world_size: int = 1) -> Progress:
+    """Load what `training_state` saved (the RNG states `own_rng` picks for this rank); returns the progress.
+    A bad part is a `CheckpointError` naming `path`."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"{path} lacks the training state `{missing[0]}` that --resume "
@@ -87,12 +107,13 @@ def restore_training_state(path: Path, state: dict[str, Any], config: Config, op
         load_optimizer_state(optimizer, state["optimizer"], config)
         schedule.load_state_dict(state["schedule"])
         scaler.load_state_dict(state["scaler"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        version, internal, gauss = rng["python"]        # torch.load gives lists where tuples were saved
-        random.setstate((version, tuple(internal), gauss))
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        rng = own_rng(state["rng"], rank, world_size)
+        if rng is not None:
+            torch.set_rng_state(rng["torch"])
+            version, internal, gauss = rng["python"]        # torch.load gives lists where tuples were saved
+            random.setstate((version, tuple(internal), gauss))
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
         prog = state["progress"]
         names = [f.name for f in fields(Progress) if f.name not in ("step", "cursor", "best_k")]
         if absent := [name for name in names if name not in prog]:
@@ -179,13 +200,15 @@ def save_checkpoint(path: Path, state: dict[str, Any], replace: bool = True) -> 
                                                      state["config"]["training"]["val_max_sentences"])
     if "shortlist" not in payload and (path.parent / SHORTLIST_FILE).is_file():
         payload["shortlist"] = model_file.embed_shortlist(load_shortlist(path.parent / SHORTLIST_FILE))
+    previous = path.exists()
     try:
         atomic_write(path, lambda handle: torch.save(payload, handle), replace=replace)
     except FileExistsError:
         raise
     except (RuntimeError, OSError) as exc:  # torch's zip writer reports a failed write (a full disk) as RuntimeError
         reason = (isinstance(exc, OSError) and exc.strerror) or " ".join(str(exc).split())[:200]
-        raise CheckpointError(f"cannot write checkpoint {path} ({reason}); the previous one is unchanged") from None
+        kept = "the previous one is unchanged" if previous else "nothing was written"
+        raise CheckpointError(f"cannot write checkpoint {path} ({reason}); {kept}") from None
 
 
 def best_k_files(path: Path, progress: Any) -> list[tuple[float, str]]:

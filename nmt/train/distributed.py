@@ -47,6 +47,14 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank (a collective: all ranks call it alike)."""
+        if self.world_size == 1:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
     def close(self) -> None:
         if self._started and dist.is_initialized():
             dist.destroy_process_group()

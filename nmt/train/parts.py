@@ -174,18 +174,22 @@ def _resume(parts: TrainingParts) -> None:
     saved = stored_config(state["config"])
     if saved.model != config.model:
         raise checkpoint.CheckpointError(f"{path} was trained with a different `model` section")
+    for key in ("init_from", "init_optimizer"):     # unset (`--init-from` starts new runs only): the run's own
+        if not getattr(t, key):
+            setattr(t, key, getattr(saved.training, key))
     changed = resume_changes(saved, config)
     try:
         parts.model.load_state_dict(state["model"])
     except RuntimeError as exc:
         raise checkpoint.CheckpointError(f"{path} does not fit the model: {str(exc)[:200]}") from None
+    ranks = parts.ranks
     parts.progress = checkpoint.restore_training_state(path, state, config, parts.optimizer, parts.schedule,
-                                                       parts.scaler)
+                                                       parts.scaler, ranks.rank, ranks.world_size)
     mismatch = run.data_mismatch(parts.data)
     # a finished run reads no data (let it say it is done), unless it owes a validation
     if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
         raise RunDirError(mismatch)
     run.record_resume_changes(changed, config)
-    if parts.ranks.rank > 0:                            # last.pt holds rank 0's RNG state
-        torch.manual_seed(t.seed + parts.ranks.rank * 1_000_003 + parts.progress.step)
+    if checkpoint.own_rng(state["rng"], ranks.rank, ranks.world_size) is None:   # another number of ranks
+        torch.manual_seed(t.seed + ranks.rank * 1_000_003 + parts.progress.step)
     run.trim_metrics(parts.progress.step)

@@ -22,9 +22,16 @@ from nmt.fs.bounded import loads_json, read_json
 from nmt.fs.locks import lock_folder, open_work_folder, release_folder
 
 DATA_STREAM_KEYS = ("training.seed", "training.batch_tokens", "training.batch_size", "training.bucket_pool")
+# what the dev scores of validation depend on (its greedy outputs, the sentences, how BLEU and chrF count)
+SCORING_KEYS = ("training.bleu_tokenize", "training.bleu_lowercase", "training.val_max_sentences",
+                "decoding.max_len_ratio", "decoding.min_len")
 FIXED_FOR_A_RUN = {
     "training.optimizer": "the checkpoint holds the other optimizer's state",
+    **dict.fromkeys(SCORING_KEYS, "best.pt, the kept best checkpoints, patience and the plateau schedule compare "
+                                  "the dev scores of all validations on one scale"),
     "training.early_stopping_metric": "the best score so far and best.pt were chosen by the other metric",
+    "training.init_from": "the weights came from the first parent",
+    "training.init_optimizer": "the optimiser state came from the first parent, or was fresh",
 }
 
 

@@ -23,7 +23,7 @@ from nmt.data.batching import Batch
 from nmt.device import autocast
 from nmt.progress import progress_bar
 from nmt.train import validation
-from nmt.train.checkpoint import Cursor, save_checkpoint, training_state
+from nmt.train.checkpoint import Cursor, rng_state, save_checkpoint, training_state
 from nmt.train.loss import output_cross_entropy
 from nmt.train.parts import TrainingParts, build_parts
 from nmt.train.run_folder import RunDirError
@@ -124,7 +124,7 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Train until a stop rule ends it, then let go of the folders; returns the last validation's metrics."""
         t, p = self.config.training, self.progress
-        self.stopped_by: str | None = None
+        ending: str | None = None       # the stop rule that ended it, "gave up" (a second signal); None: an error
         try:
             finished = self.finished_reason()
             if finished and not p.validation_due:            # a run that owes a validation runs it first
@@ -134,7 +134,7 @@ class Trainer:
                 return {}
             bar = progress_bar("train", "upd", total=t.max_updates or None, initial=p.step,
                                disable=not self.is_main, dynamic_ncols=True)
-            window, self.budget.last_saved, self.stopped_by = Window(), time.monotonic(), "max_epochs"
+            window, self.budget.last_saved = Window(), time.monotonic()
             with self.signals, bar:
                 stop = self._validate_and_save(None) if p.validation_due else None     # as the stopped run owed
                 for rows in self._stream() if not stop else ():
@@ -154,13 +154,27 @@ class Trainer:
                         stop = self._stop_reason()     # a signal during the save: last.pt is current, stop now
                     if stop:
                         break
-                self.stopped_by = stop or self._last_epoch_done() or "max_epochs"
+                ending = stop or self._last_epoch_done() or "max_epochs"
+        except KeyboardInterrupt:
+            ending = "gave up" if self.signals.received is not None else None
+            raise
         finally:
-            if self.is_main and self.stopped_by:
-                tqdm.write(f"training stopped at update {p.step} ({self.stopped_by}); checkpoints in {self.run_dir}",
-                           file=sys.stderr)
+            if self.is_main and ending:
+                tqdm.write(f"training stopped at update {p.step} ({self._why_stopped(ending)}); checkpoints in "
+                           f"{self.run_dir}", file=sys.stderr)
             self.close()
         return self.last_metrics
+
+    def _why_stopped(self, ending: str) -> str:
+        """A signal outranks the budget end it came during: it may have left that validation owed."""
+        signal = self.signals.reason
+        if signal is None:
+            return ending
+        if ending == "gave up":
+            return (f"interrupted: {signal}, then a second signal: gave up at once; --resume continues from the "
+                    "last checkpoint written")
+        return f"interrupted: {signal}" + ("; the last validation is owed, --resume runs it"
+                                           if self.progress.validation_due else "")
 
     def _stream(self) -> Iterator[list[np.ndarray]]:
         """Each update's `training.accumulate` batches of rows, from the data cursor to the last epoch."""
@@ -200,8 +214,11 @@ class Trainer:
         return Window()
 
     def _stop_reason(self) -> str | None:
-        """Under DDP every rank gets rank 0's answer, so all stop together."""
-        return self.ranks.from_rank0(self.signals.reason or self.budget.spent())
+        """Under DDP every rank gets rank 0's answer, so all stop together; there every rank asks its budget,
+        signal or not, as its first estimate saves last.pt (a collective)."""
+        signal = self.signals.reason
+        spent = self.budget.spent() if signal is None or self.ranks.world_size > 1 else None
+        return self.ranks.from_rank0(signal or spent)
 
     def _validate_and_save(self, stop: str | None) -> str | None:
         """Validate (on schedule, when a budget ends, or as owed), then save last.pt. A signal skips the
@@ -288,10 +305,13 @@ class Trainer:
         return metrics
 
     def _save(self, name: str) -> None:
+        """Rank 0 writes `name`; every rank saves last.pt (so it gathers each rank's RNG states), only rank 0
+        a best checkpoint."""
         start = time.monotonic()
+        ranks_rng = self.ranks.gather(rng_state()) if name == "last.pt" else None
         if self.is_main:
             state = training_state(self.config, self.data.manifest["vocab"], self.model, self.optimizer,
-                                   self.schedule, self.scaler, self.progress, self.budget.run_seconds())
+                                   self.schedule, self.scaler, self.progress, self.budget.run_seconds(), ranks_rng)
             save_checkpoint(self.run_dir / name, state)
         if name == "last.pt":
             self.budget.saved(start)
