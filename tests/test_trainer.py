@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from nmt.config import load_config
+from nmt.config import ConfigError, load_config
 from nmt.device import autocast_dtype
 from nmt.train.checkpoint import CheckpointError, load_checkpoint
 from nmt.train.trainer import RunDirError, Trainer
@@ -399,8 +399,9 @@ def test_resume_refuses_a_new_parent_and_keeps_its_own(prepared, tmp_path):
         Trainer(config_for(prepared, folder, **settings)).train()
     Trainer(config_for(prepared, child, **settings, init_from=parent / "last.pt", init_optimizer="true")).train()
     recorded = {folder: [(folder / n).read_bytes() for n in ("config.yaml", "last.pt")] for folder in (run, child)}
-    for folder, key, value in ((run, "init_from", parent / "last.pt"), (run, "init_optimizer", "true"),
-                               (child, "init_from", run / "last.pt")):
+    with pytest.raises(ConfigError, match="`training.init_optimizer` does not apply with `training.init_from` unset"):
+        config_for(prepared, run, max_updates=2, init_optimizer="true")      # refused before any folder is read
+    for folder, key, value in ((run, "init_from", parent / "last.pt"), (child, "init_from", run / "last.pt")):
         with pytest.raises(RunDirError, match=f"--resume cannot change `training.{key}`.*first parent"):
             Trainer(config_for(prepared, folder, max_updates=2, **{key: value}), resume=True)
         assert [(folder / n).read_bytes() for n in ("config.yaml", "last.pt")] == recorded[folder]
