@@ -760,3 +760,15 @@ def test_the_page_is_served_where_its_app_is_mounted():
     assert asgi_get(outer, "/nmt/page.js") == (200, static.joinpath("page.js").read_bytes())
     assert asgi_get(outer, "/nmt/") == (200, static.joinpath("index.html").read_bytes())
     assert asgi_get(page, "/page.css") == (200, static.joinpath("page.css").read_bytes())
+
+
+def test_a_sampling_model_refuses_a_requested_beam_size():
+    """Its samples ignore a beam: a request for one is a 400, the server's own (sent with every request) is not."""
+    from nmt.serve.requests import parse_request
+
+    settings = ServeSettings()
+    with pytest.raises(RequestError) as refused:
+        parse_request({"sentences": ["Ein Hund."], "beam_size": 8}, settings, 5, sampling=True)
+    assert refused.value.status == 400 and "model samples" in str(refused.value)
+    assert parse_request({"sentences": ["Ein Hund."], "beam_size": 5}, settings, 5, sampling=True)[1].beam_size == 5
+    assert parse_request({"sentences": ["Ein Hund."], "beam_size": 8}, settings, 5)[1].beam_size == 8

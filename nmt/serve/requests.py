@@ -114,8 +114,10 @@ async def parse_multipart(headers: Headers, body: bytes) -> list[tuple[str, Any]
     return fields
 
 
-def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> tuple[list[str], Options]:
-    """A /translate body of nmt's own shape -> (sentences, options); raises RequestError(400 or 413)."""
+def parse_request(payload: Any, settings: ServeSettings, default_beam: int,
+                  sampling: bool = False) -> tuple[list[str], Options]:
+    """A /translate body of nmt's own shape -> (sentences, options); raises RequestError(400 or 413). `sampling`:
+    the model samples, so a beam_size of its own would be ignored."""
     options: dict[str, Any] = {}
     if isinstance(payload, dict):
         unknown = sorted(set(payload) - {"sentences", "beam_size", "n_best", "attention"})
@@ -140,6 +142,9 @@ def parse_request(payload: Any, settings: ServeSettings, default_beam: int) -> t
             raise RequestError(400, f"sentences[{i}] contains a line break (\\n); send each line as its own "
                                     "sentence")
     beam_size = _int_option(options, "beam_size", default_beam, 1, settings.max_beam)
+    if sampling and beam_size != default_beam:
+        raise RequestError(400, "beam_size does not apply: this server's model samples (decoding.sampling); "
+                                "leave it out")
     n_best = _int_option(options, "n_best", 1, 1, beam_size)
     attention = options.get("attention", False)
     if not isinstance(attention, bool):

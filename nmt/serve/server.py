@@ -46,6 +46,7 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
     without beam_size would be refused."""
     settings.check()
     beam_size, languages = translator.decoding.beam_size, translator.languages
+    sampling = bool(translator.samples and translator.decoding.sampling)
     if beam_size > settings.max_beam:
         raise ConfigError(f"--max-beam {settings.max_beam} is below the model's beam size {beam_size} "
                           f"(decoding.beam_size), which requests without beam_size use; raise --max-beam to at "
@@ -98,7 +99,7 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
             sentences, counts, single = parse_libre(payload, languages, settings.max_sentences)
             options = Options(beam_size, 1)
         else:
-            sentences, options = parse_request(payload, settings, beam_size)
+            sentences, options = parse_request(payload, settings, beam_size, sampling)
         request.state.sentences = len(sentences)
         results: list[Translation] = []
         if sentences:
