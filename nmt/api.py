@@ -39,8 +39,16 @@ def _paths(paths: Any) -> list[Any]:
     return paths
 
 
-class Translator:
-    """Loads a model as the translator its format needs; constructed from a model object, the PyTorch one."""
+class _AnyTranslator(type):
+    def __instancecheck__(cls, instance: object) -> bool:
+        from nmt.decode.streaming import Translates  # torch-free: the base of both translators
+
+        return isinstance(instance, Translates)
+
+
+class Translator(metaclass=_AnyTranslator):
+    """Loads a model as the translator its format needs; constructed from a model object, the PyTorch one.
+    `isinstance(t, nmt.Translator)` holds for either translator."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         return _torch_translator()(*args, **kwargs)

@@ -214,4 +214,5 @@ def test_a_per_call_beam_size_does_not_apply_to_a_sampling_translator(model_file
 
 def test_a_list_of_one_path_loads_that_model(model_file, translator):
     loaded = Translator.load([model_file], device="cpu", precision="fp32")
+    assert isinstance(loaded, Translator) and not isinstance("model.nmt", Translator)
     assert loaded.translate(["Ein Hund läuft."])[0].text == translator.translate(["Ein Hund läuft."])[0].text

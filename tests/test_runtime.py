@@ -97,7 +97,7 @@ def test_the_api_loads_a_folder_in_a_list_and_refuses_it_in_an_ensemble(folder, 
     from nmt.runtime.folder import OnnxFolderError
     from nmt.runtime.translator import Translator as OnnxTranslator
 
-    assert isinstance(Translator.load([folder]), OnnxTranslator)
+    assert isinstance(Translator.load([folder]), OnnxTranslator) and isinstance(Translator.load(folder), Translator)
     with pytest.raises(ConfigError, match="an ONNX model folder decodes alone, not in an ensemble"):
         Translator.load_ensemble([folder, folder])
     for threads in (-1, "2", 2.5, None, 10**5):
