@@ -127,7 +127,9 @@ def world(tmp_path_factory, corpus_dir, prepared, trained_run) -> dict[str, Path
 def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
     """The arguments (and stdin) of one bad invocation."""
     r, cfg, prep, run, ckpt = w["root"], str(w["config"]), str(w["prepared"]), w["run"], str(w["ckpt"])
-    resume = ["train", "-c", prep, "--set", f"training.run_dir={run}", "--resume"]
+    # as trained_run validated (--resume refuses another way of scoring validations)
+    resume = ["train", "-c", prep, "--set", "training.val_max_sentences=20", "--set", f"training.run_dir={run}",
+              "--resume"]
     translate = ["translate", "--checkpoint", ckpt, "-q"]
     cases: dict[str, tuple[list[str], bytes | None]] = {
         # configuration files and overrides
@@ -190,12 +192,12 @@ def case_args(name: str, w: dict) -> tuple[list[str], bytes | None]:
         "resume changes batch_tokens": ([*resume, "--set", "training.batch_tokens=999"], None),
         "resume changes data": ([*resume, "--set", "data.max_len=20"], None),
         "resume changes model": ([*resume, "--set", "model.decoder_hidden=8"], None),
-        "resume without training state": ([*resume[:4], f"training.run_dir={r / 'norng'}", "--resume"], None),
-        "resume a damaged training state": ([*resume[:4], f"training.run_dir={r / 'badrng'}", "--resume"], None),
-        "resume a step that is no number": ([*resume[:4], f"training.run_dir={r / 'badstep'}", "--resume"], None),
-        "resume a progress count that is no number": ([*resume[:4], f"training.run_dir={r / 'badwindow'}", "--resume"],
+        "resume without training state": ([*resume[:6], f"training.run_dir={r / 'norng'}", "--resume"], None),
+        "resume a damaged training state": ([*resume[:6], f"training.run_dir={r / 'badrng'}", "--resume"], None),
+        "resume a step that is no number": ([*resume[:6], f"training.run_dir={r / 'badstep'}", "--resume"], None),
+        "resume a progress count that is no number": ([*resume[:6], f"training.run_dir={r / 'badwindow'}", "--resume"],
                                                       None),
-        "resume an early version's progress": ([*resume[:4], f"training.run_dir={r / 'oldprogress'}", "--resume"],
+        "resume an early version's progress": ([*resume[:6], f"training.run_dir={r / 'oldprogress'}", "--resume"],
                                                None),
         "train on a manifest without corpora": (["train", "-c", cfg, "--set", f"data.out_dir={r / 'nocorpora'}",
                                                  "--set", "data.train=null"], None),     # the folder as it is
