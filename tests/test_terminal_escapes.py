@@ -69,7 +69,7 @@ def test_error_lines_escape_what_they_quote(model_file, tmp_path):
     model = hostile_model(model_file, tmp_path / "config.nmt",
                           lambda payload: payload["config"]["decoding"].update(beam_size=HOSTILE))
     result = run_cli("translate", "-m", str(model))
-    assert result.returncode == 2 and "decoding.beam_size must be int, got '\\x1b]0;pwned" in result.stderr
+    assert result.returncode == 2 and "`decoding.beam_size` must be int, got '\\x1b]0;pwned" in result.stderr
     assert_clean(result)
     name = tmp_path / f"in{HOSTILE}.de"
     for args in (["info", str(name)], ["translate", "-m", str(model_file), "-i", str(name)],
