@@ -42,12 +42,17 @@ class Translates(ABC):
     tgt_vocab: Vocab
     samples: ClassVar[bool] = True                  # can sample instead of searching (the PyTorch one)
 
+    @property
+    def sampling(self) -> bool:
+        """It draws samples: its decoding says so, and it can (the PyTorch translator)."""
+        return self.samples and self.decoding.sampling
+
     def translate(self, lines: list[str], n_best: int = 1, return_attention: bool = False, first_line: int = 1,
                   beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
         """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
         `prefixes`: one forced target prefix per line ("" for none)."""
         lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
-        if self.samples and self.decoding.sampling and beam_size not in (None, self.decoding.beam_size):
+        if self.sampling and beam_size not in (None, self.decoding.beam_size):
             raise ConfigError(f"beam_size {beam_size} does not apply to sampling (`decoding.sampling`): samples "
                               "are drawn, not searched; load a translator without sampling for beam search")
         decoding = self.decoding if beam_size is None else replace(self.decoding, beam_size=beam_size)
@@ -58,7 +63,7 @@ class Translates(ABC):
             f"warning: input line {first_line + i} has {n} pieces; truncated to {limit}"))
         results: list[list[Hypothesis]] = [[] for _ in lines]
         offsets, flat = flatten(encoded)                                     # the chunk as one flat id array
-        rows_per_line = n_best if self.samples and decoding.sampling else decoding.beam_size
+        rows_per_line = n_best if self.sampling else decoding.beam_size
         for rows in longest_first(offsets, np.array([bool(line.strip()) for line in lines], dtype=bool),
                                   self.batch_tokens() // max(1, rows_per_line)):
             src = padded_ids(flat, offsets, rows, None, EOS)                 # (rows, src_len)

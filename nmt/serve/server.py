@@ -46,7 +46,7 @@ def create_app(translator: Translator, settings: ServeSettings, *, card: dict[st
     without beam_size would be refused."""
     settings.check()
     beam_size, languages = translator.decoding.beam_size, translator.languages
-    sampling = bool(translator.samples and translator.decoding.sampling)
+    sampling = translator.sampling
     if beam_size > settings.max_beam:
         raise ConfigError(f"--max-beam {settings.max_beam} is below the model's beam size {beam_size} "
                           f"(decoding.beam_size), which requests without beam_size use; raise --max-beam to at "
