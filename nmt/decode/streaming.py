@@ -219,13 +219,6 @@ def checked_call(lines: object, prefixes: object, n_best: object,
                          f"got {beam_size!r} and {n_best!r}")
     if prefixes is not None and len(prefixes) != len(lines):
         raise ValueError(f"{len(prefixes)} prefixes for {len(lines)} lines")
-    for name, texts in (("lines", lines), ("prefixes", prefixes or [])):
-        for i, text in enumerate(texts):
-            if not text.isascii():
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise ValueError(f"{name}[{i}] is not valid Unicode (a lone surrogate)") from None
     return lines, prefixes
 
 

@@ -120,8 +120,17 @@ def printable(text: object) -> str:
     return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def as_lines(name: str, lines: object) -> list[str]:
-    """`lines` (an iterable of strings) as a list; one string is refused (it would be translated per character)."""
+    """`lines` (an iterable of strings) as a list; one string is refused (it would be translated per character), and
+    so is a lone surrogate, which no tokenizer can encode."""
     if isinstance(lines, (str, bytes)):
         raise TypeError(f"{name} must be a list of strings, not one {'string' if isinstance(lines, str) else 'bytes'}"
                         "; for one sentence pass [sentence]")
@@ -132,4 +141,6 @@ def as_lines(name: str, lines: object) -> list[str]:
     for i, line in enumerate(items):
         if not isinstance(line, str):
             raise TypeError(f"{name}[{i}] is {type(line).__name__}, not a string")
+        if not line.isascii() and not _encodable(line):
+            raise ValueError(f"{name}[{i}] is not valid Unicode (a lone surrogate)")
     return items                                             # type: ignore[return-value]
