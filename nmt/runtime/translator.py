@@ -63,8 +63,8 @@ class Translator(Translates):
             raise ConfigError(f"`decoding.precision` {given['precision']} does not apply to an ONNX model folder: "
                               "its precision was chosen by `nmt export --quantize`")
         manifest = read_manifest(path)
-        if given.get("quantize", "int8" if manifest.precision == "int8" else "none") != (
-                "int8" if manifest.precision == "int8" else "none"):
+        own = "int8" if manifest.precision == "int8" else "none"     # the --quantize that exported it
+        if given.get("quantize", own) != own:
             raise ConfigError(f"`decoding.quantize` {given['quantize']} does not apply to this {manifest.precision} "
                               "ONNX model folder: its precision was chosen by `nmt export --quantize`")
         stored = {k: v for k, v in manifest.decoding.items() if k in DecodingConfig.__dataclass_fields__}
