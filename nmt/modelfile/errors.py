@@ -3,10 +3,9 @@ raises them too, so that one `except ModelFileError` covers every kind of model.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from nmt.fs.bounded import file_kind
+from nmt.fs.text import MISSING, input_problem
 
 
 class ModelFileError(ValueError):
@@ -15,8 +14,6 @@ class ModelFileError(ValueError):
 
 def not_a_file(path: Path, what: str) -> ModelFileError:
     """Missing, or named for what it is: reading a FIFO or a device would wait forever or never end."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return ModelFileError(f"{what} {path} does not exist")
-    return ModelFileError(f"{what} {path} is {file_kind(mode)}, not a file; give an nmt model file or checkpoint")
+    problem = input_problem(path) or "is not a file"
+    hint = "" if problem == MISSING else "; give an nmt model file or checkpoint"
+    return ModelFileError(f"{what} {path} {problem}{hint}")
