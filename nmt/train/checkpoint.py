@@ -95,8 +95,9 @@ def training_state(config: Config, vocab: dict[str, Any], model: torch.nn.Module
 
 def restore_training_state(path: Path, state: dict[str, Any], config: Config, optimizer: torch.optim.Optimizer,
                            schedule: Any, scaler: Any, rank: int = 0, world_size: int = 1) -> Progress:
-    """Load what `training_state` saved (the RNG states `own_rng` picks for this rank); returns the progress.
-    A bad part is a `CheckpointError` naming `path`."""
+    """Load what `training_state` saved (the RNG states `own_rng` picks for this rank; a rank without any, of a run
+    with another number of processes, is reseeded); returns the progress. A bad part is a `CheckpointError`
+    naming `path`."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"{path} lacks the training state `{missing[0]}` that --resume "
@@ -114,6 +115,8 @@ def restore_training_state(path: Path, state: dict[str, Any], config: Config, op
             random.setstate((version, tuple(internal), gauss))
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
+        else:
+            torch.manual_seed(config.training.seed + rank * 1_000_003 + int(state["step"]))
         prog = state["progress"]
         names = [f.name for f in fields(Progress) if f.name not in ("step", "cursor", "best_k")]
         if absent := [name for name in names if name not in prog]:

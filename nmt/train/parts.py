@@ -190,6 +190,4 @@ def _resume(parts: TrainingParts) -> None:
     if mismatch and (parts.progress.validation_due or not finished_reason(t, parts.progress, parts.schedule)):
         raise RunDirError(mismatch)
     run.record_resume_changes(changed, config)
-    if checkpoint.own_rng(state["rng"], ranks.rank, ranks.world_size) is None:   # another number of ranks
-        torch.manual_seed(t.seed + ranks.rank * 1_000_003 + parts.progress.step)
     run.trim_metrics(parts.progress.step)
