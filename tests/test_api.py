@@ -163,6 +163,11 @@ def test_threads_share_a_translator_and_its_model_without_a_lock(model_file):
     (lambda t: t.translate(["Ein Hund.", "Ein \ud800 Hund."]), ValueError,
      "lines[1] is not valid Unicode (a lone surrogate)"),
     (lambda t: Translator.load_ensemble("model.nmt"), TypeError, "a list of model paths, not one path"),
+    (lambda t: t.translate(["Ein Hund."], first_line="x"), TypeError,
+     "first_line must be an int (the number of the call's first line), got 'x'"),
+    (lambda t: t.score(["Ein Hund."], ["A dog."], first_line=None), TypeError, "first_line must be an int"),
+    (lambda t: Translator.load("model.nmt", threads=2), TypeError,
+     "threads applies to an ONNX folder, whose onnxruntime session has threads of its own"),
 ])
 def test_a_wrong_argument_is_one_clear_error(translator, call, error, message):
     with pytest.raises(error, match=re.escape(message)):

@@ -51,7 +51,7 @@ class Translates(ABC):
                   beam_size: int | None = None, prefixes: list[str] | None = None) -> list[Translation]:
         """One result per line, in order: the n_best hypotheses (or samples); `first_line` numbers warnings;
         `prefixes`: one forced target prefix per line ("" for none)."""
-        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size)
+        lines, prefixes = checked_call(lines, prefixes, n_best, beam_size, first_line)
         if self.sampling and beam_size not in (None, self.decoding.beam_size):
             raise ConfigError(f"beam_size {beam_size} does not apply to sampling (`decoding.sampling`): samples "
                               "are drawn, not searched; load a translator without sampling for beam search")
@@ -206,12 +206,19 @@ def micro_batches(lines: Iterable[Line], max_lines: int, max_wait: float) -> Ite
             cond.notify_all()
 
 
-def checked_call(lines: object, prefixes: object, n_best: object,
-                 beam_size: object) -> tuple[list[str], list[str] | None]:
+def check_first_line(first_line: object) -> None:
+    """`first_line` numbers the warnings of a call (a TypeError here, not in the first warning's f-string)."""
+    if not isinstance(first_line, int) or isinstance(first_line, bool):
+        raise TypeError(f"first_line must be an int (the number of the call's first line), got {first_line!r}")
+
+
+def checked_call(lines: object, prefixes: object, n_best: object, beam_size: object,
+                 first_line: object = 1) -> tuple[list[str], list[str] | None]:
     """A translate call's lines and prefixes (one per line) as lists of strings, or a TypeError or ValueError."""
     def whole(number: object) -> bool:
         return isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= MAX_BEAM
 
+    check_first_line(first_line)
     lines = as_lines("lines", lines)
     prefixes = as_lines("prefixes", prefixes) if prefixes is not None else None
     if not (whole(n_best) and (beam_size is None or whole(beam_size))):

@@ -26,7 +26,7 @@ from nmt.decode.quantize import quantize_int8
 from nmt.decode.search import Hypothesis, Sampler, SearchSettings, force_decode, length_penalty, search
 from nmt.decode.shortlist import Shortlist, ShortlistError
 from nmt.decode.steps import Decoding
-from nmt.decode.streaming import Translates
+from nmt.decode.streaming import Translates, check_first_line
 from nmt.device import autocast, autocast_dtype, resolve_device
 from nmt.fs.text import as_lines as _as_lines
 from nmt.model.seq2seq import Seq2Seq
@@ -132,6 +132,7 @@ class Translator(Translates):
     def score(self, sources: list[str], targets: list[str], first_line: int = 1) -> list[tuple[float, float, int]]:
         """Each pair's teacher-forced log p(target + EOS | source), as the searches score it, that normalised,
         and the length with EOS. Over-long sources and targets are truncated with a warning naming the line."""
+        check_first_line(first_line)
         sources, targets = _as_lines("sources", sources), _as_lines("targets", targets)
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
@@ -199,7 +200,10 @@ def check_applicable(decoding: DecodingConfig, given: dict[str, Any]) -> None:
 
 def _checked(device: str, shortlist_file: str | Path | None, given: dict[str, Any]) -> dict[str, Any]:
     """The overrides with what they imply (`with_implied_shortlist`); fp16 on the CPU is an error (it would run
-    as bf16)."""
+    as bf16), and so is the ONNX translator's `threads`, which PyTorch's process-wide pool cannot honour per model."""
+    if "threads" in given:
+        raise TypeError("threads applies to an ONNX folder, whose onnxruntime session has threads of its own; a "
+                        "model file runs on PyTorch, whose threads are the process's: torch.set_num_threads(N)")
     if given.get("precision") == "fp16" and resolve_device(device).type != "cuda":
         raise ConfigError("`decoding.precision` fp16 runs on CUDA only; on the CPU use bf16 or fp32")
     return with_implied_shortlist(given, shortlist_file)
