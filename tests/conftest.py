@@ -24,6 +24,12 @@ SAMPLE = REPO / "tests" / "data" / "multi30k"
 MULTI30K = Path(os.environ.get("NMT_MULTI30K") or SAMPLE)
 SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One test process per core (`pytest -n auto`, as .ci/run runs): each, and the nmt commands it starts, on
+    # one thread, before anything imports torch. Two processes of two spinning OpenMP threads each on two cores
+    # took 28 minutes where one process took 21 and two of one thread 12.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now (for torchrun's rendezvous), below the kernel's
