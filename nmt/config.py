@@ -35,6 +35,7 @@ def _path(default: str | None = None) -> Any:
 
 
 MAX_BEAM = 1000      # beam sizes and n-best lists beyond this are typos (and would exhaust memory)
+EXTRA_OUTPUT_PIECES = 10   # an output may have max_len_ratio * source pieces + this many, EOS included
 # Bounds far beyond any real use: a value over one is a typo or a damaged file (stored configs too).
 MAX_VOCAB = 1_000_000   # SentencePiece pieces, shortlist sizes, top-k
 MAX_DIM = 16_384        # embedding, hidden and attention sizes
@@ -168,7 +169,8 @@ class DecodingConfig:
 
     beam_size: int = _bounded(5, ge=1, le=MAX_BEAM, help="Beam size; 1 = greedy.")
     length_penalty: float = _bounded(1.0, ge=0.0, le=MAX_PENALTY, help="GNMT alpha (beam); 0 disables.")
-    max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0, help="At most ratio * source pieces + 10 pieces.")
+    max_len_ratio: float = _bounded(2.0, gt=0.0, le=10.0,
+                                    help=f"At most ratio * source pieces + {EXTRA_OUTPUT_PIECES} pieces.")
     min_len: int = _bounded(1, ge=0, le=1000, help="No EOS before this many pieces: 1 (the default) never "
                                                    "gives an empty output for a non-empty input; 0 allows it.")
     no_repeat_ngram: int = _bounded(0, ge=0, le=100, help="Block repeated n-grams of this size; 0 = off.")

@@ -115,7 +115,7 @@ def test_greedy_equals_torch(seed: int, options: dict) -> None:
     lengths = (src != 0).sum(1)
     want = torch_search.greedy_search(TorchFake(seed), torch.from_numpy(src), torch.from_numpy(lengths),
                                       SearchSettings(**options))
-    got = np_search.greedy_search(NumpyFake(seed), src, lengths, **options)
+    got = np_search.greedy_search(NumpyFake(seed), src, lengths, SearchSettings(**options))
     same(want, got)
     assert any(h.tokens for h in got)
 
@@ -134,7 +134,7 @@ def test_beam_equals_torch(seed: int, options: dict) -> None:
     fake = dict(sharpness=1.0) if seed == 2 else {}        # flat distributions: long searches, many ties in rank
     want = torch_search.beam_search(TorchFake(seed, **fake), torch.from_numpy(src), torch.from_numpy(lengths),
                                     SearchSettings(**options))
-    got = np_search.beam_search(NumpyFake(seed, **fake), src, lengths, **options)
+    got = np_search.beam_search(NumpyFake(seed, **fake), src, lengths, SearchSettings(**options))
     assert len(want) == len(got)
     for t, n in zip(want, got, strict=True):
         same(t, n)
@@ -153,7 +153,7 @@ def test_prefixes_are_forced_as_in_torch(beam_size: int) -> None:
     else:
         want = torch_search.beam_search(TorchFake(5), torch.from_numpy(src), torch.from_numpy(lengths),
                                         SearchSettings(beam_size=beam_size, n_best=2), prefix=torch.from_numpy(prefix))
-        got = np_search.beam_search(NumpyFake(5), src, lengths, beam_size, prefix=prefix, n_best=2)
+        got = np_search.beam_search(NumpyFake(5), src, lengths, SearchSettings(beam_size=beam_size, n_best=2), prefix)
     for t, n in zip(want, got, strict=True):
         same(t, n)
     assert got[0][0].tokens[:3] == [7, 8, 9] and got[2][0].tokens[:1] == [5] and got[3][0].tokens[:2] == [11, 11]

@@ -32,6 +32,7 @@ from nmt.decode.rule import (
     collect,
     collect_beams,
     length_penalty,
+    output_limits,
     sentence_done,
     step_logp,
 )
@@ -233,7 +234,7 @@ class SearchGraphs:
         memory, state = self.model.encode(src, src_lengths, fold_context=False)
         batch, src_len = src.shape
         rows, padded_len = static_shape(batch, src_len)
-        limits = settings.limits(src_lengths, src.device)
+        limits = output_limits(settings, src_lengths, src.device)
         steps = int(limits.max())
         with self._on_model_device():
             replay, s = self._graph(("greedy", rows, padded_len, settings.min_len),
@@ -258,7 +259,7 @@ class SearchGraphs:
         memory, state = self.model.encode(src, src_lengths)
         batch, src_len = src.shape
         sentences, padded_len = static_shape(batch, src_len)
-        limits = settings.limits(src_lengths, src.device)
+        limits = output_limits(settings, src_lengths, src.device)
         steps = int(limits.max())
         state = state.index_select(torch.arange(batch * k, device=src.device) // k)    # k rows per sentence
         key = ("beam", sentences, padded_len, k, settings.alpha, settings.min_len, n_best, settings.early_stop)

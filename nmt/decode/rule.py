@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.config import DecodingConfig
+from nmt.config import EXTRA_OUTPUT_PIECES
 from nmt.data.special import BOS, EOS, PAD
+from nmt.decode.settings import SearchSettings
 
 NEG_INF = float("-inf")
 
@@ -58,41 +59,18 @@ def length_penalty(length: Any, alpha: float) -> Any:
 
 
 def max_output_lengths(src_lengths: Tensor, ratio: float, min_len: int = 0, cap: int | None = None) -> Tensor:
-    """Per sentence: ratio * source length + 10 tokens, EOS included (src_lengths count EOS), at least
-    min_len + 1, at most `cap`: the cap wins."""
+    """Per sentence: ratio * source length + EXTRA_OUTPUT_PIECES tokens, EOS included (src_lengths count EOS),
+    at least min_len + 1, at most `cap`: the cap wins."""
     real = (src_lengths - 1).clamp(min=0).float()
-    limits = (ratio * real + 10).long().clamp(min=min_len + 1)
+    limits = (ratio * real + EXTRA_OUTPUT_PIECES).long().clamp(min=min_len + 1)
     return limits.clamp(max=cap) if cap is not None else limits
 
 
-@dataclass(frozen=True)
-class SearchSettings:
-    beam_size: int = DecodingConfig.beam_size
-    alpha: float = DecodingConfig.length_penalty
-    max_len_ratio: float = DecodingConfig.max_len_ratio
-    min_len: int = DecodingConfig.min_len
-    max_len: int | None = None                   # output cap, EOS included
-    n_best: int = 1                              # hypotheses (beam) or samples (sampling) per sentence
-    no_repeat_ngram: int = 0
-    coverage: float = 0.0                        # the GNMT β
-    early_stop: bool = False
-    return_attention: bool = False
-    sampler: Sampler | None = None
-
-    @classmethod
-    def of(cls, d: DecodingConfig, n_best: int = 1, return_attention: bool = False,
-           sampler: Sampler | None = None) -> SearchSettings:
-        return cls(d.beam_size, d.length_penalty, d.max_len_ratio, d.min_len, d.max_len or None, n_best,
-                   d.no_repeat_ngram, d.coverage_penalty, d.early_stop, return_attention, sampler)
-
-    @property
-    def greedy(self) -> bool:                    # sampling, or one beam, one hypothesis, no coverage
-        return self.sampler is not None or (self.beam_size == 1 and self.n_best == 1 and not self.coverage)
-
-    def limits(self, src_lengths: Tensor, device: torch.device, prefix: Tensor | None = None) -> Tensor:
-        """(batch,) output lengths, EOS included; raised so that every sentence can finish after its prefix."""
-        limits = max_output_lengths(src_lengths, self.max_len_ratio, self.min_len, self.max_len).to(device)
-        return limits if prefix is None else torch.maximum(limits, (prefix != PAD).sum(1).to(device) + 1)
+def output_limits(s: SearchSettings, src_lengths: Tensor, device: torch.device, prefix: Tensor | None = None
+                  ) -> Tensor:
+    """(batch,) output lengths, EOS included; raised so that every sentence can finish after its prefix."""
+    limits = max_output_lengths(src_lengths, s.max_len_ratio, s.min_len, s.max_len).to(device)
+    return limits if prefix is None else torch.maximum(limits, (prefix != PAD).sum(1).to(device) + 1)
 
 
 @dataclass

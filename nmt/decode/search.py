@@ -26,6 +26,7 @@ from nmt.decode.rule import (
     coverage_penalty,
     length_penalty,
     max_output_lengths,
+    output_limits,
     sentence_done,
     step_logp,
 )
@@ -103,7 +104,7 @@ def greedy_search(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tens
         src_lengths = src_lengths[rows.to(src_lengths.device)]
         prefix = prefix[rows.to(prefix.device)] if prefix is not None else None
     batch, device = src.size(0), src.device
-    limits = s.limits(src_lengths, device, prefix)
+    limits = output_limits(s, src_lengths, device, prefix)
     steps = int(limits.max())
     tokens = src.new_full((batch, steps), PAD)                          # (batch, steps)
     scores = torch.zeros(batch, device=device)                          # log p, in fp32 under autocast too
@@ -205,7 +206,7 @@ def beam_search(model: SearchModel | nn.Module, src: Tensor, src_lengths: Tensor
     model, s, k = search_model(model), settings, settings.beam_size
     batch, src_len, device = src.size(0), src.size(1), src.device
     memory, state = model.encode(src, src_lengths)        # one row per sentence; beams share the memory
-    limits = s.limits(src_lengths, device, prefix)          # (batch,)
+    limits = output_limits(s, src_lengths, device, prefix)          # (batch,)
     steps = int(limits.max())
     beams = _Beams(src.new_full((batch,), BOS), torch.zeros(batch, device=device), src.new_full((batch, 0), PAD),
                    state, torch.zeros(batch, 0, src_len, device=device) if s.return_attention else None,

@@ -14,7 +14,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from nmt.config import DECODING_BATCH_TOKENS, ConfigError, DecodingConfig, with_implied_shortlist
+from nmt.config import DECODING_BATCH_TOKENS, EXTRA_OUTPUT_PIECES, ConfigError, DecodingConfig, with_implied_shortlist
 from nmt.data.rows import cut_by_budget, flatten, padded_ids, truncated
 from nmt.data.shortlist import load_shortlist
 from nmt.data.special import EOS
@@ -137,7 +137,7 @@ class Translator(Translates):
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         limit = self.decoding.max_input_len
-        tgt_limit = int(self.decoding.max_len_ratio * limit) + 10
+        tgt_limit = int(self.decoding.max_len_ratio * limit) + EXTRA_OUTPUT_PIECES
         src_ids, _ = truncated(self.src_vocab.encode(sources), limit, lambda i, n: (
             f"warning: line {first_line + i}: the source has {n} pieces; scored truncated to {limit}"))
         tgt_ids, _ = truncated(self.tgt_vocab.encode(targets), tgt_limit, lambda i, n: (

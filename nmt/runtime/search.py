@@ -10,7 +10,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nmt.config import EXTRA_OUTPUT_PIECES
 from nmt.data.special import BOS, EOS, PAD
+from nmt.decode.settings import SearchSettings
 
 NEG_INF = np.float32(-np.inf)
 # Greedy search drops ended rows at this fraction of the batch, as PyTorch's: same rows, same float32 products.
@@ -46,16 +48,16 @@ def length_penalty(length: Any, alpha: float) -> Any:
 
 
 def max_output_lengths(src_lengths: np.ndarray, ratio: float, min_len: int = 0, cap: int | None = None) -> np.ndarray:
-    """ratio * source length (EOS not counted) + 10, at least min_len + 1, at most `cap`: the cap wins."""
+    """ratio * source length (EOS not counted) + EXTRA_OUTPUT_PIECES, at least min_len + 1, at most `cap`: the
+    cap wins."""
     real = np.maximum(src_lengths - 1, 0).astype(np.float32)
-    limits = np.maximum((np.float32(ratio) * real + np.float32(10)).astype(np.int64), min_len + 1)
+    limits = np.maximum((np.float32(ratio) * real + np.float32(EXTRA_OUTPUT_PIECES)).astype(np.int64), min_len + 1)
     return np.minimum(limits, cap) if cap is not None else limits
 
 
-def _output_limits(src_lengths: np.ndarray, prefix: np.ndarray | None, ratio: float, min_len: int,
-                  cap: int | None) -> np.ndarray:
+def _output_limits(src_lengths: np.ndarray, prefix: np.ndarray | None, s: SearchSettings) -> np.ndarray:
     """max_output_lengths, raised to fit a forced prefix (batch, len) and its EOS."""
-    limits = max_output_lengths(src_lengths, ratio, min_len, cap)
+    limits = max_output_lengths(src_lengths, s.max_len_ratio, s.min_len, s.max_len)
     return limits if prefix is None else np.maximum(limits, (prefix != PAD).sum(1) + 1)
 
 
@@ -113,18 +115,17 @@ def top_candidates(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return scores, ids
 
 
-def greedy_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, max_len_ratio: float = 2.0,
-                  min_len: int = 1, return_attention: bool = False, max_len: int | None = None,
-                  no_repeat_ngram: int = 0, prefix: np.ndarray | None = None) -> list[Hypothesis]:
+def greedy_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, s: SearchSettings = SearchSettings(),
+                  prefix: np.ndarray | None = None) -> list[Hypothesis]:
     """The most probable token at each step for every sentence at once; prefix: (batch, len) PAD-padded."""
     memory, state = model.encode(src, src_lengths, greedy=True)
     batch = src.shape[0]
-    limits = _output_limits(src_lengths, prefix, max_len_ratio, min_len, max_len)
+    limits = _output_limits(src_lengths, prefix, s)
     steps = int(limits.max())
     tokens = np.full((batch, steps), PAD, np.int64)
     scores = np.zeros(batch, np.float32)
     lengths = np.zeros(batch, np.int64)
-    attention = np.zeros((batch, steps, src.shape[1]), np.float32) if return_attention else None
+    attention = np.zeros((batch, steps, src.shape[1]), np.float32) if s.return_attention else None
     rows = np.arange(batch)                                     # the sentence of each row decoded
     going = np.ones(batch, bool)
     ended = 0
@@ -132,7 +133,7 @@ def greedy_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, ma
     for t in range(steps):
         logp, state, weights = model.step(prev, state, memory)   # (rows, vocab)
         forced = prefix[rows, t] if prefix is not None and t < prefix.shape[1] else None
-        _constrain(logp, t, min_len, limits[rows] - 1 <= t, tokens[rows, :t], no_repeat_ngram, forced)
+        _constrain(logp, t, s.min_len, limits[rows] - 1 <= t, tokens[rows, :t], s.no_repeat_ngram, forced)
         prev = logp.argmax(-1)                                    # first maximum, as torch.max
         best = logp[np.arange(len(prev)), prev]
         recording = np.flatnonzero(going) if ended else slice(None)
@@ -250,17 +251,15 @@ def _continue(b: _Beams, top_scores: np.ndarray, top_token: np.ndarray,
     return alive_best, rows
 
 
-def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam_size: int = 5, alpha: float = 1.0,
-                max_len_ratio: float = 2.0, min_len: int = 1, n_best: int = 1, no_repeat_ngram: int = 0,
-                return_attention: bool = False, max_len: int | None = None, prefix: np.ndarray | None = None,
-                coverage: float = 0.0, early_stop: bool = False) -> list[list[Hypothesis]]:
+def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, s: SearchSettings = SearchSettings(),
+                prefix: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """The `n_best` hypotheses of every sentence, best first; when a sentence stops is nmt.decode.rule's rule."""
-    batch, k = src.shape[0], beam_size
-    n_best = min(n_best, k)
+    batch, k, alpha = src.shape[0], s.beam_size, s.alpha
+    n_best = min(s.n_best, k)
     memory, state = model.encode(src, src_lengths, greedy=False)       # one memory row per sentence
-    limits = _output_limits(src_lengths, prefix, max_len_ratio, min_len, max_len)
+    limits = _output_limits(src_lengths, prefix, s)
     steps = int(limits.max())
-    b = _start(batch, k, steps, src.shape[1], return_attention, bool(coverage))
+    b = _start(batch, k, steps, src.shape[1], s.return_attention, bool(s.coverage))
     src_mask = src != PAD
     top_ended = np.zeros(batch, bool)                                  # early_stop: a step's best candidate ended
     for t in range(steps):
@@ -269,8 +268,8 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
         logp, state, weights = model.step(b.prev, state, memory)        # (active*width, vocab)
         vocab = logp.shape[1]
         forced = np.repeat(prefix[b.active, t], width) if prefix is not None and t < prefix.shape[1] else None
-        _constrain(logp, t, min_len, np.repeat(limits[b.active] - 1 <= t, width), b.alive_tokens, no_repeat_ngram,
-                  forced)
+        _constrain(logp, t, s.min_len, np.repeat(limits[b.active] - 1 <= t, width), b.alive_tokens,
+                   s.no_repeat_ngram, forced)
         logp += b.alive_scores[:, None]
         top_scores, top_ids = top_candidates(logp.reshape(n_active, width * vocab), 2 * k)   # (active, 2k)
         top_token = top_ids % vocab
@@ -278,7 +277,7 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
         cov_scores = None
         if b.alive_cov is not None:
             b.alive_cov = b.alive_cov + weights                        # this step's α included
-            cov_scores = coverage_penalty(b.alive_cov, np.repeat(src_mask[b.active], width, 0), coverage)
+            cov_scores = coverage_penalty(b.alive_cov, np.repeat(src_mask[b.active], width, 0), s.coverage)
         if b.alive_attn is not None:                                   # this step's α, once for both pools
             b.alive_attn = np.concatenate([b.alive_attn, weights[:, None]], 1)      # (active*width, t+1, src_len)
         fin_best = _finish(b, t, top_scores, top_token, source_rows, alpha, cov_scores)
@@ -287,7 +286,7 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
         best_alive, last_kept = alive_best[:, 0], fin_best[:, n_best - 1]
         bound = best_alive / length_penalty(limits[b.active].astype(np.float32), alpha)
         done = ((last_kept > NEG_INF) & (last_kept >= bound)) | (best_alive == NEG_INF)
-        if early_stop:
+        if s.early_stop:
             top_ended[b.active] |= (top_token[:, 0] == EOS) & (top_scores[:, 0] > NEG_INF)
             done |= top_ended[b.active] & (last_kept > NEG_INF)
         if done.any():
@@ -295,7 +294,7 @@ def beam_search(model: StepModel, src: np.ndarray, src_lengths: np.ndarray, beam
             if keep.size == 0:
                 break
             state, memory = state.take(b.keep(keep)), memory.take(keep)
-    if not coverage:                                                     # log p = score * lp(|y|)
+    if not s.coverage:                                                   # log p = score * lp(|y|)
         b.fin_logp = b.fin_scores * length_penalty(b.fin_lengths.astype(np.float32), alpha)
 
     def first(x: np.ndarray) -> np.ndarray:                            # (batch, k, ...) -> (batch*n_best, ...)

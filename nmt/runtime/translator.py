@@ -20,6 +20,7 @@ from nmt.config import (
 from nmt.config_check import build
 from nmt.data.special import PAD
 from nmt.data.tokenizer import Vocab
+from nmt.decode.settings import SearchSettings
 from nmt.decode.streaming import Translates
 from nmt.modelfile.onnx_folder import MANIFEST
 from nmt.runtime.folder import OnnxFolderError, read_manifest
@@ -102,18 +103,15 @@ class Translator(Translates):
     def _search(self, src: np.ndarray, n_best: int, return_attention: bool,  # type: ignore[override]
                 d: DecodingConfig, prefix: np.ndarray | None) -> list[list[Hypothesis]]:   # numpy attention
         src_lengths = (src != PAD).sum(1)
-        max_len = d.max_len or None
         model: Any = self.model                              # an OnnxModel: a StepModel over its Tensors
         if d.shortlist and self.shortlist is not None:
             keep = self.shortlist.select(src, prefix)                           # (subset,) target ids
             model = self.model.with_output_subset(keep, *self.shortlist.output)
             prefix = np.searchsorted(keep, prefix) if prefix is not None else None
-        if d.beam_size == 1 and n_best == 1 and not d.coverage_penalty:
-            return [[h] for h in greedy_search(model, src, src_lengths, d.max_len_ratio, d.min_len,
-                                               return_attention, max_len, d.no_repeat_ngram, prefix)]
-        return beam_search(model, src, src_lengths, d.beam_size, d.length_penalty, d.max_len_ratio, d.min_len,
-                           n_best, d.no_repeat_ngram, return_attention, max_len, prefix, d.coverage_penalty,
-                           d.early_stop)
+        settings = SearchSettings.of(d, n_best, return_attention)
+        if settings.greedy:
+            return [[h] for h in greedy_search(model, src, src_lengths, settings, prefix)]
+        return beam_search(model, src, src_lengths, settings, prefix)
 
     def batch_tokens(self, scoring: bool = False) -> int:
         return self.decoding.batch_tokens or DECODING_BATCH_TOKENS["cpu"]
