@@ -16,7 +16,7 @@ from torch import Tensor
 from nmt.data.shortlist import vocab_fingerprint
 from nmt.data.special import EOS
 from nmt.data.tokenizer import Vocab
-from nmt.modelfile.file import ModelFileError
+from nmt.modelfile.errors import ModelFileError
 
 SPECIALS = EOS + 1                      # ids 0 .. EOS: always kept, so they keep their numbers
 
