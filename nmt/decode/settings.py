@@ -5,12 +5,16 @@ the runtime."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from nmt.config import DecodingConfig
 
-if TYPE_CHECKING:
-    from nmt.decode.rule import Sampler
+
+class Draws(Protocol):
+    """Draws a token per row instead of searching: nmt.decode.rule.Sampler, PyTorch only."""
+
+    def __call__(self, logp: Any) -> Any: ...
+
 
 @dataclass(frozen=True)
 class SearchSettings:
@@ -24,11 +28,11 @@ class SearchSettings:
     coverage: float = 0.0                        # the GNMT β
     early_stop: bool = False
     return_attention: bool = False
-    sampler: Sampler | None = None               # PyTorch only: draw instead of searching
+    sampler: Draws | None = None
 
     @classmethod
     def of(cls, d: DecodingConfig, n_best: int = 1, return_attention: bool = False,
-           sampler: Sampler | None = None) -> SearchSettings:
+           sampler: Draws | None = None) -> SearchSettings:
         return cls(d.beam_size, d.length_penalty, d.max_len_ratio, d.min_len, d.max_len or None, n_best,
                    d.no_repeat_ngram, d.coverage_penalty, d.early_stop, return_attention, sampler)
 
