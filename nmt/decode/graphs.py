@@ -27,7 +27,6 @@ from nmt.decode.rule import (
     NEG_INF,
     Bans,
     Hypothesis,
-    SearchSettings,
     beam_step,
     collect,
     collect_beams,
@@ -37,6 +36,7 @@ from nmt.decode.rule import (
     step_logp,
 )
 from nmt.decode.search import SearchModel
+from nmt.decode.settings import SearchSettings
 from nmt.decode.steps import Decoding
 from nmt.device import active_autocast_dtype, capturing
 from nmt.model.attention import Memory

@@ -19,7 +19,6 @@ from nmt.decode.rule import (
     BeamStep,
     Hypothesis,
     Sampler,
-    SearchSettings,
     beam_step,
     collect,
     collect_beams,
@@ -30,6 +29,7 @@ from nmt.decode.rule import (
     sentence_done,
     step_logp,
 )
+from nmt.decode.settings import SearchSettings
 from nmt.decode.steps import Decoding
 from nmt.model.seq2seq import Seq2Seq
 
