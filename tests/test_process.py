@@ -80,3 +80,17 @@ def test_loading_a_model_leaves_the_compiler_stack_unimported(model_file: Path) 
     out = subprocess.run([sys.executable, "-c", probe, str(model_file)], capture_output=True, text=True,
                          check=True, cwd=REPO)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_loaded_triton_has_its_objects_freed_at_exit() -> None:
+    """torch._dynamo loads triton in CUDA builds; triton 3.9's nanobind bindings print "leaked instance" lines
+    for its objects still alive at exit, which the command's last line (its `error:` line) must not drown in."""
+    probe = ("import sys, types\n"
+             "class Bound:\n"
+             "    def __del__(self): sys.stderr.write('freed\\n')\n"
+             "triton = types.ModuleType('triton'); triton.bound = Bound(); triton.bound.cycle = triton.bound\n"
+             "sys.modules['triton'] = triton; del triton\n"
+             "from nmt.cli.main import main\n"
+             "sys.argv = ['nmt', '--version']; main()\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0 and result.stderr.splitlines() == ["freed"], result.stderr
