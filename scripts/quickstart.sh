@@ -53,6 +53,10 @@ elif [[ "$compute" == cpu-fp32 ]]; then
 fi
 
 nmt preprocess --config "$CONFIG"
+# An earlier run of this script left its evaluation in $RUN/eval: those files go with the run that --overwrite
+# starts over (nmt train refuses a run folder holding files nmt did not write: the user's own stay, and it names them).
+rm -f "$RUN/eval/test_2016_flickr.$src" "$RUN/eval/test_2016_flickr.$tgt" "$RUN/eval/hyp.$tgt" "$RUN/eval/scores.json"
+rmdir "$RUN/eval" 2>/dev/null || true
 nmt train --config "$CONFIG" --overwrite "${RECIPE[@]}" \
   --set training.max_minutes="$MINUTES" --set training.threads="$THREADS" --set training.run_dir="$PWD/$RUN"
 

@@ -127,6 +127,25 @@ def test_readme_step_by_step_runs_as_written(tmp_path):
         assert '"sentences": 10' in (root / name).read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
+def test_the_quickstart_runs_again_in_the_same_checkout(tmp_path):
+    """A second run starts the run over, the first run's evaluation (the script's own files) included; a file
+    of the user's in the run folder stops it, named, and stays."""
+    mirror = write_mirror(tmp_path / "mirror")
+    root = checkout(tmp_path, REPO / "configs" / "multi30k_de_en_bahdanau.yaml")
+    script = small_nmt() + "export -f nmt\nbash scripts/quickstart.sh\n"
+    env = {"MULTI30K_MIRROR": str(mirror), "NMT_SKIP_VENV": "1", "THREADS": "1"}
+    run = root / quickstart_run()
+    for _ in range(2):
+        result = shell(script, root, **env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert '"sentences": 20' in (run / "eval" / "scores.json").read_text(encoding="utf-8")
+    (run / "eval" / "notes.txt").write_text("mine\n", encoding="utf-8")
+    result = shell(script, root, **env)
+    assert result.returncode == 2 and "(eval)" in result.stderr.splitlines()[-1], result.stderr[-3000:]
+    assert (run / "eval" / "notes.txt").read_text(encoding="utf-8") == "mine\n"
+
+
 def quickstart_run() -> str:
     """The run folder scripts/quickstart.sh trains by default: runs/quickstart_<config name>."""
     script = (REPO / "scripts" / "quickstart.sh").read_text(encoding="utf-8")
