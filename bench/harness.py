@@ -127,7 +127,7 @@ def stamp(threads: int | None = None, precision: str | None = None,
     this process's own, as typed), the commit measured and the UTC time."""
     argv = list(command) if command is not None else _own_command()
     return {"machine": machine_facts(threads, precision), "command": shlex.join(argv), "commit": git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def write_result(path: Path, result: Mapping[str, Any], *, threads: int | None = None,

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
@@ -61,7 +62,6 @@ def targets(args: list[str]) -> list[str]:
 
 
 def pyproject() -> dict:
-    tomllib = pytest.importorskip("tomllib", reason="Python 3.11 reads TOML")   # nmt itself runs on 3.10
     with (REPO / "pyproject.toml").open("rb") as handle:
         return tomllib.load(handle)["project"]
 

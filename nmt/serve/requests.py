@@ -50,7 +50,7 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
             chunk = await asyncio.wait_for(anext(stream), max(0.0, deadline - loop.time()))
         except StopAsyncIteration:
             return bytes(body)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RequestError(408, f"the request body did not arrive within {timeout:g} s") from None
         except ClientDisconnect:
             raise RequestError(400, "the client disconnected before the end of the request body") from None
