@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -165,12 +166,14 @@ def run_server(model: str | Path, settings: ServeSettings, device: str = "auto",
 
     def handle_exit(sig: int, frame: Any) -> None:
         """The first signal: stop accepting, answer what can start within shutdown_timeout, 503 the rest.
-        A second one: exit now, without waiting for open connections."""
-        if received:
-            server.force_exit = True
-        else:
-            app.state.batcher.drain(settings.shutdown_timeout)
+        A second one: exit now. (uvicorn's force_exit does not: from Python 3.12.1 asyncio's Server.wait_closed,
+        which it awaits, waits for every open connection, one stalled in its body included.)"""
         received.append(sig)
+        if len(received) > 1:
+            log.info("nmt serve: stopped at a second signal, without waiting for open connections")
+            sys.stderr.flush()
+            os._exit(130 if signal.SIGINT in received else 143)
+        app.state.batcher.drain(settings.shutdown_timeout)
         original(sig, frame)
 
     server.handle_exit = handle_exit          # type: ignore[method-assign]
