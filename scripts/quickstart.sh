@@ -52,17 +52,21 @@ elif [[ "$compute" == cpu-fp32 ]]; then
   RECIPE+=(--set model.dropout=0.2)
 fi
 
+# The evaluation's files, in the run folder.
+eval_dir="$RUN/eval"
+test_src="$eval_dir/test_2016_flickr.$src" test_ref="$eval_dir/test_2016_flickr.$tgt"
+hyp="$eval_dir/hyp.$tgt" scores="$eval_dir/scores.json"
+
 nmt preprocess --config "$CONFIG"
-# An earlier run of this script left its evaluation in $RUN/eval: those files go with the run that --overwrite
-# starts over (nmt train refuses a run folder holding files nmt did not write: the user's own stay, and it names them).
-rm -f "$RUN/eval/test_2016_flickr.$src" "$RUN/eval/test_2016_flickr.$tgt" "$RUN/eval/hyp.$tgt" "$RUN/eval/scores.json"
-rmdir "$RUN/eval" 2>/dev/null || true
+# An earlier run of this script left its evaluation there: those files go with the run that --overwrite starts
+# over (nmt train refuses a run folder holding files nmt did not write: the user's own stay, and it names them).
+rm -f "$test_src" "$test_ref" "$hyp" "$scores"
+rmdir "$eval_dir" 2>/dev/null || true
 nmt train --config "$CONFIG" --overwrite "${RECIPE[@]}" \
   --set training.max_minutes="$MINUTES" --set training.threads="$THREADS" --set training.run_dir="$PWD/$RUN"
 
-mkdir -p "$RUN/eval"
-zcat "data/multi30k/test_2016_flickr.$src.gz" > "$RUN/eval/test_2016_flickr.$src"
-zcat "data/multi30k/test_2016_flickr.$tgt.gz" > "$RUN/eval/test_2016_flickr.$tgt"
-nmt translate --checkpoint "$RUN/best.pt" --beam-size 5 --threads "$THREADS" \
-  --input "$RUN/eval/test_2016_flickr.$src" --output "$RUN/eval/hyp.$tgt"
-nmt evaluate --hyp "$RUN/eval/hyp.$tgt" --ref "$RUN/eval/test_2016_flickr.$tgt" --json "$RUN/eval/scores.json"
+mkdir -p "$eval_dir"
+zcat "data/multi30k/test_2016_flickr.$src.gz" > "$test_src"
+zcat "data/multi30k/test_2016_flickr.$tgt.gz" > "$test_ref"
+nmt translate --checkpoint "$RUN/best.pt" --beam-size 5 --threads "$THREADS" --input "$test_src" --output "$hyp"
+nmt evaluate --hyp "$hyp" --ref "$test_ref" --json "$scores"
